@@ -1,0 +1,151 @@
+"""The JetStream bus: connection, the streams Ratchet uses, and pull-consumer loops.
+
+Streams are created idempotently at start (create, or update to the same config):
+
+========================  ==========================  ==========================
+stream                    subjects                    retention
+========================  ==========================  ==========================
+RATCHET_SUBMIT            ``ratchet.submit.>``        work queue (deleted on ack)
+RATCHET_MAIL              ``ratchet.mail.>``          work queue (deleted on ack)
+RATCHET_EVENTS            ``ratchet.events.>``        limits (max age, default 7 d)
+RATCHET_DLQ               ``ratchet.dlq.>``           limits (max age, default 30 d)
+========================  ==========================  ==========================
+
+JetStream is transport, the Store is the truth: a message lost by JetStream delays a task
+(the node's recovery scan and the outbox relay re-derive it), it never loses one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError
+
+from protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_MAIL, STREAM_SUBMIT
+
+__all__ = ["Bus", "stream_configs"]
+
+log = structlog.get_logger("ratchet.bus")
+
+DAY = 24 * 3600.0
+
+
+def stream_configs(events_max_age: float = 7 * DAY, dlq_max_age: float = 30 * DAY) -> list[StreamConfig]:
+    common: dict[str, Any] = {"storage": StorageType.FILE, "duplicate_window": 120.0}
+    return [
+        StreamConfig(name=STREAM_SUBMIT, subjects=["ratchet.submit.>"],
+                     retention=RetentionPolicy.WORK_QUEUE, **common),
+        StreamConfig(name=STREAM_MAIL, subjects=["ratchet.mail.>"],
+                     retention=RetentionPolicy.WORK_QUEUE, **common),
+        StreamConfig(name=STREAM_EVENTS, subjects=["ratchet.events.>"],
+                     retention=RetentionPolicy.LIMITS, max_age=events_max_age, **common),
+        StreamConfig(name=STREAM_DLQ, subjects=["ratchet.dlq.>"],
+                     retention=RetentionPolicy.LIMITS, max_age=dlq_max_age, **common),
+    ]
+
+
+class Bus:
+    """One NATS connection and its JetStream context."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext) -> None:
+        self.nc = nc
+        self.js = js
+
+    @classmethod
+    async def connect(cls, url: str, name: str = "ratchet") -> Bus:
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", error=repr(exc))
+
+        async def on_disconnect() -> None:
+            log.warning("nats disconnected")
+
+        async def on_reconnect() -> None:
+            log.info("nats reconnected")
+
+        nc = await nats.connect(
+            url,
+            name=name,
+            # Notice a half-dead connection in seconds, not the default ~4 minutes.
+            ping_interval=5,
+            max_outstanding_pings=3,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            error_cb=on_error,
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+        )
+        return cls(nc, nc.jetstream(publish_async_max_pending=4000))
+
+    async def ensure_streams(self, configs: list[StreamConfig] | None = None) -> None:
+        """Create each stream, or bring an existing one to the same config."""
+        for cfg in configs or stream_configs():
+            try:
+                await self.js.add_stream(cfg)
+            except BadRequestError:
+                await self.js.update_stream(cfg)
+
+    async def ensure_consumer(self, stream: str, durable: str, filter_subject: str,
+                              ack_wait: float = 30.0, max_ack_pending: int = 10_000) -> None:
+        config = ConsumerConfig(
+            durable_name=durable,
+            filter_subject=filter_subject,
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=ack_wait,
+            max_ack_pending=max_ack_pending,
+        )
+        await self.js.add_consumer(stream, config)
+
+    async def pull_loop(
+        self,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        handler: Callable[[list[Msg]], Awaitable[None]],
+        *,
+        batch: int = 256,
+        idle_timeout: float = 1.0,
+    ) -> None:
+        """Fetch batches forever and hand each to ``handler`` (which acks).
+
+        An empty fetch raises ``nats.errors.TimeoutError`` by design (nats.py#418): that is
+        "nothing to do", not an error.
+        """
+        await self.ensure_consumer(stream, durable, filter_subject)
+        sub = await self.js.pull_subscribe_bind(durable, stream=stream)
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(batch, timeout=idle_timeout)
+                except (NatsTimeoutError, asyncio.TimeoutError):
+                    continue
+                await handler(msgs)
+        finally:
+            try:
+                await sub.unsubscribe()
+            except Exception:  # the connection may already be closing
+                pass
+
+    async def close(self) -> None:
+        if self.nc.is_connected or self.nc.is_reconnecting:
+            try:
+                await self.nc.drain()
+            except Exception as exc:
+                log.warning("nats drain failed", error=repr(exc))
+                await self.nc.close()

@@ -1,0 +1,112 @@
+"""A client for producers, subscribers and tools: submit, get, watch.
+
+Everything here is the documented wire protocol (docs/protocol.md); a producer in another
+language does the same with a NATS client and msgpack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
+
+from protocol.codec import decode_map, encode
+from protocol.errors import ErrorCode, RatchetError
+from protocol.ids import new_id, task_id_for
+from protocol.messages import Envelope, Event, GetTask, Reply, SubmitTask, TaskSnapshot
+from protocol.subjects import api_subject, submit_subject, task_events_filter
+
+__all__ = ["Client", "RemoteError", "TERMINAL_EVENTS"]
+
+TERMINAL_EVENTS = frozenset({"task.succeeded", "task.failed", "task.cancelled"})
+
+
+class RemoteError(RatchetError):
+    """An error reply from a node; ``code`` is the wire code."""
+
+    def __init__(self, code: str, message: str, retryable: bool, details: dict[str, Any]):
+        super().__init__(message, retryable=retryable, **details)
+        try:
+            self.code = ErrorCode(code)
+        except ValueError:
+            self.code = ErrorCode.INTERNAL
+        self.wire_code = code
+
+
+class Client:
+    def __init__(self, nc: NATS, tenant: str = "default") -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.tenant = tenant
+
+    @classmethod
+    async def connect(cls, url: str, tenant: str = "default") -> Client:
+        return cls(await nats.connect(url, name="ratchet-client"), tenant)
+
+    async def close(self) -> None:
+        await self.nc.drain()
+
+    def _envelope(self, type_: str, body: dict[str, Any], reply_to: str | None = None) -> Envelope:
+        mid = new_id("msg")
+        return Envelope(type=type_, message_id=mid, correlation_id=mid, reply_to=reply_to,
+                        body=body)
+
+    async def submit(self, workflow: str, input: dict[str, Any], key: str, *,
+                     version: int | None = None, deadline_s: float | None = None) -> str:
+        """Publish a task request on JetStream; returns the task id (known up front)."""
+        body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
+                          idempotency_key=key, deadline_s=deadline_s)
+        env = self._envelope("task.submit", body.model_dump())
+        await self.js.publish(submit_subject(self.tenant), encode(env),
+                              headers={"Nats-Msg-Id": f"{self.tenant}:{key}"})
+        return task_id_for(self.tenant, key)
+
+    async def request(self, verb: str, type_: str, body: dict[str, Any],
+                      timeout: float = 10.0) -> dict[str, Any]:
+        env = self._envelope(type_, body)
+        msg = await self.nc.request(api_subject(self.tenant, verb), encode(env), timeout=timeout)
+        reply = Reply.model_validate(decode_map(msg.data))
+        if not reply.ok:
+            err = reply.error
+            assert err is not None
+            raise RemoteError(err.code, err.message, err.retryable, err.details)
+        return reply.result or {}
+
+    async def submit_sync(self, workflow: str, input: dict[str, Any], key: str, *,
+                          version: int | None = None) -> dict[str, Any]:
+        """Validated synchronous accept over request/reply; raises RemoteError."""
+        body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
+                          idempotency_key=key)
+        return await self.request("submit", "task.submit", body.model_dump())
+
+    async def get(self, task_id: str) -> TaskSnapshot:
+        result = await self.request("get", "task.get", GetTask(task_id=task_id).model_dump())
+        return TaskSnapshot.model_validate(result)
+
+    async def watch(self, task_id: str, after: int = 0, *, follow_terminal: bool = False,
+                    idle_timeout: float | None = None) -> AsyncIterator[Event]:
+        """Yield the task's events in sequence order, from ``after + 1``, live.
+
+        Stops after a terminal event unless ``follow_terminal``; repeats are skipped by
+        sequence. ``idle_timeout`` bounds the wait for each next event.
+        """
+        sub = await self.js.subscribe(task_events_filter(self.tenant, task_id),
+                                      ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        last = after
+        try:
+            while True:
+                msg = await asyncio.wait_for(sub.next_msg(timeout=None), idle_timeout) \
+                    if idle_timeout else await sub.next_msg(timeout=None)
+                event = Event.model_validate(decode_map(msg.data))
+                if event.sequence <= last:
+                    continue
+                last = event.sequence
+                yield event
+                if event.type in TERMINAL_EVENTS and not follow_terminal:
+                    return
+        finally:
+            await sub.unsubscribe()

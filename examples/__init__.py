@@ -1,0 +1,1 @@
+"""Example workflows (the demo app)."""

@@ -1,0 +1,161 @@
+"""Schema migrations as an ordered list; each runs once, in its own transaction.
+
+Never edit a released migration: append a new one.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+
+__all__ = ["MIGRATIONS", "migrate", "schema_version"]
+
+MIGRATIONS: list[tuple[int, str, str]] = [
+    (
+        1,
+        "tasks, requests, events, checkpoints, blobs, outbox, inbox, dead letters",
+        """
+        CREATE TABLE tasks (
+            task_id TEXT PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            workflow TEXT NOT NULL,
+            workflow_version INTEGER NOT NULL,
+            status TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            request_hash TEXT NOT NULL,
+            input BLOB NOT NULL,
+            next_step INTEGER NOT NULL DEFAULT 0,
+            steps_total INTEGER,
+            last_checkpoint INTEGER NOT NULL DEFAULT 0,
+            last_event_seq INTEGER NOT NULL DEFAULT 0,
+            error BLOB,
+            output BLOB,
+            deadline_at REAL,
+            fork_of TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        );
+        CREATE INDEX tasks_by_status ON tasks(status) WHERE status NOT IN
+            ('SUCCEEDED', 'FAILED', 'CANCELLED');
+        CREATE INDEX tasks_by_tenant ON tasks(tenant, created_at);
+
+        -- Request-level idempotency: the lasting guard (JetStream's dedup window is 2 min).
+        CREATE TABLE requests (
+            tenant TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            request_hash TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (tenant, idempotency_key)
+        ) WITHOUT ROWID;
+        CREATE TABLE request_conflicts (
+            id INTEGER PRIMARY KEY,
+            tenant TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            request_hash TEXT NOT NULL,
+            existing_hash TEXT NOT NULL,
+            message_id TEXT,
+            occurred_at REAL NOT NULL
+        );
+
+        CREATE TABLE events (
+            task_id TEXT NOT NULL,
+            sequence INTEGER NOT NULL,
+            event_id TEXT NOT NULL UNIQUE,
+            type TEXT NOT NULL,
+            aggregate_version INTEGER NOT NULL,
+            occurred_at REAL NOT NULL,
+            payload BLOB NOT NULL,
+            PRIMARY KEY (task_id, sequence)
+        ) WITHOUT ROWID;
+
+        -- A checkpoint is a step boundary: its values are only the state keys that changed.
+        CREATE TABLE checkpoints (
+            task_id TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            step_index INTEGER NOT NULL,
+            step_name TEXT NOT NULL,
+            next_step INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (task_id, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE checkpoint_values (
+            task_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            inline BLOB,
+            blob TEXT,
+            deleted INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (task_id, key, seq)
+        ) WITHOUT ROWID;
+        CREATE TABLE blobs (
+            digest TEXT PRIMARY KEY,
+            size INTEGER NOT NULL,
+            data BLOB NOT NULL,
+            created_at REAL NOT NULL
+        ) WITHOUT ROWID;
+
+        CREATE TABLE outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            subject TEXT NOT NULL,
+            msg_id TEXT NOT NULL,
+            payload BLOB NOT NULL,
+            headers BLOB,
+            created_at REAL NOT NULL
+        );
+
+        -- Receivers drop duplicate actor mail by message id, in the effect's transaction.
+        CREATE TABLE inbox (
+            message_id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            processed_at REAL NOT NULL
+        ) WITHOUT ROWID;
+
+        CREATE TABLE dead_letters (
+            id INTEGER PRIMARY KEY,
+            subject TEXT NOT NULL,
+            error_code TEXT NOT NULL,
+            error_message TEXT NOT NULL,
+            details BLOB,
+            raw BLOB NOT NULL,
+            received_at REAL NOT NULL
+        );
+        """,
+    ),
+]
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " version INTEGER PRIMARY KEY, name TEXT NOT NULL, applied_at REAL NOT NULL)"
+    )
+    row = conn.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+    return int(row[0] or 0)
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Apply every migration newer than the database's; returns the resulting version.
+
+    Runs under ``BEGIN IMMEDIATE`` so two processes opening one file migrate once.
+    """
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = schema_version(conn)
+        for version, name, sql in MIGRATIONS:
+            if version <= current:
+                continue
+            for statement in sql.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations(version, name, applied_at) VALUES (?, ?, ?)",
+                (version, name, time.time()),
+            )
+            current = version
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return current

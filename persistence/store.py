@@ -1,0 +1,293 @@
+"""The Store: the truth of every task. Writes go through the group-commit writer; reads
+use an aiosqlite connection (WAL lets them run beside the writer)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+import msgpack
+
+from persistence.checkpoints import decode_value
+from persistence.migrations import migrate
+from persistence.txns import (
+    AcceptResult,
+    ChangeResult,
+    NewTask,
+    OutboxRow,
+    TaskChange,
+    accept_submission_txn,
+    apply_change_txn,
+    delete_outbox_txn,
+    record_dead_letter_txn,
+)
+from persistence.writer import GroupCommitWriter, WriterStats, open_connection
+from protocol.errors import NotFound
+from protocol.messages import TaskSnapshot
+from protocol.states import TERMINAL
+
+__all__ = ["Store", "TaskRecord", "LoadedState"]
+
+OutboxListener = Callable[[list[OutboxRow]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    task_id: str
+    tenant: str
+    workflow: str
+    workflow_version: int
+    status: str
+    version: int
+    input: dict[str, Any]
+    next_step: int
+    steps_total: int | None
+    last_checkpoint: int
+    last_event_seq: int
+    deadline_at: float | None
+    created_at: float
+    updated_at: float
+    error: dict[str, Any] | None
+    output: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedState:
+    """A task's state at its last checkpoint: values, and their encodings for diffing."""
+
+    values: dict[str, Any]
+    encoded: dict[str, bytes]
+    blobs: set[str]
+
+
+_TASK_COLUMNS = (
+    "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
+    " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
+    " error, output"
+)
+
+
+def _unpack(data: bytes | None) -> Any:
+    return None if data is None else msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def _record(row: tuple[Any, ...]) -> TaskRecord:
+    return TaskRecord(
+        task_id=row[0], tenant=row[1], workflow=row[2], workflow_version=row[3],
+        status=row[4], version=row[5], input=_unpack(row[6]), next_step=row[7],
+        steps_total=row[8], last_checkpoint=row[9], last_event_seq=row[10],
+        deadline_at=row[11], created_at=row[12], updated_at=row[13],
+        error=_unpack(row[14]), output=_unpack(row[15]),
+    )
+
+
+class Store:
+    """Open with :meth:`open`; close with :meth:`close` (idempotent).
+
+    Args:
+        path: the SQLite file (created, and migrated, if needed).
+        synchronous: ``NORMAL`` (default; in WAL, survives process crashes, may lose the
+            last commits on OS crash or power loss) or ``FULL`` (fsync each commit).
+    """
+
+    def __init__(self, path: str | Path, synchronous: str = "NORMAL") -> None:
+        if synchronous not in ("NORMAL", "FULL"):
+            raise ValueError("synchronous must be NORMAL or FULL")
+        self.path = str(path)
+        self.synchronous = synchronous
+        self._writer = GroupCommitWriter(self.path, synchronous)
+        self._reader: aiosqlite.Connection | None = None
+        self._outbox_listeners: list[OutboxListener] = []
+        self._closed = False
+
+    @classmethod
+    async def open(cls, path: str | Path, synchronous: str = "NORMAL") -> Store:
+        store = cls(path, synchronous)
+        await store._open()
+        return store
+
+    async def _open(self) -> None:
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+
+        def _migrate() -> None:
+            conn = open_connection(self.path, self.synchronous)
+            try:
+                migrate(conn)
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(_migrate)
+        self._writer.start()
+        self._reader = await aiosqlite.connect(self.path, isolation_level=None)
+        await self._reader.execute("PRAGMA busy_timeout=30000")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._reader is not None:
+            await self._reader.close()
+        await asyncio.to_thread(self._writer.stop)
+
+    @property
+    def writer_stats(self) -> WriterStats:
+        return self._writer.stats
+
+    def add_outbox_listener(self, listener: OutboxListener) -> None:
+        """Called on the loop with the outbox rows of every commit that made some."""
+        self._outbox_listeners.append(listener)
+
+    def remove_outbox_listener(self, listener: OutboxListener) -> None:
+        if listener in self._outbox_listeners:
+            self._outbox_listeners.remove(listener)
+
+    def _announce(self, rows: list[OutboxRow]) -> None:
+        if rows:
+            for listener in self._outbox_listeners:
+                listener(rows)
+
+    # -- writes ----------------------------------------------------------------------
+
+    async def run_txn(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
+        """Run a ``*_txn`` function in the next group commit."""
+        return await self._writer.submit(fn)
+
+    async def accept_submission(self, task: NewTask) -> AcceptResult:
+        result: AcceptResult = await self._writer.submit(lambda c: accept_submission_txn(c, task))
+        self._announce(result.outbox)
+        return result
+
+    async def apply(self, change: TaskChange) -> ChangeResult:
+        """Apply one task change atomically (see :func:`apply_change_txn` for raises)."""
+        result: ChangeResult = await self._writer.submit(lambda c: apply_change_txn(c, change))
+        self._announce(result.outbox)
+        return result
+
+    async def record_dead_letter(
+        self, *, subject: str, raw: bytes, error: dict[str, Any], dlq_subject: str, now: float
+    ) -> None:
+        rows: list[OutboxRow] = await self._writer.submit(
+            lambda c: record_dead_letter_txn(
+                c, subject=subject, raw=raw, error=error, dlq_subject=dlq_subject, now=now
+            )
+        )
+        self._announce(rows)
+
+    async def delete_outbox(self, ids: list[int]) -> None:
+        await self._writer.submit(lambda c: delete_outbox_txn(c, ids))
+
+    # -- reads -----------------------------------------------------------------------
+
+    @property
+    def _db(self) -> aiosqlite.Connection:
+        assert self._reader is not None, "Store.open() first"
+        return self._reader
+
+    async def load_task(self, task_id: str) -> TaskRecord:
+        async with self._db.execute(
+            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)
+        ) as cur:
+            row = await cur.fetchone()
+        if row is None:
+            raise NotFound("no such task", task_id=task_id)
+        return _record(tuple(row))
+
+    async def snapshot(self, tenant: str, task_id: str) -> TaskSnapshot:
+        """The task as ``status`` shows it. A task of another tenant is NOT_FOUND."""
+        rec = await self.load_task(task_id)
+        if rec.tenant != tenant:
+            raise NotFound("no such task", task_id=task_id)
+        return TaskSnapshot(
+            task_id=rec.task_id, tenant=rec.tenant, workflow=rec.workflow,
+            workflow_version=rec.workflow_version, status=rec.status, version=rec.version,
+            next_step=rec.next_step, steps_total=rec.steps_total,
+            last_checkpoint=rec.last_checkpoint, last_event_sequence=rec.last_event_seq,
+            error=rec.error, output=rec.output, created_at=rec.created_at,
+            updated_at=rec.updated_at,
+        )
+
+    async def load_state(self, task_id: str, checkpoint: int | None = None) -> LoadedState:
+        """The state at ``checkpoint`` (default: the latest), rebuilt from the deltas."""
+        upto = checkpoint if checkpoint is not None else 2**62
+        async with self._db.execute(
+            "SELECT v.key, v.inline, v.blob, v.deleted FROM checkpoint_values v"
+            " JOIN (SELECT key, MAX(seq) AS seq FROM checkpoint_values"
+            "       WHERE task_id = ? AND seq <= ? GROUP BY key) last"
+            " ON v.key = last.key AND v.seq = last.seq WHERE v.task_id = ?",
+            (task_id, upto, task_id),
+        ) as cur:
+            rows = await cur.fetchall()
+        encoded: dict[str, bytes] = {}
+        blob_refs: dict[str, str] = {}
+        for key, inline, blob, deleted in rows:
+            if deleted:
+                continue
+            if blob is not None:
+                blob_refs[key] = blob
+            else:
+                encoded[key] = inline
+        for key, digest in blob_refs.items():
+            async with self._db.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)) as cur:
+                blob_row = await cur.fetchone()
+            if blob_row is None:
+                raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
+            encoded[key] = blob_row[0]
+        values = {k: decode_value(v) for k, v in encoded.items()}
+        return LoadedState(values, encoded, set(blob_refs.values()))
+
+    async def active_tasks(self) -> list[tuple[str, str, str]]:
+        """(task_id, tenant, status) of every task not in a terminal state."""
+        terminal = tuple(s.value for s in TERMINAL)
+        async with self._db.execute(
+            "SELECT task_id, tenant, status FROM tasks WHERE status NOT IN (?,?,?)"
+            " ORDER BY created_at",
+            terminal,
+        ) as cur:
+            return [tuple(r) for r in await cur.fetchall()]  # type: ignore[misc]
+
+    async def pending_outbox(self, limit: int = 1000, after_id: int = 0) -> list[OutboxRow]:
+        async with self._db.execute(
+            "SELECT id, subject, msg_id, payload, headers FROM outbox WHERE id > ?"
+            " ORDER BY id LIMIT ?",
+            (after_id, limit),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [OutboxRow(r[0], r[1], r[2], r[3], _unpack(r[4])) for r in rows]
+
+    async def events(self, task_id: str, after: int = 0) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT sequence, event_id, type, aggregate_version, occurred_at, payload"
+            " FROM events WHERE task_id = ? AND sequence > ? ORDER BY sequence",
+            (task_id, after),
+        ) as cur:
+            rows = await cur.fetchall()
+        return [
+            {"sequence": r[0], "event_id": r[1], "type": r[2], "aggregate_version": r[3],
+             "occurred_at": r[4], "payload": _unpack(r[5])}
+            for r in rows
+        ]
+
+    async def count(self, table: str) -> int:
+        """Row count of one table (tests and operations)."""
+        if not table.isidentifier():
+            raise ValueError(table)
+        async with self._db.execute(f"SELECT COUNT(*) FROM {table}") as cur:
+            row = await cur.fetchone()
+        return int(row[0]) if row else 0
+
+    async def dead_letters(self) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT id, subject, error_code, error_message, details, received_at FROM dead_letters"
+            " ORDER BY id"
+        ) as cur:
+            rows = await cur.fetchall()
+        return [
+            {"id": r[0], "subject": r[1], "code": r[2], "message": r[3],
+             "details": _unpack(r[4]), "received_at": r[5]}
+            for r in rows
+        ]

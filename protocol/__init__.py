@@ -1,0 +1,71 @@
+"""Contracts only: wire models, codec, subjects, ids, the task state machine, errors.
+
+Imports nothing else of Ratchet's.
+"""
+
+from protocol.clock import Clock, FakeClock, SystemClock
+from protocol.codec import canonical, decode_envelope, decode_map, encode, parse_body
+from protocol.errors import (
+    ErrorCode,
+    IllegalTransition,
+    InvalidMessage,
+    NotFound,
+    RatchetError,
+    RequestConflict,
+    Unavailable,
+    UnknownWorkflow,
+    VersionConflict,
+)
+from protocol.ids import new_id, request_hash, task_id_for
+from protocol.messages import (
+    SCHEMA_VERSION,
+    Envelope,
+    ErrorBody,
+    Event,
+    GetTask,
+    Reply,
+    StartTask,
+    SubmitTask,
+    TaskAccepted,
+    TaskSnapshot,
+)
+from protocol.states import TERMINAL, TRANSITIONS, TaskEvent, TaskStatus, is_terminal, transition
+
+__all__ = [
+    "Clock",
+    "FakeClock",
+    "SystemClock",
+    "canonical",
+    "decode_envelope",
+    "decode_map",
+    "encode",
+    "parse_body",
+    "ErrorCode",
+    "IllegalTransition",
+    "InvalidMessage",
+    "NotFound",
+    "RatchetError",
+    "RequestConflict",
+    "Unavailable",
+    "UnknownWorkflow",
+    "VersionConflict",
+    "new_id",
+    "request_hash",
+    "task_id_for",
+    "SCHEMA_VERSION",
+    "Envelope",
+    "ErrorBody",
+    "Event",
+    "GetTask",
+    "Reply",
+    "StartTask",
+    "SubmitTask",
+    "TaskAccepted",
+    "TaskSnapshot",
+    "TERMINAL",
+    "TRANSITIONS",
+    "TaskEvent",
+    "TaskStatus",
+    "is_terminal",
+    "transition",
+]

@@ -1,0 +1,73 @@
+"""Injected time. Everything that reads the time or waits for it takes a :class:`Clock`,
+so that a 24-hour timeout is tested in milliseconds with :class:`FakeClock`."""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from typing import Protocol
+
+__all__ = ["Clock", "SystemClock", "FakeClock"]
+
+
+class Clock(Protocol):
+    def now(self) -> float:
+        """Wall-clock seconds since the epoch (recorded in events and rows)."""
+        ...
+
+    def monotonic(self) -> float:
+        """Seconds on a clock that never goes back (durations, deadlines)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+
+class FakeClock:
+    """A clock that moves only when told: :meth:`advance` wakes the sleepers it passes."""
+
+    def __init__(self, start: float = 1_800_000_000.0) -> None:
+        self._now = start
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    def monotonic(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._seq), fut))
+        await fut
+
+    @property
+    def sleepers(self) -> int:
+        """How many sleeps are pending (tests wait for this before advancing)."""
+        return sum(1 for _, _, f in self._sleepers if not f.done())
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward and wake every sleeper whose deadline has passed."""
+        self._now += seconds
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, fut = heapq.heappop(self._sleepers)
+            if not fut.done():
+                fut.set_result(None)

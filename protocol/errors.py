@@ -1,0 +1,117 @@
+"""One error root for the whole runtime, with stable wire codes.
+
+Every error that can cross a process boundary carries a ``code`` from :class:`ErrorCode`,
+a human message, a ``retryable`` flag and structured ``details``; the same shape travels in
+error replies (see ``docs/protocol.md``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+__all__ = [
+    "ErrorCode",
+    "RatchetError",
+    "InvalidMessage",
+    "IllegalTransition",
+    "RequestConflict",
+    "VersionConflict",
+    "NotFound",
+    "UnknownWorkflow",
+    "Unavailable",
+]
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes; part of the wire protocol, never renamed."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    NOT_FOUND = "NOT_FOUND"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    CONFLICT = "CONFLICT"
+    ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
+    UNAVAILABLE = "UNAVAILABLE"
+    INTERNAL = "INTERNAL"
+
+
+class RatchetError(Exception):
+    """Root of every Ratchet error.
+
+    Args:
+        message: what went wrong, for a human.
+        retryable: whether repeating the same request may succeed.
+        details: structured attributes (task_id, actor, field, ...).
+    """
+
+    code: ErrorCode = ErrorCode.INTERNAL
+    default_retryable: bool = False
+
+    def __init__(self, message: str, *, retryable: bool | None = None, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retryable = self.default_retryable if retryable is None else retryable
+        self.details = details
+
+    def to_wire(self) -> dict[str, Any]:
+        """The error as the ``error`` member of a reply."""
+        return {
+            "code": self.code.value,
+            "message": self.message,
+            "retryable": self.retryable,
+            "details": {k: _wire_safe(v) for k, v in self.details.items()},
+        }
+
+
+def _wire_safe(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        return [_wire_safe(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _wire_safe(v) for k, v in value.items()}
+    return str(value)
+
+
+class InvalidMessage(RatchetError):
+    """An inbound message could not be decoded or failed validation."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class UnknownWorkflow(RatchetError):
+    """A request names a workflow (or version) this node does not have."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class IllegalTransition(RatchetError):
+    """A task status change that the transition table does not allow."""
+
+    code = ErrorCode.ILLEGAL_TRANSITION
+
+
+class RequestConflict(RatchetError):
+    """The same idempotency key was used with a different request body."""
+
+    code = ErrorCode.CONFLICT
+
+
+class VersionConflict(RatchetError):
+    """Compare-and-set on a task's ``version`` failed: someone else moved it first."""
+
+    code = ErrorCode.CONFLICT
+    default_retryable = True
+
+
+class NotFound(RatchetError):
+    """The named task does not exist (for this tenant)."""
+
+    code = ErrorCode.NOT_FOUND
+
+
+class Unavailable(RatchetError):
+    """A dependency (NATS, the store) cannot serve right now."""
+
+    code = ErrorCode.UNAVAILABLE
+    default_retryable = True

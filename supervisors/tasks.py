@@ -1,0 +1,86 @@
+"""Task supervision: one supervisor per task, under the node's ``tasks`` supervisor.
+
+``tasks`` (one_for_one, temporary children) → ``tasks/<task_id>`` (a TaskSupervisor:
+one_for_one over the task actor, transient, restart intensity per task) → the task actor.
+When the task actor keeps crashing past the intensity, the task supervisor ends the task in
+FAILED with the cause (``on_escalate``) instead of crashing the node. When the task is done
+(the actor stops normally) the task supervisor stops too, so finished and idle tasks cost
+no live actors.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.core import ActorRef, ActorSystem
+from actors.task_actor import TaskActor, TaskDeps, fail_task
+from protocol.errors import RatchetError
+from supervisors.restart_policy import Restart
+from supervisors.supervisor import ChildSpec, StartChild, Supervisor
+
+__all__ = ["TASKS_ROOT", "TaskSupervision", "task_actor_name", "task_supervisor_name"]
+
+
+#: Where the node spawns the tasks supervisor (``node`` → ``tasks``).
+TASKS_ROOT = "node/tasks"
+
+
+def task_supervisor_name(task_id: str) -> str:
+    return f"{TASKS_ROOT}/{task_id}"
+
+
+def task_actor_name(task_id: str) -> str:
+    return f"{TASKS_ROOT}/{task_id}/actor"
+
+
+class TaskSupervision:
+    """Activates task actors on demand (mail, recovery) under per-task supervisors."""
+
+    def __init__(self, system: ActorSystem, deps: TaskDeps, *, max_restarts: int = 3,
+                 period: float = 60.0, backoff_base: float = 0.05, backoff_cap: float = 5.0):
+        self.system = system
+        self.deps = deps
+        self.max_restarts = max_restarts
+        self.period = period
+        self.backoff = (backoff_base, backoff_cap)
+        self.root: ActorRef[Supervisor] | None = None
+
+    def root_spec(self) -> ChildSpec:
+        def make(_: int) -> Supervisor:
+            return Supervisor(self.system, "tasks", [], max_restarts=10, period=10.0)
+
+        return ChildSpec("tasks", make, Restart.PERMANENT, shutdown_timeout=30.0)
+
+    def _task_supervisor(self, task_id: str) -> Supervisor:
+        async def escalate(cause: BaseException | None) -> None:
+            await fail_task(self.deps, task_id, cause, reason="restart intensity exceeded")
+
+        actor_spec = ChildSpec(
+            "actor", lambda restarts: TaskActor(task_id, self.deps, restarts), Restart.TRANSIENT,
+            shutdown_timeout=30.0,
+        )
+        sup = Supervisor(
+            self.system, f"tasks/{task_id}", [actor_spec], max_restarts=self.max_restarts,
+            period=self.period, backoff_base=self.backoff[0], backoff_cap=self.backoff[1],
+            on_escalate=escalate,
+        )
+        sup.auto_shutdown = True
+        return sup
+
+    async def ensure_running(self, task_id: str, timeout: float = 30.0) -> ActorRef[Any] | None:
+        """The live task actor, activating it if needed; None while it awaits a restart."""
+        ref = self.system.lookup(task_actor_name(task_id))
+        if ref is not None:
+            return ref
+        if self.system.lookup(task_supervisor_name(task_id)) is not None:
+            return None  # its supervisor is between restarts
+        root = self.system.lookup(TASKS_ROOT)
+        if root is None:
+            return None
+        spec = ChildSpec(task_id, lambda _: self._task_supervisor(task_id), Restart.TEMPORARY,
+                         shutdown_timeout=60.0)
+        try:
+            await root.ask(StartChild(spec), timeout=timeout)
+        except RatchetError:
+            return None  # raced with a supervisor that is starting or stopping
+        return self.system.lookup(task_actor_name(task_id))
