@@ -64,6 +64,7 @@ class TaskActor(Actor):
         self.status = TaskStatus.QUEUED
         self.next_step = 0
         self._recovered_from: str | None = None
+        self._attempt = 1
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -73,6 +74,7 @@ class TaskActor(Actor):
         self.record = rec
         self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
         self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
+        self._attempt = rec.step_failures + 1
         if is_terminal(self.status):
             self.ref.stop()
             return
@@ -165,7 +167,7 @@ class TaskActor(Actor):
         step = self.workflow.steps[index]
         ctx = StepContext(
             task_id=self.task_id, tenant=self.record.tenant, workflow=self.workflow.name,
-            step_name=step.name, step_index=index, attempt=self.restarts + 1,
+            step_name=step.name, step_index=index, attempt=self._attempt,
             input=self.record.input, state=self.state, clock=self.deps.clock,
             log=bind_step_logger(self.task_id, self.record.tenant, step.name),
         )
@@ -176,7 +178,7 @@ class TaskActor(Actor):
                 self.state.update(update)
             delta = self.tracker.diff(self.state)
         except Exception as exc:
-            await self._commit(self._change(events=[("step.failed", {
+            await self._commit(self._change(step_failed=True, events=[("step.failed", {
                 "step": step.name, "index": index, "attempt": ctx.attempt,
                 "error": {"type": type(exc).__name__, "message": str(exc)[:2000]},
             })]))
@@ -190,6 +192,7 @@ class TaskActor(Actor):
             checkpoint=CheckpointWrite(index, step.name, index + 1, delta),
         ))
         self.next_step = index + 1
+        self._attempt = 1
 
     async def _succeed(self) -> None:
         raw = self.state.get("output")

@@ -26,6 +26,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             request_hash TEXT NOT NULL,
             input BLOB NOT NULL,
             next_step INTEGER NOT NULL DEFAULT 0,
+            step_failures INTEGER NOT NULL DEFAULT 0,
             steps_total INTEGER,
             last_checkpoint INTEGER NOT NULL DEFAULT 0,
             last_event_seq INTEGER NOT NULL DEFAULT 0,

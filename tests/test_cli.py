@@ -1,0 +1,74 @@
+"""The command line as a user runs it: serve (embedded default), submit, watch, status."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+
+def _ratchet(state: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state),
+         "--log-level", "warning", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_serve_submit_watch_status_and_a_clean_ctrl_c(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state), "--log-level",
+         "warning", "serve", "--app", "examples.demo:app"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert serve.stdout is not None
+        banner = json.loads(serve.stdout.readline())
+        assert banner["workflows"] == ["expense.report"]
+        nats_pid = int((state / "nats" / "nats-server.pid").read_text())
+
+        submitted = _ratchet(state, "submit", "expense.report", "--key", "r-1", "--input",
+                             json.dumps({"items": [{"what": "taxi", "amount": 30}]}))
+        assert submitted.returncode == 0, submitted.stderr
+        task_id = json.loads(submitted.stdout)["task_id"]
+
+        watched = _ratchet(state, "watch", task_id)
+        assert watched.returncode == 0, watched.stderr
+        events = [json.loads(line) for line in watched.stdout.splitlines()]
+        assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))
+        assert events[-1]["type"] == "task.succeeded"
+
+        later = _ratchet(state, "watch", task_id, "--after", "5")
+        assert [json.loads(x)["sequence"] for x in later.stdout.splitlines()] == list(
+            range(6, len(events) + 1))
+
+        status = _ratchet(state, "status", task_id)
+        snapshot = json.loads(status.stdout)
+        assert snapshot["status"] == "SUCCEEDED" and snapshot["output"]["total"] == 30
+
+        missing = _ratchet(state, "status", "tsk_nope")
+        assert missing.returncode == 2 and json.loads(missing.stdout)["error"]["code"] == "NOT_FOUND"
+
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=30) == 0
+        assert not _alive(nats_pid), "the embedded nats-server outlived its node"
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()

@@ -1,0 +1,183 @@
+"""One node, a real nats-server, a real SQLite file: submit → events → SUCCEEDED."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgpack
+import pytest
+
+import ratchet
+from protocol.subjects import STREAM_DLQ
+from tests.apps import RUNS
+from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
+
+
+async def test_a_submitted_task_runs_to_succeeded_with_contiguous_events(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node()
+    task_id = await client.submit("three", {"x": 1}, key="order-1")
+    events = await wait_terminal(client, task_id)
+    assert_contiguous(events)
+    assert [e.type for e in events] == ["task.queued", "task.started"] + ["step.completed"] * 4 + [
+        "task.succeeded"]
+    assert events[-1].payload == {"output": {"count": 3}}
+    assert all(e.tenant == "acme" and e.task_id == task_id for e in events)
+    assert [e.aggregate_version for e in events] == sorted(e.aggregate_version for e in events)
+    snapshot = await client.get(task_id)
+    assert (snapshot.status, snapshot.next_step, snapshot.last_event_sequence) == (
+        "SUCCEEDED", 4, len(events))
+
+
+async def test_the_same_request_twice_makes_one_task(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    first = await client.submit("three", {"x": 1}, key="dup")
+    await wait_terminal(client, first)
+    again = await client.submit_sync("three", {"x": 1}, key="dup")
+    assert again == {"task_id": first, "status": "SUCCEEDED", "created": False}
+    assert await node.store.count("tasks") == 1  # type: ignore[union-attr]
+    assert RUNS[f"{first}:s0"] == 1
+
+
+async def test_the_same_key_with_another_body_is_a_typed_conflict(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    await client.submit_sync("three", {"x": 1}, key="k")
+    with pytest.raises(ratchet.RemoteError) as info:
+        await client.submit_sync("three", {"x": 2}, key="k")
+    assert info.value.wire_code == "CONFLICT"
+    assert info.value.details["idempotency_key"] == "k"
+    assert await node.store.count("tasks") == 1  # type: ignore[union-attr]
+    assert await node.store.count("request_conflicts") == 1  # type: ignore[union-attr]
+
+
+async def test_a_conflicting_resubmission_over_jetstream_is_recorded_not_run(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    task_id = await client.submit("three", {"x": 1}, key="k2")
+    await wait_terminal(client, task_id)
+    # A different body under the same key, past JetStream's own dedup (other Nats-Msg-Id).
+    await client.js.publish("ratchet.submit.acme", ratchet_submit_bytes({"x": 2}, "k2"),
+                            headers={"Nats-Msg-Id": "other"})
+    store = node.store
+    assert store is not None
+
+    async def conflict_recorded() -> None:
+        while await store.count("request_conflicts") == 0:
+            await asyncio.sleep(0.01)
+
+    await asyncio.wait_for(conflict_recorded(), 10)
+    assert await store.count("tasks") == 1
+
+
+def ratchet_submit_bytes(input: dict[str, Any], key: str) -> bytes:
+    return msgpack.packb({"schema_version": 1, "type": "task.submit", "message_id": f"m-{key}",
+                          "correlation_id": f"c-{key}",
+                          "body": {"workflow": "three", "input": input, "idempotency_key": key}})
+
+
+async def test_a_step_that_raises_once_is_retried_by_a_restart_and_earlier_steps_run_once(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(task_backoff_base=0.001, task_backoff_cap=0.01)
+    task_id = await client.submit("ten", {"fail_once_at": 4}, key="flaky")
+    events = await wait_terminal(client, task_id)
+    assert_contiguous(events)
+    assert events[-1].type == "task.succeeded"
+    assert [RUNS[f"{task_id}:s{i}"] for i in range(10)] == [1, 1, 1, 1, 2, 1, 1, 1, 1, 1]
+    failed = [e for e in events if e.type == "step.failed"]
+    assert [(e.payload["step"], e.payload["attempt"]) for e in failed] == [("s4", 1)]
+    recovered = [e for e in events if e.type == "task.recovered"]
+    assert recovered[0].payload["reason"] == "actor_restart"
+    assert recovered[0].payload["next_step"] == 4
+    assert recovered[0].payload["steps_skipped"] == ["s0", "s1", "s2", "s3"]
+
+
+async def test_a_step_that_keeps_failing_ends_the_task_failed_not_the_node(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(task_backoff_base=0.001, task_backoff_cap=0.01, task_max_restarts=2)
+    bad = await client.submit("three", {"always_fail_at": 1}, key="bad")
+    events = await wait_terminal(client, bad)
+    assert events[-1].type == "task.failed"
+    assert events[-1].payload["reason"] == "restart intensity exceeded"
+    assert RUNS[f"{bad}:s0"] == 1 and RUNS[f"{bad}:s1"] == 3
+    good = await client.submit("three", {}, key="good")  # the node still serves
+    assert (await wait_terminal(client, good))[-1].type == "task.succeeded"
+    assert (await client.get(bad)).status == "FAILED"
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        (b"\x93\x01\x02", "INVALID_ARGUMENT"),  # msgpack, but an array
+        (b"\xc1garbage", "INVALID_ARGUMENT"),
+        (msgpack.packb({"schema_version": 1, "type": "task.submit", "message_id": "m",
+                        "correlation_id": "c", "body": {"workflow": "three"}}),
+         "INVALID_ARGUMENT"),
+        (msgpack.packb({"schema_version": 1, "type": "task.submit", "message_id": "m",
+                        "correlation_id": "c",
+                        "body": {"workflow": "nope", "idempotency_key": "x"}}),
+         "INVALID_ARGUMENT"),
+    ],
+)
+async def test_a_malformed_submission_is_dead_lettered_and_the_node_keeps_serving(
+    start_node: NodeFactory, client: ratchet.Client, payload: bytes, code: str
+) -> None:
+    node = await start_node()
+    await client.js.publish("ratchet.submit.acme", payload)
+    store = node.store
+    assert store is not None
+
+    async def dead_lettered() -> list[dict[str, Any]]:
+        while not (rows := await store.dead_letters()):
+            await asyncio.sleep(0.01)
+        return rows
+
+    rows = await asyncio.wait_for(dead_lettered(), 10)
+    assert rows[0]["code"] == code and rows[0]["subject"] == "ratchet.submit.acme"
+    sub = await client.js.pull_subscribe("ratchet.dlq.submit.acme", "t", stream=STREAM_DLQ)
+    [msg] = await sub.fetch(1, timeout=10)
+    assert msg.data == payload
+    assert msg.headers is not None and msg.headers["Ratchet-Error-Code"] == code
+    task_id = await client.submit("three", {}, key="after-bad")
+    assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+
+
+async def test_a_task_of_another_tenant_is_not_found(
+    start_node: NodeFactory, client: ratchet.Client, nats_url: str
+) -> None:
+    await start_node()
+    task_id = await client.submit("three", {}, key="mine")
+    await wait_terminal(client, task_id)
+    other = await ratchet.Client.connect(nats_url, tenant="intruder")
+    try:
+        with pytest.raises(ratchet.RemoteError) as info:
+            await other.get(task_id)
+        assert info.value.wire_code == "NOT_FOUND"
+    finally:
+        await other.close()
+
+
+async def test_a_node_restart_recovers_unfinished_tasks_from_their_checkpoints(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    task_id = await client.submit("ten", {"sleep": 0.02}, key="long")
+    async for event in client.watch(task_id):
+        if event.type == "step.completed" and event.payload["index"] == 3:
+            break
+    await node.stop()  # a clean stop: the task stays RUNNING at its last checkpoint
+    await start_node()
+    events = await wait_terminal(client, task_id)
+    assert_contiguous(events)
+    assert events[-1].type == "task.succeeded"
+    recovered = [e for e in events if e.type == "task.recovered"]
+    assert recovered and recovered[0].payload["reason"] == "node_recovery"
+    assert all(RUNS[f"{task_id}:s{i}"] == 1 for i in range(10))
