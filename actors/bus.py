@@ -17,7 +17,6 @@ JetStream is transport, the Store is the truth: a message lost by JetStream dela
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -133,7 +132,7 @@ class Bus:
             while True:
                 try:
                     msgs = await sub.fetch(batch, timeout=idle_timeout)
-                except (NatsTimeoutError, asyncio.TimeoutError):
+                except (TimeoutError, NatsTimeoutError):
                     continue
                 await handler(msgs)
         finally:

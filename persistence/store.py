@@ -249,7 +249,7 @@ class Store:
             " ORDER BY created_at",
             terminal,
         ) as cur:
-            return [tuple(r) for r in await cur.fetchall()]  # type: ignore[misc]
+            return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
     async def pending_outbox(self, limit: int = 1000, after_id: int = 0) -> list[OutboxRow]:
         async with self._db.execute(

@@ -125,7 +125,7 @@ class GroupCommitWriter:
                 conn.execute("SAVEPOINT txn")
                 try:
                     result = fn(conn)
-                except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                except BaseException as exc:
                     conn.execute("ROLLBACK TO txn")
                     conn.execute("RELEASE txn")
                     outcomes.append((False, exc))
@@ -133,7 +133,7 @@ class GroupCommitWriter:
                     conn.execute("RELEASE txn")
                     outcomes.append((True, result))
             conn.execute("COMMIT")
-        except BaseException as exc:  # noqa: BLE001 - the whole batch failed to commit
+        except BaseException as exc:
             log.error("group commit failed", error=repr(exc), batch=len(batch))
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

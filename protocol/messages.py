@@ -20,7 +20,7 @@ __all__ = [
     "StartTask",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1
 
 _STRICT = ConfigDict(extra="forbid", frozen=True)
 

@@ -11,6 +11,7 @@ validated is dead-lettered with its error and acked; it never stops the node.
 from __future__ import annotations
 
 import asyncio
+
 import structlog
 from nats.aio.msg import Msg
 

@@ -9,7 +9,6 @@ supervisor (each task stops at its next step boundary, its safe point) → flush
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 from dataclasses import dataclass, field

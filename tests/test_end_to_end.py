@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgpack
 import pytest
 
 import ratchet
+from protocol.codec import decode_map
+from protocol.messages import Reply
 from protocol.subjects import STREAM_DLQ
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
@@ -56,29 +57,28 @@ async def test_the_same_key_with_another_body_is_a_typed_conflict(
     assert await node.store.count("request_conflicts") == 1  # type: ignore[union-attr]
 
 
-async def test_a_conflicting_resubmission_over_jetstream_is_recorded_not_run(
+async def test_a_conflicting_resubmission_over_jetstream_is_answered_and_recorded_not_run(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node()
     task_id = await client.submit("three", {"x": 1}, key="k2")
     await wait_terminal(client, task_id)
-    # A different body under the same key, past JetStream's own dedup (other Nats-Msg-Id).
-    await client.js.publish("ratchet.submit.acme", ratchet_submit_bytes({"x": 2}, "k2"),
+    # A different body under the same key, past JetStream's own dedup (other Nats-Msg-Id),
+    # asking for an answer on a reply subject.
+    inbox = client.nc.new_inbox()
+    replies = await client.nc.subscribe(inbox)
+    await client.js.publish("ratchet.submit.acme", submit_bytes({"x": 2}, "k2", reply_to=inbox),
                             headers={"Nats-Msg-Id": "other"})
-    store = node.store
-    assert store is not None
-
-    async def conflict_recorded() -> None:
-        while await store.count("request_conflicts") == 0:
-            await asyncio.sleep(0.01)
-
-    await asyncio.wait_for(conflict_recorded(), 10)
-    assert await store.count("tasks") == 1
+    answer = Reply.model_validate(decode_map((await replies.next_msg(timeout=10)).data))
+    assert not answer.ok and answer.error is not None and answer.error.code == "CONFLICT"
+    assert answer.correlation_id == "c-k2"
+    assert await node.store.count("request_conflicts") == 1  # type: ignore[union-attr]
+    assert await node.store.count("tasks") == 1  # type: ignore[union-attr]
 
 
-def ratchet_submit_bytes(input: dict[str, Any], key: str) -> bytes:
+def submit_bytes(input: dict[str, Any], key: str, reply_to: str | None = None) -> bytes:
     return msgpack.packb({"schema_version": 1, "type": "task.submit", "message_id": f"m-{key}",
-                          "correlation_id": f"c-{key}",
+                          "correlation_id": f"c-{key}", "reply_to": reply_to,
                           "body": {"workflow": "three", "input": input, "idempotency_key": key}})
 
 
@@ -132,20 +132,12 @@ async def test_a_malformed_submission_is_dead_lettered_and_the_node_keeps_servin
 ) -> None:
     node = await start_node()
     await client.js.publish("ratchet.submit.acme", payload)
-    store = node.store
-    assert store is not None
-
-    async def dead_lettered() -> list[dict[str, Any]]:
-        while not (rows := await store.dead_letters()):
-            await asyncio.sleep(0.01)
-        return rows
-
-    rows = await asyncio.wait_for(dead_lettered(), 10)
-    assert rows[0]["code"] == code and rows[0]["subject"] == "ratchet.submit.acme"
     sub = await client.js.pull_subscribe("ratchet.dlq.submit.acme", "t", stream=STREAM_DLQ)
-    [msg] = await sub.fetch(1, timeout=10)
+    [msg] = await sub.fetch(1, timeout=10)  # waits for the dead letter to be published
     assert msg.data == payload
     assert msg.headers is not None and msg.headers["Ratchet-Error-Code"] == code
+    rows = await node.store.dead_letters()  # type: ignore[union-attr]
+    assert [(r["code"], r["subject"]) for r in rows] == [(code, "ratchet.submit.acme")]
     task_id = await client.submit("three", {}, key="after-bad")
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
 

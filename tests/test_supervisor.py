@@ -55,7 +55,7 @@ class Worker(Actor):
 
 async def _until(predicate: Any, timeout: float = 2.0) -> None:
     async def poll() -> None:
-        while not predicate():
+        while not predicate():  # noqa: ASYNC110 - yields to the loop only; bounded below
             await asyncio.sleep(0)
 
     await asyncio.wait_for(poll(), timeout)
