@@ -74,6 +74,7 @@ class Workflow:
         self.version = version
         self.description = description
         self.steps: list[Step] = []
+        self._step_names: set[str] = set()
 
     def step(self, fn: StepFn | None = None, *, name: str | None = None) -> Any:
         """Decorator appending a step; usable bare or as ``@wf.step(name="...")``."""
@@ -87,13 +88,14 @@ class Workflow:
     def add_step(self, name: str, fn: StepFn) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(f"workflow {self.name}: step name {name!r} is invalid")
-        if any(s.name == name for s in self.steps):
+        if name in self._step_names:
             raise WorkflowDefinitionError(f"workflow {self.name}: duplicate step {name!r}")
         if not inspect.iscoroutinefunction(fn):
             raise WorkflowDefinitionError(
                 f"workflow {self.name}: step {name!r} must be an async function"
             )
         self.steps.append(Step(name, fn))
+        self._step_names.add(name)
 
     def validate(self) -> None:
         if not self.steps:

@@ -26,7 +26,7 @@ from persistence.txns import (
     delete_outbox_txn,
     record_dead_letter_txn,
 )
-from persistence.writer import GroupCommitWriter, WriterStats, open_connection
+from persistence.writer import WriterStats, make_writer, open_connection
 from protocol.errors import NotFound
 from protocol.messages import TaskSnapshot
 from protocol.states import TERMINAL
@@ -101,7 +101,7 @@ class Store:
             raise ValueError("synchronous must be NORMAL or FULL")
         self.path = str(path)
         self.synchronous = synchronous
-        self._writer = GroupCommitWriter(self.path, synchronous)
+        self._writer = make_writer(self.path, synchronous)
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
@@ -133,7 +133,7 @@ class Store:
         self._closed = True
         if self._reader is not None:
             await self._reader.close()
-        await asyncio.to_thread(self._writer.stop)
+        await self._writer.close()
 
     @property
     def writer_stats(self) -> WriterStats:

@@ -93,6 +93,7 @@ async def _serve(args: argparse.Namespace) -> int:
         await stop.wait()
     finally:
         await node.stop()
+        _print({"stopped": config.node_id, **node.writer_summary()})
     return 0
 
 

@@ -128,6 +128,20 @@ class Node:
         log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
                  workflows=self.registry.names())
 
+    def writer_summary(self) -> dict[str, Any]:
+        """Group-commit figures: batches, transactions, and how long batches took."""
+        if self.store is None:
+            return {}
+        stats = self.store.writer_stats
+        durations = sorted(stats.commit_seconds)
+
+        def pct(p: float) -> float:
+            return round(durations[int(p * (len(durations) - 1))] * 1000, 3) if durations else 0.0
+
+        return {"commit_batches": stats.batches, "commit_transactions": stats.transactions,
+                "largest_batch": stats.largest_batch, "commit_p50_ms": pct(0.5),
+                "commit_p99_ms": pct(0.99), "commit_max_ms": pct(1.0)}
+
     def _root_exited(self, _: ActorRef[Any], reason: BaseException | None) -> None:
         if reason is not None and not self._stopped:
             log.critical("node supervisor gave up", error=repr(reason))

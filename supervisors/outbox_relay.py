@@ -6,6 +6,9 @@ or a failed publish left behind). Each row is published with ``Nats-Msg-Id`` = i
 message id, so a row published twice (a crash between publish and delete) is dropped by
 JetStream's duplicate window; subscribers also dedupe events by ``sequence``.
 Rows are published in id order per batch, so a task's events keep their order.
+Deleting published rows is batched (every ``delete_interval`` or ``delete_batch`` rows):
+it keeps a second write off every step's path; a crash before the delete only republishes
+rows JetStream (within its window) or subscribers (by sequence) drop.
 """
 
 from __future__ import annotations
@@ -29,17 +32,25 @@ log = structlog.get_logger("ratchet.outbox")
 
 class OutboxRelay(ServiceActor):
     def __init__(self, bus: Bus, store: Store, clock: Clock, *, batch: int = 1000,
-                 sweep_interval: float = 5.0, publish_timeout: float = 10.0) -> None:
+                 sweep_interval: float = 5.0, publish_timeout: float = 10.0,
+                 delete_interval: float = 0.2, delete_batch: int = 2000,
+                 linger: float = 0.002) -> None:
         self.bus = bus
         self.store = store
         self.clock = clock
         self.batch = batch
         self.sweep_interval = sweep_interval
         self.publish_timeout = publish_timeout
+        self.linger = linger
+        self.delete_interval = delete_interval
+        self.delete_batch = delete_batch
+        self._published_ids: list[int] = []
+        self._delete_due: float | None = None
         self._pending: OrderedDict[int, OutboxRow] = OrderedDict()
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self.published = 0
+        self._next_sweep = 0.0
 
     def _on_rows(self, rows: list[OutboxRow]) -> None:
         for row in rows:
@@ -54,6 +65,10 @@ class OutboxRelay(ServiceActor):
     async def on_stop(self) -> None:
         self.store.remove_outbox_listener(self._on_rows)
         await super().on_stop()
+        try:
+            await self.delete_published()
+        except Exception as exc:  # the store may be closing; the rows are republished later
+            log.warning("outbox delete at stop failed", error=repr(exc))
 
     async def serve(self) -> None:
         await self._sweep()
@@ -64,6 +79,11 @@ class OutboxRelay(ServiceActor):
                     self._idle.set()
                     self._wake.clear()
                     await self._wake.wait()
+                    if self.linger:
+                        # Let a few more commits arrive: one socket write and one ack wait
+                        # per batch instead of per event. Loop time, not the task clock:
+                        # this batches I/O, it is not a timer of the task.
+                        await asyncio.sleep(self.linger)
                 await self._publish_some()
         finally:
             sweeper.cancel()
@@ -72,12 +92,16 @@ class OutboxRelay(ServiceActor):
 
     async def _sweep_forever(self) -> None:
         while True:
-            await self.clock.sleep(self.sweep_interval)
-            await self._sweep()
+            await self.clock.sleep(min(self.sweep_interval, self.delete_interval))
+            await self.delete_published()
+            if self.clock.monotonic() >= self._next_sweep:
+                await self._sweep()
 
     async def _sweep(self) -> None:
+        self._next_sweep = self.clock.monotonic() + self.sweep_interval
         rows = await self.store.pending_outbox(limit=100_000)
-        fresh = [r for r in rows if r.id not in self._pending]
+        published = set(self._published_ids)
+        fresh = [r for r in rows if r.id not in self._pending and r.id not in published]
         if fresh:
             self._on_rows(fresh)
             self._pending = OrderedDict(sorted(self._pending.items()))
@@ -99,10 +123,21 @@ class OutboxRelay(ServiceActor):
             log.warning("outbox publish failed; will retry", error=repr(exc), rows=len(rows))
             await self.clock.sleep(0.5)
             return
-        await self.store.delete_outbox(ids)
         for i in ids:
             self._pending.pop(i, None)
         self.published += len(ids)
+        self._published_ids.extend(ids)
+        now = self.clock.monotonic()
+        if self._delete_due is None:
+            self._delete_due = now + self.delete_interval
+        if len(self._published_ids) >= self.delete_batch or now >= self._delete_due:
+            await self.delete_published()
+
+    async def delete_published(self) -> None:
+        """Remove published rows from the outbox (batched; also run by the sweeper)."""
+        ids, self._published_ids, self._delete_due = self._published_ids, [], None
+        if ids:
+            await self.store.delete_outbox(ids)
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything announced so far is published (used at shutdown)."""

@@ -22,9 +22,10 @@ def _new_task(task_id: str = "t1", key: str = "k1", digest: str = "sha256:aa") -
                    start_mail=("ratchet.mail.0.t1.task", f"start-{task_id}", b"\x80"))
 
 
-@pytest.fixture
-async def store(tmp_path: Path) -> Store:
-    s = await Store.open(tmp_path / "r.db")
+@pytest.fixture(params=["NORMAL", "FULL"])
+async def store(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
+    # NORMAL commits on the event loop, FULL on a writer thread: both must behave alike.
+    s = await Store.open(tmp_path / "r.db", request.param)
     yield s  # type: ignore[misc]
     await s.close()
 

@@ -1,0 +1,228 @@
+"""Durable-step figures of one node. Prints one JSON object as its last line.
+
+(a) sequential_steps_per_s: one task of 1,000 trivial durable steps (task.started →
+    task.succeeded, timestamps recorded by the node);
+(b) concurrent_tasks_per_s, concurrent_p50_s, concurrent_p99_s: 1,000 tasks x 5 steps
+    published at once over NATS, submit → task.succeeded as seen by a subscriber;
+(c) peak_rss_mb: the node process's VmHWM after (a) and (b);
+(d) bytes_written_per_step: a 100-step task whose state holds an unchanging 1 MB value,
+    on a fresh store: growth of the SQLite file (WAL checkpointed, blobs included) / 100;
+    also wal_io_bytes_per_step: what the node process physically wrote (/proc/pid/io);
+(e) synchronous: the SQLite setting used;
+(f) resume_after_kill_s: a 20-step task (50 ms per step), node SIGKILLed right after step
+    10 committed, then started again: restart command → task.succeeded.
+
+The node is a real ``ratchet serve`` subprocess joined to a real nats-server (``--nats-url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ratchet
+from protocol.codec import decode_map, encode
+from protocol.ids import new_id, task_id_for
+from protocol.messages import Envelope, SubmitTask
+from supervisors.embedded_nats import EmbeddedNats
+
+SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "NORMAL")
+
+
+class NodeProc:
+    def __init__(self, state_dir: Path, nats_url: str) -> None:
+        self.state_dir = state_dir
+        self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
+                     "--log-level", "warning", "serve", "--app", "bench.app:app",
+                     "--nats-url", nats_url, "--synchronous", SYNCHRONOUS]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, stdout=subprocess.PIPE,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if b"serving" not in line:
+            raise RuntimeError(f"node did not start: {line!r}")
+
+    def status(self, field: str) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+        raise KeyError(field)
+
+    def io_write_bytes(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/io").read_text().splitlines():
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+        raise KeyError("write_bytes")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> dict[str, Any]:
+        """SIGINT (a clean stop); returns the node's closing figures line."""
+        if self.proc is None or self.proc.poll() is not None:
+            return {}
+        self.proc.send_signal(signal.SIGINT)
+        out, _ = self.proc.communicate(timeout=60)
+        for line in (out or b"").decode().splitlines():
+            if '"stopped"' in line:
+                return dict(json.loads(line))
+        return {}
+
+
+async def _until_terminal(client: ratchet.Client, task_id: str) -> list[ratchet.Event]:
+    return [e async for e in client.watch(task_id, idle_timeout=120)]
+
+
+async def sequential(client: ratchet.Client, runs: int = 5) -> dict[str, Any]:
+    """Median of ``runs`` one-task runs (one run is ~0.3 s, so single runs are noisy)."""
+    rates, walls = [], []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        task_id = await client.submit("seq1000", {}, key=f"seq-{time.time_ns()}")
+        events = await _until_terminal(client, task_id)
+        walls.append(time.perf_counter() - t0)
+        started = next(e for e in events if e.type == "task.started").occurred_at
+        assert events[-1].type == "task.succeeded", events[-1]
+        rates.append(1000 / (events[-1].occurred_at - started))
+    return {"sequential_steps_per_s": round(statistics.median(rates), 1),
+            "sequential_steps_per_s_min": round(min(rates), 1),
+            "sequential_wall_s": round(statistics.median(walls), 3)}
+
+
+async def concurrent(client: ratchet.Client, n: int = 1000) -> dict[str, Any]:
+    done: dict[str, float] = {}
+    all_done = asyncio.Event()
+
+    async def on_success(msg: Any) -> None:
+        event = decode_map(msg.data)
+        done.setdefault(event["task_id"], time.perf_counter())
+        if len(done) >= n:
+            all_done.set()
+
+    sub = await client.nc.subscribe(f"ratchet.events.{client.tenant}.*.task.succeeded",
+                                    cb=on_success)
+    run = time.time_ns()
+    submitted: dict[str, float] = {}
+    t0 = time.perf_counter()
+    futures = []
+    for i in range(n):
+        key = f"c-{run}-{i}"
+        task_id = task_id_for(client.tenant, key)
+        mid = new_id("msg")
+        env = Envelope(type="task.submit", message_id=mid, correlation_id=mid,
+                       body=SubmitTask(workflow="five", idempotency_key=key).model_dump())
+        submitted[task_id] = time.perf_counter()
+        futures.append(await client.js.publish_async(
+            f"ratchet.submit.{client.tenant}", encode(env),
+            headers={"Nats-Msg-Id": f"{client.tenant}:{key}"}))
+    await asyncio.gather(*futures)
+    await asyncio.wait_for(all_done.wait(), 300)
+    elapsed = time.perf_counter() - t0
+    await sub.unsubscribe()
+    latencies = sorted(done[t] - submitted[t] for t in submitted)
+    return {
+        "concurrent_tasks_per_s": round(n / elapsed, 1),
+        "concurrent_p50_s": round(statistics.median(latencies), 3),
+        "concurrent_p99_s": round(latencies[int(0.99 * (len(latencies) - 1))], 3),
+        "concurrent_total_s": round(elapsed, 3),
+    }
+
+
+def _store_bytes(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    return sum(p.stat().st_size for p in db.parent.glob(db.name + "*"))
+
+
+async def big_document(nats_url: str, base: Path) -> dict[str, Any]:
+    node = NodeProc(base / "big", nats_url)
+    node.start()
+    try:
+        db = base / "big" / "ratchet.db"
+        before = _store_bytes(db)
+        io_before = node.io_write_bytes()
+        client = await ratchet.Client.connect(nats_url, "bench")
+        task_id = await client.submit("big_document", {}, key=f"big-{time.time_ns()}")
+        events = await _until_terminal(client, task_id)
+        assert events[-1].type == "task.succeeded"
+        io_after = node.io_write_bytes()
+        await client.close()
+        after = _store_bytes(db)
+    finally:
+        node.stop()
+    return {"bytes_written_per_step": round((after - before) / 100),
+            "wal_io_bytes_per_step": round((io_after - io_before) / 100)}
+
+
+async def resume_after_kill(nats_url: str, base: Path) -> dict[str, Any]:
+    node = NodeProc(base / "kill", nats_url)
+    node.start()
+    client = await ratchet.Client.connect(nats_url, "bench")
+    task_id = await client.submit("sleepy", {}, key=f"sleepy-{time.time_ns()}")
+    async for event in client.watch(task_id, idle_timeout=60):
+        if event.type == "step.completed" and event.payload["index"] == 9:
+            node.kill()
+            break
+    t0 = time.perf_counter()
+    restarted = NodeProc(base / "kill", nats_url)
+    restarted.proc = subprocess.Popen(restarted.args, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
+    last = None
+    async for event in client.watch(task_id, after=0, idle_timeout=60):
+        last = event
+    resume = time.perf_counter() - t0
+    assert last is not None and last.type == "task.succeeded"
+    await client.close()
+    restarted.stop()
+    return {"resume_after_kill_s": round(resume, 3)}
+
+
+async def main() -> None:
+    with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as tmp:
+        base = Path(tmp)
+        server = EmbeddedNats(base / "nats")
+        url = await server.start()
+        results: dict[str, Any] = {"synchronous": SYNCHRONOUS}
+        try:
+            node = NodeProc(base / "main", url)
+            node.start()
+            client = await ratchet.Client.connect(url, "bench")
+            try:
+                results.update(await sequential(client))
+                results.update(await concurrent(client))
+                results["peak_rss_mb"] = round(node.status("VmHWM") / 1024, 1)
+            finally:
+                await client.close()
+                closing = node.stop()
+            results.update({k: v for k, v in closing.items() if k.startswith("commit_")
+                            or k == "largest_batch"})
+            results.update(await big_document(url, base))
+            results.update(await resume_after_kill(url, base))
+        finally:
+            await server.stop()
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
