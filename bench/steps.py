@@ -37,6 +37,7 @@ import ratchet
 from protocol.codec import decode_map, encode
 from protocol.ids import new_id, task_id_for
 from protocol.messages import Envelope, SubmitTask
+from supervisors.cli import configure_logging
 from supervisors.embedded_nats import EmbeddedNats
 
 SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "NORMAL")
@@ -199,6 +200,7 @@ async def resume_after_kill(nats_url: str, base: Path) -> dict[str, Any]:
 
 
 async def main() -> None:
+    configure_logging("warning")
     with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as tmp:
         base = Path(tmp)
         server = EmbeddedNats(base / "nats")
