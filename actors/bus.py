@@ -65,14 +65,20 @@ class Bus:
     def __init__(self, nc: NATS, js: JetStreamContext) -> None:
         self.nc = nc
         self.js = js
+        self.closing = False
 
     @classmethod
     async def connect(cls, url: str, name: str = "ratchet") -> Bus:
         async def on_error(exc: Exception) -> None:
             log.warning("nats error", error=repr(exc))
 
+        bus: Bus | None = None
+
         async def on_disconnect() -> None:
-            log.warning("nats disconnected")
+            if bus is not None and bus.closing:
+                log.debug("nats disconnected (closing)")
+            else:
+                log.warning("nats disconnected")
 
         async def on_reconnect() -> None:
             log.info("nats reconnected")
@@ -89,7 +95,8 @@ class Bus:
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
         )
-        return cls(nc, nc.jetstream(publish_async_max_pending=4000))
+        bus = cls(nc, nc.jetstream(publish_async_max_pending=4000))
+        return bus
 
     async def ensure_streams(self, configs: list[StreamConfig] | None = None) -> None:
         """Create each stream, or bring an existing one to the same config."""
@@ -142,6 +149,7 @@ class Bus:
                 pass
 
     async def close(self) -> None:
+        self.closing = True
         if self.nc.is_connected or self.nc.is_reconnecting:
             try:
                 await self.nc.drain()
