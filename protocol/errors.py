@@ -20,6 +20,13 @@ __all__ = [
     "NotFound",
     "UnknownWorkflow",
     "Unavailable",
+    "ToolError",
+    "ToolInvalidArgument",
+    "ToolPermissionDenied",
+    "ToolConflict",
+    "ToolRateLimited",
+    "ToolTransient",
+    "ToolOutcomeUnknown",
 ]
 
 
@@ -115,3 +122,59 @@ class Unavailable(RatchetError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+# -- outcomes of external calls (tools) ---------------------------------------------------
+#
+# Tool code raises these to say how a call failed; the runtime's retry policy is a table
+# over them (see actors/tools). Anything else a tool raises counts as transient.
+
+
+class ToolError(RatchetError):
+    """Root of the errors a tool call can end in."""
+
+
+class ToolInvalidArgument(ToolError):
+    """The provider rejected the request as malformed. Never retried."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class ToolPermissionDenied(ToolError):
+    """The provider refused: not allowed. Never retried."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class ToolConflict(ToolError):
+    """The provider reports a conflict (e.g. the key was used for another request).
+    Never retried."""
+
+    code = ErrorCode.CONFLICT
+
+
+class ToolRateLimited(ToolError):
+    """Too many requests; retry after ``retry_after`` seconds (the provider's Retry-After)."""
+
+    code = ErrorCode.UNAVAILABLE
+    default_retryable = True
+
+    def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
+        super().__init__(message, retry_after=retry_after, **details)
+        self.retry_after = retry_after
+
+
+class ToolTransient(ToolError):
+    """A failure known not to have taken effect (5xx before processing, connection refused).
+    Retried with exponential backoff and full jitter."""
+
+    code = ErrorCode.UNAVAILABLE
+    default_retryable = True
+
+
+class ToolOutcomeUnknown(ToolError):
+    """The call may or may not have taken effect (timeout, connection dropped after the
+    request was sent). For a write this makes the action UNKNOWN: reconcile, never resend
+    blindly."""
+
+    code = ErrorCode.UNAVAILABLE
