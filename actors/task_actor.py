@@ -3,21 +3,33 @@
 Each step ends in one store transaction (compare-and-set on the task version) holding the
 checkpoint delta, the ``step.completed`` event and its outbox row. Between steps the actor
 sends itself ``Advance``, so other mail (and a stop) is handled at step boundaries, the
-task's safe points. A step that raises records ``step.failed`` and crashes the actor; its
-supervisor starts a fresh actor that reloads the last checkpoint, so committed steps never
-run again.
+task's safe points.
+
+When a step raises: ``step.failed`` is recorded; an :class:`ActionFailed` (a side effect
+failed for good), or the step's last allowed attempt, ends the task: compensations run in
+reverse order (saga), then FAILED. Otherwise the actor crashes and its supervisor starts a
+fresh one from the last checkpoint, so committed steps never run again; the re-run step
+finds its completed actions in the ledger and does not repeat them.
+
+A step may also suspend the task (:mod:`actors.actions` control signals): an accepted
+action → WAITING_EXTERNAL until a confirmation or a timer; an undecidable outcome →
+UNKNOWN with a handoff package. The actor then stops (passivates): a waiting task costs a
+store row, not a live actor.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import random
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from actors.core import Actor
+from actors import task_waits
+from actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
+from actors.core import Actor, ActorRef
 from actors.workflow import Registry, StepContext, Workflow, bind_step_logger
 from persistence.checkpoints import StateTracker
 from persistence.store import Store, TaskRecord
@@ -32,12 +44,16 @@ __all__ = ["TaskActor", "TaskDeps", "Advance", "DeliverMail", "fail_task"]
 log = structlog.get_logger("ratchet.task")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass
 class TaskDeps:
     store: Store
     registry: Registry
     clock: Clock
     producer: str
+    max_step_attempts: int = 3
+    #: ``session(task_id, name)`` → the live tool-session actor (set by TaskSupervision).
+    sessions: Any = None
+    rng: random.Random = field(default_factory=random.Random)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,31 +117,32 @@ class TaskActor(Actor):
     # -- mail ---------------------------------------------------------------------------
 
     async def _deliver(self, env: Envelope) -> str:
-        if env.type != "task.start":
-            self.log.warning("unexpected mail dropped", type=env.type, message_id=env.message_id)
-            return "ignored"
-        if self.status is not TaskStatus.QUEUED:
-            return "duplicate"
         try:
-            await self._dispatch(inbox_message_id=env.message_id)
+            if env.type == "task.start":
+                if self.status is not TaskStatus.QUEUED:
+                    return "duplicate"
+                await self._dispatch(inbox_message_id=env.message_id)
+                return "processed"
+            if env.type in ("external.resolved", "timer.fired"):
+                return await task_waits.handle_wait_mail(self, env)
         except DuplicateMessage:
             return "duplicate"
-        return "processed"
+        self.log.warning("unexpected mail dropped", type=env.type, message_id=env.message_id)
+        return "ignored"
 
-    # -- execution ----------------------------------------------------------------------
+    # -- commits ------------------------------------------------------------------------
 
     async def _commit(self, change: TaskChange) -> None:
         result = await self.deps.store.apply(change)
         self.version, self.status = result.version, result.status
 
     def _change(self, **kwargs: Any) -> TaskChange:
-        return TaskChange(
-            task_id=self.task_id,
-            expected_version=self.version,
-            producer=self.deps.producer,
-            now=self.deps.clock.now(),
-            **kwargs,
-        )
+        return TaskChange(task_id=self.task_id, expected_version=self.version,
+                          producer=self.deps.producer, now=self.deps.clock.now(), **kwargs)
+
+    async def commit(self, **kwargs: Any) -> None:
+        """Commit a change under this actor's version (the action runner's callback)."""
+        await self._commit(self._change(**kwargs))
 
     async def _dispatch(self, inbox_message_id: str | None = None) -> None:
         assert self.workflow is not None
@@ -135,6 +152,8 @@ class TaskActor(Actor):
                                       "node": self.deps.producer})],
             inbox_message_id=inbox_message_id,
         ))
+
+    # -- execution ----------------------------------------------------------------------
 
     async def _advance(self) -> None:
         if is_terminal(self.status) or self.workflow is None:
@@ -146,23 +165,44 @@ class TaskActor(Actor):
             return  # waiting or paused: a later message resumes it
         steps = self.workflow.steps
         if self._recovered_from is not None:
-            skipped = [s.name for s in steps[: self.next_step]]
             await self._commit(self._change(events=[("task.recovered", {
                 "reason": self._recovered_from,
                 "from_checkpoint": self.record.last_checkpoint if self.record else 0,
                 "next_step": self.next_step,
-                "steps_skipped": skipped,
+                "steps_skipped": [s.name for s in steps[: self.next_step]],
                 "restarts": self.restarts,
             })]))
             self.log.info("task recovered", reason=self._recovered_from, next_step=self.next_step)
             self._recovered_from = None
+        assert self.record is not None
+        if self.record.deadline_at is not None and self.deps.clock.now() >= self.record.deadline_at:
+            await task_waits.fail_with_saga(self, RatchetError("task deadline passed"), "deadline passed")
+            return
         if self.next_step >= len(steps):
             await self._succeed()
             return
-        await self._run_step(self.next_step)
-        self.ref.tell(Advance())
+        if await self._run_step(self.next_step):
+            self.ref.tell(Advance())
 
-    async def _run_step(self, index: int) -> None:
+    def runner(self, step_index: int, step_timeout: float | None) -> ActionRunner:
+        assert self.record is not None
+        deadlines = [d for d in (self.record.deadline_at,
+                                 self.deps.clock.now() + step_timeout if step_timeout else None)
+                     if d is not None]
+
+        tenant = self.record.tenant
+
+        async def session(name: str) -> ActorRef[Any]:
+            ref: ActorRef[Any] = await self.deps.sessions(self.task_id, tenant, name)
+            return ref
+
+        return ActionRunner(CallEnv(
+            task_id=self.task_id, tenant=self.record.tenant, step_index=step_index,
+            store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
+            deadline=min(deadlines) if deadlines else None, rng=self.deps.rng))
+
+    async def _run_step(self, index: int) -> bool:
+        """Run one step; True when it committed and the task can go on."""
         assert self.workflow is not None and self.record is not None
         step = self.workflow.steps[index]
         ctx = StepContext(
@@ -170,21 +210,29 @@ class TaskActor(Actor):
             step_name=step.name, step_index=index, attempt=self._attempt,
             input=self.record.input, state=self.state, clock=self.deps.clock,
             log=bind_step_logger(self.task_id, self.record.tenant, step.name),
+            runner=self.runner(index, step.timeout),
         )
-        started = time.perf_counter()
+        started = asyncio.get_running_loop().time()
         try:
-            update = await step.fn(ctx)
+            if step.timeout is not None:
+                update = await asyncio.wait_for(step.fn(ctx), step.timeout)
+            else:
+                update = await step.fn(ctx)
             if update:
                 self.state.update(update)
             delta = self.tracker.diff(self.state)
+        except TaskSuspended as signal:
+            await task_waits.suspend(self, signal)
+            return False
         except Exception as exc:
-            await self._commit(self._change(step_failed=True, events=[("step.failed", {
-                "step": step.name, "index": index, "attempt": ctx.attempt,
-                "error": {"type": type(exc).__name__, "message": str(exc)[:2000]},
-            })]))
-            self.log.warning("step failed", step=step.name, attempt=ctx.attempt, error=repr(exc))
-            raise
-        duration = time.perf_counter() - started
+            await self._record_step_failure(step.name, index, exc)
+            if isinstance(exc, ActionFailed) or self._attempt >= self.deps.max_step_attempts:
+                reason = ("a side effect failed" if isinstance(exc, ActionFailed)
+                          else f"step {step.name} failed {self._attempt} times")
+                await task_waits.fail_with_saga(self, exc, reason)
+                return False
+            raise  # crash: the supervisor restarts us from the last checkpoint
+        duration = asyncio.get_running_loop().time() - started
         await self._commit(self._change(
             events=[("step.completed", {"step": step.name, "index": index,
                                         "duration_ms": round(duration * 1000, 3),
@@ -193,6 +241,15 @@ class TaskActor(Actor):
         ))
         self.next_step = index + 1
         self._attempt = 1
+        return True
+
+    async def _record_step_failure(self, name: str, index: int, exc: BaseException) -> None:
+        error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+        if isinstance(exc, TimeoutError):
+            error["message"] = "step timed out"
+        await self._commit(self._change(step_failed=True, events=[("step.failed", {
+            "step": name, "index": index, "attempt": self._attempt, "error": error})]))
+        self.log.warning("step failed", step=name, attempt=self._attempt, error=repr(exc))
 
     async def _succeed(self) -> None:
         raw = self.state.get("output")
@@ -206,27 +263,46 @@ class TaskActor(Actor):
         self.ref.stop()
 
 
+def error_of(cause: BaseException | None, reason: str) -> dict[str, Any]:
+    return {
+        "code": cause.code.value if isinstance(cause, RatchetError) else "INTERNAL",
+        "reason": reason,
+        "type": type(cause).__name__ if cause else None,
+        "message": str(cause)[:2000] if cause else None,
+        "trace": "".join(traceback.format_exception(cause))[-4000:] if cause else None,
+    }
+
+
 async def fail_task(deps: TaskDeps, task_id: str, cause: BaseException | None, reason: str) -> None:
-    """End a task in FAILED (used when its supervisor gives up). No-op if already terminal."""
+    """End a task whose supervisor gave up. With side effects left to compensate it goes to
+    a human (WAITING_APPROVAL with a handoff package) instead of FAILED: compensation needs
+    a live actor, and the actor is what keeps crashing. No-op if already terminal."""
+    from actors.saga import pending_compensations
+
     for _ in range(5):
         rec = await deps.store.load_task(task_id)
         if is_terminal(TaskStatus(rec.status)):
             return
-        error = {
-            "code": cause.code.value if isinstance(cause, RatchetError) else "INTERNAL",
-            "reason": reason,
-            "type": type(cause).__name__ if cause else None,
-            "message": str(cause)[:2000] if cause else None,
-            "trace": "".join(traceback.format_exception(cause))[-4000:] if cause else None,
-        }
-        try:
-            await deps.store.apply(TaskChange(
+        error = error_of(cause, reason)
+        pending = await pending_compensations(deps.store, deps.registry, task_id)
+        if pending and rec.status == TaskStatus.RUNNING.value:
+            change = TaskChange(
+                task_id=task_id, expected_version=rec.version, producer=deps.producer,
+                now=deps.clock.now(), status_event=TaskEvent.WAITING_APPROVAL, error=error,
+                events=[("task.handoff", {"reason": reason, "error": error,
+                                          "pending_compensations": [a.key for a in pending]})],
+                handoff=(reason, {"why": reason, "error": error,
+                                  "pending_compensations": [a.key for a in pending]}))
+        else:
+            change = TaskChange(
                 task_id=task_id, expected_version=rec.version, producer=deps.producer,
                 now=deps.clock.now(), status_event=TaskEvent.FAILED,
-                events=[("task.failed", {"reason": reason, "error": error})], error=error,
-            ))
-            log.error("task failed", task_id=task_id, reason=reason)
+                events=[("task.failed", {"reason": reason, "error": error})], error=error)
+        try:
+            await deps.store.apply(change)
+            log.error("task given up by its supervisor", task_id=task_id, reason=reason)
             return
         except RatchetError as exc:
             if exc.code.value != "CONFLICT":
                 raise
+

@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from actors.tools import Tool
 from protocol.clock import Clock
 from protocol.errors import UnknownWorkflow
 
@@ -45,6 +46,15 @@ class StepContext:
     state: dict[str, Any]
     clock: Clock
     log: Any  # a structlog BoundLogger with task_id and step bound
+    runner: Any = None  # the task's ActionRunner (set by the task actor)
+
+    async def call(self, tool: Tool[Any, Any], args: Any) -> Any:
+        """Call a registered tool under the action protocol and return its result model.
+
+        Writes take effect once (ledger + idempotency key); a completed call is never made
+        again when the step re-runs, its recorded result is returned instead.
+        """
+        return await self.runner.call(tool, args)
 
 
 StepFn = Callable[[StepContext], Awaitable[Mapping[str, Any] | None]]
@@ -54,6 +64,7 @@ StepFn = Callable[[StepContext], Awaitable[Mapping[str, Any] | None]]
 class Step:
     name: str
     fn: StepFn
+    timeout: float | None = None  # per run of the step; nests inside the task deadline
 
 
 class Workflow:
@@ -76,16 +87,17 @@ class Workflow:
         self.steps: list[Step] = []
         self._step_names: set[str] = set()
 
-    def step(self, fn: StepFn | None = None, *, name: str | None = None) -> Any:
-        """Decorator appending a step; usable bare or as ``@wf.step(name="...")``."""
+    def step(self, fn: StepFn | None = None, *, name: str | None = None,
+             timeout: float | None = None) -> Any:
+        """Decorator appending a step; usable bare or as ``@wf.step(name=..., timeout=...)``."""
 
         def add(f: StepFn) -> StepFn:
-            self.add_step(name or f.__name__, f)
+            self.add_step(name or f.__name__, f, timeout=timeout)
             return f
 
         return add(fn) if fn is not None else add
 
-    def add_step(self, name: str, fn: StepFn) -> None:
+    def add_step(self, name: str, fn: StepFn, *, timeout: float | None = None) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(f"workflow {self.name}: step name {name!r} is invalid")
         if name in self._step_names:
@@ -94,7 +106,9 @@ class Workflow:
             raise WorkflowDefinitionError(
                 f"workflow {self.name}: step {name!r} must be an async function"
             )
-        self.steps.append(Step(name, fn))
+        if timeout is not None and timeout <= 0:
+            raise WorkflowDefinitionError(f"workflow {self.name}: step {name!r} timeout must be > 0")
+        self.steps.append(Step(name, fn, timeout))
         self._step_names.add(name)
 
     def validate(self) -> None:
@@ -103,12 +117,38 @@ class Workflow:
 
 
 class Registry:
-    """The workflows a node serves (what ``ratchet serve --app module:object`` loads)."""
+    """The workflows and tools a node serves (what ``ratchet serve --app module:object``
+    loads), and the resources tool code may use (clients, URLs), by name."""
 
-    def __init__(self, workflows: Iterable[Workflow] = ()) -> None:
+    def __init__(self, workflows: Iterable[Workflow] = (), *, tools: Iterable[Tool[Any, Any]] = (),
+                 resources: Mapping[str, Any] | None = None) -> None:
         self._by_name: dict[str, dict[int, Workflow]] = {}
+        self._tools: dict[str, Tool[Any, Any]] = {}
+        self.resources: dict[str, Any] = dict(resources or {})
         for wf in workflows:
             self.register(wf)
+        for t in tools:
+            self.register_tool(t)
+        for t in self._tools.values():
+            if t.compensate is not None and t.compensate.tool.name not in self._tools:
+                raise WorkflowDefinitionError(
+                    f"tool {t.name}: its compensation {t.compensate.tool.name!r} is not registered")
+
+    def register_tool(self, t: Tool[Any, Any]) -> Tool[Any, Any]:
+        if t.name in self._tools and self._tools[t.name] is not t:
+            raise WorkflowDefinitionError(f"two different tools are named {t.name!r}")
+        self._tools[t.name] = t
+        return t
+
+    def tool(self, name: str) -> Tool[Any, Any]:
+        """The registered tool of that name. Raises UnknownWorkflow (INVALID_ARGUMENT)."""
+        try:
+            return self._tools[name]
+        except KeyError:
+            raise UnknownWorkflow(f"no tool named {name!r} is registered", tool=name) from None
+
+    def has_tool(self, t: Tool[Any, Any]) -> bool:
+        return self._tools.get(t.name) is t
 
     def register(self, workflow: Workflow) -> Workflow:
         workflow.validate()

@@ -124,6 +124,76 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        2,
+        "action ledger, tool sessions, durable timers, external waits, handoffs",
+        """
+        -- The side-effect ledger: one row per business action (tenant, idempotency key).
+        CREATE TABLE actions (
+            tenant TEXT NOT NULL,
+            idempotency_key TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            step_index INTEGER NOT NULL,
+            tool TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            request_hash TEXT NOT NULL,
+            args BLOB NOT NULL,
+            status TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            accepted INTEGER NOT NULL DEFAULT 0,
+            result BLOB,
+            error BLOB,
+            provider_id TEXT,
+            compensates TEXT,
+            seq INTEGER NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (tenant, idempotency_key)
+        ) WITHOUT ROWID;
+        CREATE INDEX actions_by_task ON actions(task_id, seq);
+
+        CREATE TABLE tool_sessions (
+            task_id TEXT NOT NULL,
+            session TEXT NOT NULL,
+            state BLOB NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (task_id, session)
+        ) WITHOUT ROWID;
+
+        -- Durable timers: read against the injected clock, fired as mail to the task.
+        CREATE TABLE timers (
+            timer_id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            due_at REAL NOT NULL,
+            payload BLOB NOT NULL,
+            fired_at REAL
+        ) WITHOUT ROWID;
+        CREATE INDEX timers_due ON timers(due_at) WHERE fired_at IS NULL;
+
+        -- What a WAITING_EXTERNAL task waits for: a message with this correlation id.
+        CREATE TABLE waits (
+            tenant TEXT NOT NULL,
+            correlation_id TEXT NOT NULL,
+            task_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            resolved_at REAL,
+            PRIMARY KEY (tenant, correlation_id)
+        ) WITHOUT ROWID;
+
+        -- Packages handed to a human (UNKNOWN outcomes, failing compensations).
+        CREATE TABLE handoffs (
+            id INTEGER PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            package BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            resolved_at REAL
+        );
+        CREATE INDEX handoffs_by_task ON handoffs(task_id);
+        """,
+    ),
 ]
 
 

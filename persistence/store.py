@@ -31,7 +31,7 @@ from protocol.errors import NotFound
 from protocol.messages import TaskSnapshot
 from protocol.states import TERMINAL
 
-__all__ = ["Store", "TaskRecord", "LoadedState"]
+__all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord"]
 
 OutboxListener = Callable[[list[OutboxRow]], None]
 
@@ -55,6 +55,46 @@ class TaskRecord:
     error: dict[str, Any] | None
     output: dict[str, Any] | None
     step_failures: int
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One row of the action ledger."""
+
+    tenant: str
+    key: str
+    task_id: str
+    step_index: int
+    tool: str
+    kind: str
+    request_hash: str
+    args: Any
+    status: str
+    attempts: int
+    accepted: bool
+    result: Any
+    error: dict[str, Any] | None
+    provider_id: str | None
+    compensates: str | None
+    seq: int
+    created_at: float
+    updated_at: float
+
+
+_ACTION_COLUMNS = (
+    "tenant, idempotency_key, task_id, step_index, tool, kind, request_hash, args, status,"
+    " attempts, accepted, result, error, provider_id, compensates, seq, created_at, updated_at"
+)
+
+
+def _action(row: Any) -> ActionRecord:
+    return ActionRecord(
+        tenant=row[0], key=row[1], task_id=row[2], step_index=row[3], tool=row[4], kind=row[5],
+        request_hash=row[6], args=_unpack(row[7]), status=row[8], attempts=row[9],
+        accepted=bool(row[10]), result=_unpack(row[11]), error=_unpack(row[12]),
+        provider_id=row[13], compensates=row[14], seq=row[15], created_at=row[16],
+        updated_at=row[17],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,6 +312,81 @@ class Store:
              "occurred_at": r[4], "payload": _unpack(r[5])}
             for r in rows
         ]
+
+    # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
+
+    async def get_action(self, tenant: str, key: str) -> ActionRecord | None:
+        async with self._db.execute(
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key = ?",
+            (tenant, key),
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else _action(row)
+
+    async def task_actions(self, task_id: str) -> list[ActionRecord]:
+        """The task's actions in the order they were first recorded."""
+        async with self._db.execute(
+            f"SELECT {_ACTION_COLUMNS} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
+        ) as cur:
+            return [_action(r) for r in await cur.fetchall()]
+
+    async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
+        async with self._db.execute(
+            "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)
+        ) as cur:
+            row = await cur.fetchone()
+        return {} if row is None else dict(_unpack(row[0]))
+
+    async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
+                                 now: float) -> None:
+        packed = msgpack.packb(state, use_bin_type=True)
+
+        def txn(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO tool_sessions(task_id, session, state, updated_at)"
+                " VALUES (?,?,?,?)", (task_id, session, packed, now))
+
+        await self._writer.submit(txn)
+
+    async def next_timer_due(self) -> float | None:
+        async with self._db.execute(
+            "SELECT MIN(due_at) FROM timers WHERE fired_at IS NULL") as cur:
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    async def due_timers(self, now: float, limit: int = 500) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT timer_id, task_id, kind, due_at, payload FROM timers"
+            " WHERE fired_at IS NULL AND due_at <= ? ORDER BY due_at LIMIT ?", (now, limit)
+        ) as cur:
+            rows = await cur.fetchall()
+        return [{"timer_id": r[0], "task_id": r[1], "kind": r[2], "due_at": r[3],
+                 "payload": _unpack(r[4])} for r in rows]
+
+    async def mark_timers_fired(self, timer_ids: list[str], now: float) -> None:
+        def txn(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE timers SET fired_at = ? WHERE timer_id = ?",
+                             [(now, t) for t in timer_ids])
+
+        await self._writer.submit(txn)
+
+    async def find_wait(self, tenant: str, correlation_id: str) -> tuple[str, str] | None:
+        """(task_id, kind) of an open wait, or None."""
+        async with self._db.execute(
+            "SELECT task_id, kind FROM waits WHERE tenant = ? AND correlation_id = ?"
+            " AND resolved_at IS NULL", (tenant, correlation_id)
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else (row[0], row[1])
+
+    async def handoffs(self, task_id: str) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT id, reason, package, created_at, resolved_at FROM handoffs WHERE task_id = ?"
+            " ORDER BY id", (task_id,)
+        ) as cur:
+            rows = await cur.fetchall()
+        return [{"id": r[0], "reason": r[1], "package": _unpack(r[2]), "created_at": r[3],
+                 "resolved_at": r[4]} for r in rows]
 
     async def count(self, table: str) -> int:
         """Row count of one table (tests and operations)."""

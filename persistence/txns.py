@@ -14,6 +14,13 @@ from typing import Any
 import msgpack
 
 from persistence.checkpoints import StateDelta
+from persistence.ledger import (
+    ActionKeyTaken,
+    ActionWrite,
+    TimerWrite,
+    write_action,
+    write_timers_waits_handoff,
+)
 from protocol.errors import NotFound, VersionConflict
 from protocol.ids import new_id
 from protocol.messages import SCHEMA_VERSION
@@ -22,6 +29,9 @@ from protocol.subjects import event_subject
 
 __all__ = [
     "DuplicateMessage",
+    "ActionKeyTaken",
+    "ActionWrite",
+    "TimerWrite",
     "OutboxRow",
     "CheckpointWrite",
     "TaskChange",
@@ -72,6 +82,12 @@ class TaskChange:
     output: dict[str, Any] | None = None
     mail: list[tuple[str, str, bytes]] = field(default_factory=list)  # subject, msg_id, payload
     step_failed: bool = False  # counts a failed attempt of the next step
+    action: ActionWrite | None = None
+    timers: list[TimerWrite] = field(default_factory=list)
+    cancel_timers: list[str] = field(default_factory=list)
+    waits: list[tuple[str, str]] = field(default_factory=list)  # correlation id, kind
+    resolve_waits: list[str] = field(default_factory=list)
+    handoff: tuple[str, dict[str, Any]] | None = None  # reason, package
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +224,9 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     )
     for subject, msg_id, payload in change.mail:
         outbox.append(_outbox_insert(conn, subject, msg_id, payload, change.now))
+    if change.action is not None:
+        write_action(conn, change.action, change.task_id, tenant, change.now)
+    write_timers_waits_handoff(conn, change, tenant)
     new_cp = last_cp
     sets = ["status = ?", "version = ?", "last_event_seq = ?", "updated_at = ?"]
     args: list[Any] = [new_status.value, new_version, last_seq + len(change.events), change.now]

@@ -27,6 +27,7 @@ __all__ = [
     "ToolRateLimited",
     "ToolTransient",
     "ToolOutcomeUnknown",
+    "ToolDeadlineExceeded",
 ]
 
 
@@ -176,5 +177,12 @@ class ToolOutcomeUnknown(ToolError):
     """The call may or may not have taken effect (timeout, connection dropped after the
     request was sent). For a write this makes the action UNKNOWN: reconcile, never resend
     blindly."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+class ToolDeadlineExceeded(ToolError):
+    """The remaining deadline (task → step → tool) ran out before a call could start.
+    Nothing was sent; never retried."""
 
     code = ErrorCode.UNAVAILABLE

@@ -63,6 +63,8 @@ TRANSITIONS: dict[tuple[TaskStatus, TaskEvent], TaskStatus] = {
     (S.WAITING_APPROVAL, E.APPROVAL_DECIDED): S.RUNNING,
     (S.RUNNING, E.REQUEUED): S.QUEUED,
     (S.RUNNING, E.OUTCOME_UNKNOWN): S.UNKNOWN,
+    # A confirmation that never came and a query that cannot decide: a human must look.
+    (S.WAITING_EXTERNAL, E.OUTCOME_UNKNOWN): S.UNKNOWN,
     (S.UNKNOWN, E.RECONCILED): S.RUNNING,
     (S.UNKNOWN, E.HUMAN_RESOLVED): S.RUNNING,
     (S.RUNNING, E.SUCCEEDED): S.SUCCEEDED,

@@ -14,6 +14,8 @@ __all__ = [
     "STREAM_MAIL",
     "STREAM_EVENTS",
     "STREAM_DLQ",
+    "STREAM_EXTERNAL",
+    "external_subject",
     "check_token",
     "partition_of",
     "submit_subject",
@@ -30,6 +32,7 @@ STREAM_SUBMIT = "RATCHET_SUBMIT"
 STREAM_MAIL = "RATCHET_MAIL"
 STREAM_EVENTS = "RATCHET_EVENTS"
 STREAM_DLQ = "RATCHET_DLQ"
+STREAM_EXTERNAL = "RATCHET_EXTERNAL"
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -71,3 +74,8 @@ def task_events_filter(tenant: str, task_id: str) -> str:
 
 def dlq_subject(source: str, tenant: str) -> str:
     return f"ratchet.dlq.{source}.{tenant if _TOKEN.match(tenant) else '_invalid'}"
+
+
+def external_subject(tenant: str) -> str:
+    """Where providers (or their webhook relays) send confirmations of accepted actions."""
+    return f"ratchet.external.{check_token(tenant, 'tenant')}"

@@ -1,8 +1,9 @@
 """The node: the root supervisor of one Ratchet process.
 
 Start order: store → NATS (embedded or joined) → streams → root supervisor with
-{outbox relay, tasks, api, mail router, intake} → recovery of every unfinished task.
-Stop order (idempotent): stop intake and the mail router (no new work) → stop the tasks
+{outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
+every unfinished task.
+Stop order (idempotent): stop intake, the routers and timers (no new work) → stop the tasks
 supervisor (each task stops at its next step boundary, its safe point) → flush the outbox
 → stop the rest → close NATS → close the store → stop the embedded server.
 """
@@ -26,12 +27,14 @@ from protocol.clock import Clock, SystemClock
 from protocol.subjects import DEFAULT_PARTITIONS
 from supervisors.api import ApiActor
 from supervisors.embedded_nats import EmbeddedNats
+from supervisors.external import ExternalRouter
 from supervisors.intake import Acceptor, IntakeActor
 from supervisors.mail_router import MailRouter
 from supervisors.outbox_relay import OutboxRelay
 from supervisors.restart_policy import Restart
 from supervisors.supervisor import ChildSpec, StopChild, Supervisor
 from supervisors.tasks import TaskSupervision
+from supervisors.timers import TimerService
 
 __all__ = ["Node", "NodeConfig"]
 
@@ -59,6 +62,7 @@ class NodeConfig:
     task_restart_period: float = 60.0
     task_backoff_base: float = 0.05
     task_backoff_cap: float = 5.0
+    max_step_attempts: int = 3
     drain_timeout: float = 30.0
 
     @property
@@ -102,7 +106,8 @@ class Node:
         except BaseException:
             await self.stop()
             raise
-        deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id)
+        deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
+                        max_step_attempts=cfg.max_step_attempts)
         self.tasks = TaskSupervision(
             self.system, deps, max_restarts=cfg.task_max_restarts, period=cfg.task_restart_period,
             backoff_base=cfg.task_backoff_base, backoff_cap=cfg.task_backoff_cap)
@@ -118,6 +123,9 @@ class Node:
             tasks.root_spec(),
             ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
             ChildSpec("mail", lambda _: MailRouter(bus, tasks, store, self.clock), Restart.PERMANENT),
+            ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
+            ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock),
+                      Restart.PERMANENT),
             ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
         ]
         root = Supervisor(self.system, "node", children, max_restarts=10, period=60.0,
@@ -163,7 +171,7 @@ class Node:
         self._stopped = True
         root = self.root
         if root is not None and root.is_alive:
-            for child in ("intake", "mail", "api"):
+            for child in ("intake", "external", "timers", "mail", "api"):
                 await root.ask(StopChild(child), timeout=self.config.drain_timeout)
             await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
             if self.relay is not None:

@@ -8,9 +8,10 @@ parent. Restarts are delayed by exponential backoff with full jitter.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from enum import StrEnum
+
+from actors.backoff import backoff_delay
 
 __all__ = ["Restart", "Strategy", "should_restart", "intensity_exceeded", "backoff_delay"]
 
@@ -48,11 +49,3 @@ def intensity_exceeded(
     """True when more than ``max_restarts`` of ``restarts`` (times) fall within ``period``."""
     recent = [t for t in restarts if now - t < period]
     return len(recent) > max_restarts
-
-
-def backoff_delay(
-    attempt: int, base: float, cap: float, rng: random.Random | None = None
-) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
-    ceiling = min(cap, base * (2 ** max(0, attempt)))
-    return (rng or random).uniform(0.0, ceiling)

@@ -46,6 +46,8 @@ class ChildSpec:
     factory: Callable[[int], Actor]
     restart: Restart = Restart.PERMANENT
     shutdown_timeout: float = 5.0
+    #: With ``auto_shutdown``, the supervisor stops once a significant child is gone for good.
+    significant: bool = False
 
     def __post_init__(self) -> None:
         if not self.id or not callable(self.factory):
@@ -131,7 +133,8 @@ class Supervisor(Actor):
         self._rng = rng or random.Random()
         self._timers: set[asyncio.Task[None]] = set()
         self._stopping = False
-        #: Stop this supervisor when its last child has exited for good (OTP auto_shutdown).
+        #: Stop this supervisor when a significant child (or the last child) has exited for
+        #: good (OTP's auto_shutdown).
         self.auto_shutdown = False
 
     # -- hooks -------------------------------------------------------------------------
@@ -196,7 +199,7 @@ class Supervisor(Actor):
         abnormal = msg.reason is not None and not isinstance(msg.reason, asyncio.CancelledError)
         if self._stopping or not should_restart(child.spec.restart, abnormal):
             del self._children[msg.id]
-            if self.auto_shutdown and not self._children:
+            if self.auto_shutdown and (child.spec.significant or not self._children):
                 self.ref.stop()
             return
         now = self.system.clock.monotonic()

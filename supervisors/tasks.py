@@ -14,6 +14,7 @@ from typing import Any
 
 from actors.core import ActorRef, ActorSystem
 from actors.task_actor import TaskActor, TaskDeps, fail_task
+from actors.tool_session import ToolSession
 from protocol.errors import RatchetError
 from supervisors.restart_policy import Restart
 from supervisors.supervisor import ChildSpec, StartChild, Supervisor
@@ -44,6 +45,7 @@ class TaskSupervision:
         self.period = period
         self.backoff = (backoff_base, backoff_cap)
         self.root: ActorRef[Supervisor] | None = None
+        deps.sessions = self.session
 
     def root_spec(self) -> ChildSpec:
         def make(_: int) -> Supervisor:
@@ -57,7 +59,7 @@ class TaskSupervision:
 
         actor_spec = ChildSpec(
             "actor", lambda restarts: TaskActor(task_id, self.deps, restarts), Restart.TRANSIENT,
-            shutdown_timeout=30.0,
+            shutdown_timeout=30.0, significant=True,
         )
         sup = Supervisor(
             self.system, f"tasks/{task_id}", [actor_spec], max_restarts=self.max_restarts,
@@ -66,6 +68,26 @@ class TaskSupervision:
         )
         sup.auto_shutdown = True
         return sup
+
+    async def session(self, task_id: str, tenant: str, name: str) -> ActorRef[Any]:
+        """The task's live tool session ``name``, started under its task supervisor."""
+        ref = self.system.lookup(f"{task_supervisor_name(task_id)}/session:{name}")
+        if ref is not None:
+            return ref
+        sup = self.system.lookup(task_supervisor_name(task_id))
+        if sup is None:
+            raise RatchetError("task supervisor is not running", task_id=task_id,
+                               retryable=True)
+        deps = self.deps
+
+        def make(_: int) -> ToolSession:
+            return ToolSession(task_id, tenant, name, deps.store, deps.clock,
+                               deps.registry.resources)
+
+        started: ActorRef[Any] = await sup.ask(
+            StartChild(ChildSpec(f"session:{name}", make, Restart.TRANSIENT, shutdown_timeout=5.0)),
+            timeout=30.0)
+        return started
 
     async def ensure_running(self, task_id: str, timeout: float = 30.0) -> ActorRef[Any] | None:
         """The live task actor, activating it if needed; None while it awaits a restart."""

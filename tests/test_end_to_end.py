@@ -99,15 +99,24 @@ async def test_a_step_that_raises_once_is_retried_by_a_restart_and_earlier_steps
     assert recovered[0].payload["steps_skipped"] == ["s0", "s1", "s2", "s3"]
 
 
+@pytest.mark.parametrize(
+    ("config", "runs", "reason"),
+    [
+        ({"max_step_attempts": 3}, 3, "step s1 failed 3 times"),
+        # The supervisor's restart intensity gives up first: escalation ends the task.
+        ({"max_step_attempts": 10, "task_max_restarts": 2}, 3, "restart intensity exceeded"),
+    ],
+)
 async def test_a_step_that_keeps_failing_ends_the_task_failed_not_the_node(
-    start_node: NodeFactory, client: ratchet.Client
+    start_node: NodeFactory, client: ratchet.Client, config: dict[str, int], runs: int,
+    reason: str,
 ) -> None:
-    await start_node(task_backoff_base=0.001, task_backoff_cap=0.01, task_max_restarts=2)
+    await start_node(task_backoff_base=0.001, task_backoff_cap=0.01, **config)
     bad = await client.submit("three", {"always_fail_at": 1}, key="bad")
     events = await wait_terminal(client, bad)
     assert events[-1].type == "task.failed"
-    assert events[-1].payload["reason"] == "restart intensity exceeded"
-    assert RUNS[f"{bad}:s0"] == 1 and RUNS[f"{bad}:s1"] == 3
+    assert events[-1].payload["reason"] == reason
+    assert RUNS[f"{bad}:s0"] == 1 and RUNS[f"{bad}:s1"] == runs
     good = await client.submit("three", {}, key="good")  # the node still serves
     assert (await wait_terminal(client, good))[-1].type == "task.succeeded"
     assert (await client.get(bad)).status == "FAILED"

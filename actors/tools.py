@@ -1,0 +1,193 @@
+"""Tool definitions: how a workflow reaches the outside world.
+
+A tool declares its argument and result models (pydantic), its kind (``read`` or
+``write``), for a write the idempotency key of the business action it performs (the same
+logical action gives the same key across retries, restarts and replays), a timeout, a retry
+policy, and optionally ``query`` (look the outcome up by key, to reconcile an unknown one)
+and ``compensate`` (the idempotent action that undoes it, for sagas).
+
+Tool code is either ``async def`` (runs on the event loop) or a plain ``def`` (blocking:
+runs on the tool session's pykka thread). It reports failures by raising the
+``protocol.errors.Tool*`` classes; :func:`classify` is the policy table over them.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel
+
+from protocol.errors import (
+    ToolConflict,
+    ToolDeadlineExceeded,
+    ToolInvalidArgument,
+    ToolOutcomeUnknown,
+    ToolPermissionDenied,
+    ToolRateLimited,
+    ToolTransient,
+)
+
+__all__ = [
+    "Accepted",
+    "Compensation",
+    "Decision",
+    "RetryPolicy",
+    "Tool",
+    "ToolContext",
+    "ToolDefinitionError",
+    "classify",
+    "tool",
+]
+
+A = TypeVar("A", bound=BaseModel)
+R = TypeVar("R", bound=BaseModel)
+Kind = Literal["read", "write"]
+_NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
+
+
+class ToolDefinitionError(ValueError):
+    """A tool definition is malformed; the message names the tool and the bad part."""
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """Returned by tool code (or ``query``) when the provider accepted the request but has not
+    finished it (HTTP 202). The task waits (WAITING_EXTERNAL) for a confirmation message
+    carrying ``correlation_id`` (default: the action's idempotency key), or reconciles by
+    ``query`` when ``timeout`` passes."""
+
+    provider_id: str | None = None
+    correlation_id: str | None = None
+    timeout: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """Bounded retries: at most ``max_attempts`` calls, delays from ``base_delay`` doubling
+    up to ``max_delay`` (full jitter), never past the remaining deadline."""
+
+    max_attempts: int = 5
+    base_delay: float = 0.2
+    max_delay: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1 or self.base_delay < 0 or self.max_delay < self.base_delay:
+            raise ToolDefinitionError(f"invalid retry policy {self}")
+
+
+class Decision(StrEnum):
+    FAIL = "fail"  # never retried: invalid argument, permission, conflict
+    RETRY_AFTER = "retry_after"  # rate limited: wait what the provider said
+    BACKOFF = "backoff"  # transient: exponential backoff with full jitter
+    UNKNOWN = "unknown"  # may have taken effect: reconcile, never resend blindly
+
+
+_NEVER_RETRIED = (ToolInvalidArgument, ToolPermissionDenied, ToolConflict, ToolDeadlineExceeded)
+
+
+def classify(exc: BaseException, kind: Kind) -> Decision:
+    """The retry decision for a failed call. An exception the tool did not classify is
+    treated as transient for a read and as an unknown outcome for a write (it may have been
+    raised after the request left)."""
+    if isinstance(exc, _NEVER_RETRIED):
+        return Decision.FAIL
+    if isinstance(exc, ToolRateLimited):
+        return Decision.RETRY_AFTER
+    if isinstance(exc, ToolTransient):
+        return Decision.BACKOFF
+    if isinstance(exc, ToolOutcomeUnknown | TimeoutError):
+        return Decision.UNKNOWN if kind == "write" else Decision.BACKOFF
+    return Decision.UNKNOWN if kind == "write" else Decision.BACKOFF
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What tool code sees. ``session`` is the tool session's state (tokens, cursors): change
+    it in place and it is checkpointed after the call."""
+
+    task_id: str
+    tenant: str
+    tool: str
+    key: str | None
+    attempt: int
+    session: dict[str, Any]
+    resources: Mapping[str, Any]
+
+
+ToolFn = Callable[[ToolContext, Any], Any]
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """Undo of a write: run ``tool`` with ``args(original_args, original_result)``."""
+
+    tool: Tool[Any, Any]
+    args: Callable[[Any, Any], BaseModel]
+
+
+@dataclass(frozen=True)
+class Tool(Generic[A, R]):
+    name: str
+    fn: ToolFn
+    kind: Kind
+    args: type[A]
+    result: type[R]
+    key: Callable[[A], str] | None = None
+    timeout: float = 10.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    query: Callable[[ToolContext, A], Any] | None = None
+    compensate: Compensation | None = None
+    session: str = "default"
+
+    def __post_init__(self) -> None:
+        where = f"tool {self.name!r}"
+        if not _NAME.match(self.name) or not _NAME.match(self.session):
+            raise ToolDefinitionError(f"{where}: name and session must match {_NAME.pattern}")
+        if self.kind not in ("read", "write"):
+            raise ToolDefinitionError(f"{where}: kind must be 'read' or 'write'")
+        for label, model in (("args", self.args), ("result", self.result)):
+            if not (isinstance(model, type) and issubclass(model, BaseModel)):
+                raise ToolDefinitionError(f"{where}: {label} must be a pydantic model class")
+        if self.kind == "write" and self.key is None:
+            raise ToolDefinitionError(
+                f"{where}: a write needs key=, the idempotency key of its business action")
+        if self.timeout <= 0:
+            raise ToolDefinitionError(f"{where}: timeout must be > 0")
+        if self.compensate is not None and self.kind != "write":
+            raise ToolDefinitionError(f"{where}: only a write can declare a compensation")
+
+    @property
+    def blocking(self) -> bool:
+        """True when the tool code is a plain function (run on the session's thread)."""
+        return not inspect.iscoroutinefunction(self.fn)
+
+    def query_is_blocking(self) -> bool:
+        return self.query is not None and not inspect.iscoroutinefunction(self.query)
+
+
+def tool(
+    *,
+    kind: Kind,
+    args: type[A],
+    result: type[R],
+    key: Callable[[A], str] | None = None,
+    timeout: float = 10.0,
+    retry: RetryPolicy | None = None,
+    query: Callable[[ToolContext, A], R | Accepted | Awaitable[R | Accepted | None] | None]
+    | None = None,
+    compensate: Compensation | None = None,
+    session: str = "default",
+    name: str | None = None,
+) -> Callable[[Callable[[ToolContext, A], Any]], Tool[A, R]]:
+    """Decorator making a :class:`Tool` of a function ``fn(ctx, args) -> result``."""
+
+    def make(fn: Callable[[ToolContext, A], Any]) -> Tool[A, R]:
+        return Tool(name or fn.__name__, fn, kind, args, result, key, timeout,
+                    retry or RetryPolicy(), query, compensate, session)
+
+    return make

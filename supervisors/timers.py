@@ -1,0 +1,64 @@
+"""Durable timers: rows in the store, fired against the injected clock.
+
+The service sleeps (on the clock) until the earliest due timer, at most ``poll`` seconds,
+then delivers each due timer to its task's actor (activating it: a waiting task has no
+live actor) as mail of type ``timer.fired`` and marks it fired once the actor answered.
+A timer survives a restart because it is only a row; the task's inbox (the mail's
+message id is derived from the timer id) keeps a repeated firing from acting twice.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from actors.core import ServiceActor
+from actors.task_actor import DeliverMail
+from persistence.store import Store
+from protocol.clock import Clock
+from protocol.messages import Envelope
+from supervisors.tasks import TaskSupervision
+
+__all__ = ["TimerService"]
+
+log = structlog.get_logger("ratchet.timers")
+
+
+class TimerService(ServiceActor):
+    def __init__(self, store: Store, tasks: TaskSupervision, clock: Clock,
+                 poll: float = 1.0) -> None:
+        self.store = store
+        self.tasks = tasks
+        self.clock = clock
+        self.poll = poll
+        self.fired = 0
+
+    async def serve(self) -> None:
+        while True:
+            await self.fire_due()
+            next_due = await self.store.next_timer_due()
+            wait = self.poll if next_due is None else min(self.poll, next_due - self.clock.now())
+            await self.clock.sleep(max(wait, 0.0))
+
+    async def fire_due(self) -> int:
+        """Deliver every timer due now; returns how many were delivered."""
+        due = await self.store.due_timers(self.clock.now())
+        delivered: list[str] = []
+        for timer in due:
+            ref = await self.tasks.ensure_running(timer["task_id"])
+            if ref is None:
+                continue  # its supervisor is between restarts: next round
+            env = Envelope(type="timer.fired", message_id=f"timer:{timer['timer_id']}:{timer['due_at']}",
+                           correlation_id=timer["timer_id"], sent_at=self.clock.now(),
+                           body={"kind": timer["kind"], "payload": timer["payload"],
+                                 "timer_id": timer["timer_id"]})
+            try:
+                outcome = await ref.ask(DeliverMail(env), timeout=60.0)
+            except Exception as exc:  # the actor crashed or stopped: try again next round
+                log.warning("timer delivery failed", timer_id=timer["timer_id"], error=repr(exc))
+                continue
+            log.info("timer fired", task_id=timer["task_id"], kind=timer["kind"], outcome=outcome)
+            delivered.append(timer["timer_id"])
+        if delivered:
+            await self.store.mark_timers_fired(delivered, self.clock.now())
+            self.fired += len(delivered)
+        return len(delivered)
