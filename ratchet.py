@@ -11,7 +11,9 @@
     app = ratchet.Registry([expense])      # ratchet serve --app mymodule:app
 """
 
+from actors.actions import ActionFailed
 from actors.client import Client, RemoteError
+from actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext, tool
 from actors.workflow import Registry, StepContext, Workflow, WorkflowDefinitionError
 from protocol.clock import Clock, FakeClock, SystemClock
 from protocol.errors import (
@@ -28,6 +30,13 @@ from protocol.states import TaskEvent, TaskStatus, transition
 from supervisors.node import Node, NodeConfig
 
 __all__ = [
+    "ActionFailed",
+    "Accepted",
+    "Compensation",
+    "RetryPolicy",
+    "Tool",
+    "ToolContext",
+    "tool",
     "Client",
     "RemoteError",
     "Registry",

@@ -43,9 +43,10 @@ NodeFactory = Callable[..., Awaitable[ratchet.Node]]
 async def start_node(tmp_path: Path, nats_url: str) -> AsyncIterator[NodeFactory]:
     nodes: list[ratchet.Node] = []
 
-    async def factory(registry: ratchet.Registry | None = None, **config: Any) -> ratchet.Node:
+    async def factory(registry: ratchet.Registry | None = None,
+                      clock: ratchet.Clock | None = None, **config: Any) -> ratchet.Node:
         cfg = ratchet.NodeConfig(state_dir=tmp_path / "node", nats_url=nats_url, **config)
-        node = ratchet.Node(cfg, registry or app)
+        node = ratchet.Node(cfg, registry or app, clock=clock)
         await node.start()
         nodes.append(node)
         return node

@@ -1,0 +1,309 @@
+"""External side effects against the finance simulator (a real separate process): every
+outcome path of the action protocol, retries, deadlines, sagas, confirmations."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import ratchet
+from actors.tools import Tool
+from examples.expense import ClaimArgs, ClaimResult, _submit_claim
+from examples.expense import app as expense_app
+from protocol.codec import encode
+from protocol.messages import Envelope
+from protocol.subjects import external_subject
+from simulators import FinanceClient, FinanceSimulatorProcess
+from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[FinanceSimulatorProcess]:
+    with FinanceSimulatorProcess() as sim:
+        yield sim
+
+
+@pytest.fixture
+def finance(simulator: FinanceSimulatorProcess) -> FinanceClient:
+    client = FinanceClient(simulator.url)
+    client.reset()
+    expense_app.resources["finance_url"] = simulator.url
+    return client
+
+
+REPORT = {"report_id": "r-1", "employee": "e-7", "items": [{"amount": 40.0}, {"amount": 2.5}]}
+CLAIM_KEY = "claim:r-1:all:submit"
+
+
+def types(events: list[ratchet.Event]) -> list[str]:
+    return [e.type for e in events]
+
+
+async def run(client: ratchet.Client, workflow: str, input: dict[str, Any], key: str,
+              **submit: Any) -> list[ratchet.Event]:
+    task_id = await client.submit(workflow, input, key=key, **submit)
+    events = await wait_terminal_or_parked(client, task_id)
+    assert_contiguous(events)
+    return events
+
+
+PARKED = {"task.unknown", "task.handoff", "task.waiting_external"}
+
+
+async def wait_terminal_or_parked(client: ratchet.Client, task_id: str,
+                                  timeout: float = 30.0) -> list[ratchet.Event]:
+    events: list[ratchet.Event] = []
+
+    async def collect() -> None:
+        async for event in client.watch(task_id):
+            events.append(event)
+            if event.type in PARKED:
+                return
+
+    await asyncio.wait_for(collect(), timeout)
+    return events
+
+
+async def test_a_completed_write_is_recorded_and_effective_once(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    node = await start_node(expense_app)
+    events = await run(client, "expense.agent", REPORT, "r-1")
+    assert events[-1].type == "task.succeeded"
+    assert ["action.started", "action.succeeded"] == [t for t in types(events) if t.startswith("action.")]
+    assert finance.effects() == {CLAIM_KEY: 1}
+    [action] = await node.store.task_actions(events[0].task_id)  # type: ignore[union-attr]
+    assert (action.status, action.key, action.provider_id) == (
+        "SUCCEEDED", CLAIM_KEY, events[-1].payload["output"]["claim_id"])
+
+
+async def test_a_response_dropped_after_commit_is_reconciled_not_resent(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    finance.add_faults([{"op": "claims", "mode": "drop_after_commit"}])
+    events = await run(client, "expense.agent", REPORT, "r-1")
+    assert events[-1].type == "task.succeeded"
+    actions = [e for e in events if e.type.startswith("action.")]
+    assert [e.type for e in actions] == ["action.started", "action.unknown", "action.reconciled"]
+    assert actions[-1].payload["found"] is True
+    assert finance.effects() == {CLAIM_KEY: 1}
+
+
+async def test_a_request_dropped_before_commit_is_resent_with_the_same_key(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    finance.add_faults([{"op": "claims", "mode": "drop_before_commit"}])
+    events = await run(client, "expense.agent", REPORT, "r-1")
+    assert events[-1].type == "task.succeeded"
+    reconciled = [e for e in events if e.type == "action.reconciled"]
+    assert reconciled[0].payload["found"] is False
+    assert reconciled[0].payload["then"] == "resend with the same key"
+    assert types(events).count("action.succeeded") == 1
+    assert finance.effects() == {CLAIM_KEY: 1}
+
+
+async def test_an_unknown_outcome_that_cannot_be_reconciled_goes_to_a_human(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    node = await start_node(expense_app)
+    finance.add_faults([{"op": "claims", "mode": "drop_after_commit"},
+                        {"op": "query", "mode": "status_500", "times": 50}])
+    events = await run(client, "expense.agent", REPORT, "r-1")
+    assert events[-1].type == "task.unknown"
+    task_id = events[0].task_id
+    assert (await client.get(task_id)).status == "UNKNOWN"
+    [handoff] = await node.store.handoffs(task_id)  # type: ignore[union-attr]
+    package = handoff["package"]
+    assert package["why"] == "query undecidable" and package["key"] == CLAIM_KEY
+    assert package["goal"]["workflow"] == "expense.agent"
+    assert package["timeline"][-1]["type"] == "action.retry"
+    assert package["actions"][0]["status"] == "UNKNOWN"
+    assert package["options"]
+    assert finance.effects() == {CLAIM_KEY: 1}  # never resent blindly
+
+
+async def test_a_write_without_query_goes_unknown_on_a_dropped_response(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    blind = Tool("blind_claim", _submit_claim, "write", ClaimArgs, ClaimResult,
+                 key=lambda a: f"blind:{a.report_id}", timeout=3.0, session="finance")
+    wf = ratchet.Workflow("blind", version=1)
+
+    @wf.step
+    async def go(ctx: ratchet.StepContext) -> None:
+        await ctx.call(blind, ClaimArgs(report_id="b1", employee="e", amount=1.0))
+
+    registry = ratchet.Registry([wf], tools=[blind], resources=expense_app.resources)
+    node = await start_node(registry)
+    finance.add_faults([{"op": "claims", "mode": "drop_after_commit"}])
+    events = await run(client, "blind", {}, "b1")
+    assert events[-1].type == "task.unknown"
+    assert (await node.store.handoffs(events[0].task_id))[0]["package"]["why"] == (  # type: ignore[union-attr]
+        "no query declared")
+    assert finance.effects() == {"blind:b1": 1}
+
+
+async def test_retry_after_is_honoured_on_the_injected_clock(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    clock = ratchet.FakeClock()
+    await start_node(expense_app, clock=clock)
+    finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 30}])
+    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    async for event in client.watch(task_id):
+        if event.type == "action.retry":
+            assert event.payload["reason"] == "retry_after"
+            assert event.payload["delay_s"] == 30
+            break
+    await asyncio.wait_for(_until(lambda: clock.sleepers > 0), 5)
+    assert finance.effects() == {}  # nothing committed, and no second call yet
+    clock.advance(29.0)
+    assert finance.effects() == {}
+    clock.advance(1.0)
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert finance.effects() == {CLAIM_KEY: 1}
+
+
+async def test_transient_errors_back_off_and_every_retry_is_an_event(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    finance.add_faults([{"op": "claims", "mode": "status_503", "times": 2}])
+    events = await run(client, "expense.agent", REPORT, "r-1")
+    assert events[-1].type == "task.succeeded"
+    retries = [e.payload for e in events if e.type == "action.retry"]
+    assert [(r["reason"], r["attempt"]) for r in retries] == [("backoff", 1), ("backoff", 2)]
+    assert all(0 <= r["delay_s"] <= 1.0 for r in retries)
+    assert finance.effects() == {CLAIM_KEY: 1}
+
+
+async def test_the_task_deadline_stops_retries(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    clock = ratchet.FakeClock()
+    await start_node(expense_app, clock=clock)
+    finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 30}])
+    events = await run(client, "expense.agent", REPORT, "r-1", deadline_s=10.0)
+    assert events[-1].type == "task.failed"
+    failed = next(e for e in events if e.type == "action.failed")
+    assert failed.payload["reason"] == "retries or deadline exhausted"
+    assert "action.retry" not in types(events)
+    assert finance.effects() == {}
+
+
+async def test_a_failure_after_side_effects_compensates_in_reverse_order(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    events = await run(client, "expense.split", {"report_id": "s1", "employee": "e",
+                                                 "travel": 10, "hotel": 20,
+                                                 "fail_after_writes": True}, "s1")
+    assert events[-1].type == "task.failed"
+    compensated = [e.payload["key"] for e in events if e.type == "action.compensated"]
+    assert compensated == ["claim:s1:hotel:submit", "claim:s1:travel:submit"]
+    assert events[-1].payload["compensated"] == compensated
+    assert finance.effects() == {"claim:s1:travel:submit": 1, "claim:s1:hotel:submit": 1,
+                                 "refund:s1:hotel": 1, "refund:s1:travel": 1}
+
+
+async def test_a_never_retried_error_fails_the_task_and_compensates(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    events = await run(client, "expense.split", {"report_id": "s2", "employee": "e",
+                                                 "travel": 10, "hotel": -5}, "s2")
+    assert events[-1].type == "task.failed"
+    failed = next(e for e in events if e.type == "action.failed")
+    assert failed.payload["error"]["code"] == "INVALID_ARGUMENT"
+    assert finance.effects() == {"claim:s2:travel:submit": 1, "refund:s2:travel": 1}
+
+
+async def test_a_compensation_that_keeps_failing_is_handed_to_a_human(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    node = await start_node(expense_app)
+    finance.add_faults([{"op": "refunds", "mode": "status_500", "times": 100}])
+    events = await run(client, "expense.split", {"report_id": "s3", "employee": "e",
+                                                 "travel": 10, "hotel": 20,
+                                                 "fail_after_writes": True}, "s3")
+    assert events[-1].type == "task.handoff"
+    assert (await client.get(events[0].task_id)).status == "WAITING_APPROVAL"
+    [handoff] = await node.store.handoffs(events[0].task_id)  # type: ignore[union-attr]
+    assert handoff["package"]["action"]["key"] == "claim:s3:hotel:submit"
+
+
+async def test_the_same_business_key_in_another_task_reuses_the_result_or_conflicts(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    first = await run(client, "expense.agent", REPORT, "task-a")
+    again = await run(client, "expense.agent", REPORT, "task-b")  # same report, same claim
+    assert first[-1].type == again[-1].type == "task.succeeded"
+    assert "action.reused" in types(again)
+    assert again[-1].payload == first[-1].payload
+    other = {**REPORT, "items": [{"amount": 999.0}]}  # same report id, different request
+    conflict = await run(client, "expense.agent", other, "task-c")
+    assert conflict[-1].type == "task.failed"
+    assert "different request" in conflict[-1].payload["error"]["message"]
+    assert finance.effects() == {CLAIM_KEY: 1}
+
+
+async def test_an_accepted_action_waits_for_its_confirmation(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    node = await start_node(expense_app)
+    finance.add_faults([{"op": "claims", "mode": "accept"}])
+    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    events = await wait_terminal_or_parked(client, task_id)
+    assert events[-1].type == "task.waiting_external"
+    assert (await client.get(task_id)).status == "WAITING_EXTERNAL"
+    assert node.system.lookup(f"node/tasks/{task_id}/actor") is None  # passivated
+    confirmed = finance.confirm(CLAIM_KEY)
+    env = Envelope(type="external.resolved", message_id="conf-1", correlation_id="conf-1",
+                   body={"correlation_id": CLAIM_KEY, "outcome": "completed",
+                         "result": confirmed})
+    await client.js.publish(external_subject("acme"), encode(env))
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert "action.confirmed" in types(events)
+    assert finance.effects() == {CLAIM_KEY: 1}
+
+
+async def test_an_unconfirmed_action_is_reconciled_when_its_timer_fires(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(expense_app, clock=clock)
+    finance.add_faults([{"op": "claims", "mode": "accept"}])
+    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    events = await wait_terminal_or_parked(client, task_id)
+    assert events[-1].payload["timeout_s"] == 30.0
+    finance.confirm(CLAIM_KEY)  # the provider finished, but nobody told us
+    clock.advance(31.0)
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    reconciled = next(e for e in events if e.type == "action.reconciled")
+    assert reconciled.payload["after"] == "confirmation timeout"
+    assert node.store is not None and await node.store.next_timer_due() is None
+
+
+async def test_tool_sessions_keep_their_state_across_calls(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    node = await start_node(expense_app)
+    events = await run(client, "expense.split", {"report_id": "s4", "employee": "e",
+                                                 "travel": 1, "hotel": 2}, "s4")
+    assert events[-1].type == "task.succeeded"
+    state = await node.store.session_state(events[0].task_id, "finance")  # type: ignore[union-attr]
+    assert state == {"claims_sent": 2}
+
+
+async def _until(predicate: Any) -> None:
+    while not predicate():  # noqa: ASYNC110 - yields to the loop; bounded by the caller
+        await asyncio.sleep(0)
