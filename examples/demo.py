@@ -1,83 +1,63 @@
-"""The demo: an expense-report agent as a durable, sequential workflow.
+"""``make demo``: the seeds' expense agent on the embedded default.
 
-``make demo`` runs :func:`run_demo`: a node on the embedded default (a private
-nats-server and a SQLite file under the state directory), a task submitted over NATS, its
-events printed as they arrive, exit 0 once it SUCCEEDED.
-``ratchet serve --app examples.demo:app`` serves the same workflow.
+A private nats-server and a SQLite file under the state directory, the finance-system
+simulator as a separate process on loopback, and a task submitted over NATS. The
+simulator is told to drop its first response after committing the claim: the runtime does
+not mark the claim failed and does not submit it again; it keeps the idempotency key,
+reconciles with the finance system, and finishes SUCCEEDED with exactly one claim.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import ratchet
+from examples.expense import app
+from simulators import FinanceClient, FinanceSimulatorProcess
 
-expense = ratchet.Workflow("expense.report", version=1,
-                           description="check an expense report and prepare its claim")
-
-
-@expense.step
-async def load_report(ctx: ratchet.StepContext) -> dict[str, Any]:
-    await asyncio.sleep(0.1)  # stands in for reading the report from a document store
-    items = ctx.input.get("items", [])
-    return {"items": items, "currency": ctx.input.get("currency", "EUR")}
+__all__ = ["run_demo"]
 
 
-@expense.step
-async def check_policy(ctx: ratchet.StepContext) -> dict[str, Any]:
-    await asyncio.sleep(0.1)
-    limit = 500
-    flagged = [i["what"] for i in ctx.state["items"] if i["amount"] > limit]
-    return {"flagged": flagged}
-
-
-@expense.step
-async def total(ctx: ratchet.StepContext) -> dict[str, Any]:
-    await asyncio.sleep(0.1)
-    return {"total": round(sum(i["amount"] for i in ctx.state["items"]), 2)}
-
-
-@expense.step
-async def prepare_claim(ctx: ratchet.StepContext) -> dict[str, Any]:
-    await asyncio.sleep(0.1)
-    return {"output": {"employee": ctx.input.get("employee"), "total": ctx.state["total"],
-                       "currency": ctx.state["currency"], "needs_review": ctx.state["flagged"]}}
-
-
-app = ratchet.Registry([expense])
-
-DEMO_INPUT = {
-    "employee": "e-1042",
-    "currency": "EUR",
-    "items": [{"what": "train", "amount": 89.5}, {"what": "hotel", "amount": 640.0},
-              {"what": "dinner", "amount": 42.3}],
-}
+def _say(text: str) -> None:
+    print(text, flush=True)
 
 
 async def run_demo(state_dir: Path, nats_url: str | None = None) -> int:
     """Serve, submit, watch to the end; returns the process exit code."""
-    node = ratchet.Node(ratchet.NodeConfig(state_dir=state_dir / "demo", nats_url=nats_url), app)
-    await node.start()
-    try:
-        assert node.url is not None
-        client = await ratchet.Client.connect(node.url, tenant="demo")
+    with FinanceSimulatorProcess() as sim:
+        finance = FinanceClient(sim.url)
+        app.resources["finance_url"] = sim.url
+        report_id = f"rep-{int(time.time() * 1000)}"
+        key = f"claim:{report_id}:all:submit"
+        finance.add_faults([{"op": "claims", "mode": "drop_after_commit", "key": key}])
+        _say(f"finance simulator at {sim.url}: its first answer for {key} will be lost "
+             "after it commits the claim")
+        node = ratchet.Node(ratchet.NodeConfig(state_dir=state_dir / "demo", nats_url=nats_url),
+                            app)
+        await node.start()
+        final, status = None, None
         try:
-            key = f"expense-report-{int(time.time() * 1000)}"
-            task_id = await client.submit("expense.report", DEMO_INPUT, key)
-            print(f"submitted {task_id} (key {key}) over NATS; events:", flush=True)
-            final = None
-            async for event in client.watch(task_id, idle_timeout=30.0):
-                print(f"  #{event.sequence:<2} {event.type:<15} {json.dumps(event.payload)}",
-                      flush=True)
-                final = event.type
-            snapshot = await client.get(task_id)
-            print(f"status: {snapshot.status}  output: {json.dumps(snapshot.output)}", flush=True)
+            assert node.url is not None
+            client = await ratchet.Client.connect(node.url, tenant="demo")
+            try:
+                task_id = await client.submit("expense.agent", {
+                    "report_id": report_id, "employee": "e-1042", "currency": "EUR",
+                    "items": [{"what": "train", "amount": 89.5},
+                              {"what": "hotel", "amount": 240.0}]}, key=report_id)
+                _say(f"submitted {task_id} over NATS; events:")
+                async for event in client.watch(task_id, idle_timeout=30.0):
+                    _say(f"  #{event.sequence:<2} {event.type:<18} {json.dumps(event.payload)}")
+                    final = event.type
+                snapshot = await client.get(task_id)
+                status = snapshot.status
+                _say(f"status: {status}  output: {json.dumps(snapshot.output)}")
+            finally:
+                await client.close()
         finally:
-            await client.close()
-    finally:
-        await node.stop()
-    return 0 if final == "task.succeeded" and snapshot.status == "SUCCEEDED" else 1
+            await node.stop()
+        claims = finance.effects().get(key, 0)
+        _say(f"claims the finance system holds for {key}: {claims}")
+    ok = final == "task.succeeded" and status == "SUCCEEDED" and claims == 1
+    return 0 if ok else 1

@@ -14,7 +14,7 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
+from actors.bus import Bus, redelivery_delay
 from actors.core import ServiceActor
 from actors.task_actor import DeliverMail
 from persistence.store import Store
@@ -62,7 +62,7 @@ class ExternalRouter(ServiceActor):
             env = env.model_copy(update={"body": body})
             ref = await self.tasks.ensure_running(task_id)
             if ref is None:
-                await msg.nak(delay=0.5)
+                await msg.nak(delay=redelivery_delay(msg))
                 return
             outcome = await ref.ask(DeliverMail(env), timeout=60.0,
                                     correlation_id=env.correlation_id)
@@ -71,7 +71,7 @@ class ExternalRouter(ServiceActor):
             await msg.ack()
         except RatchetError as exc:
             if exc.retryable:
-                await msg.nak(delay=0.5)
+                await msg.nak(delay=redelivery_delay(msg))
                 return
             log.warning("confirmation dead-lettered", subject=msg.subject, error=exc.message)
             try:
@@ -80,9 +80,9 @@ class ExternalRouter(ServiceActor):
                     dlq_subject=dlq_subject("external", tenant), now=self.clock.now())
             except Exception as store_exc:
                 log.error("dead-letter failed", error=repr(store_exc))
-                await msg.nak(delay=1.0)
+                await msg.nak(delay=redelivery_delay(msg))
                 return
             await msg.ack()
         except Exception as exc:
             log.error("confirmation routing failed; will retry", error=repr(exc))
-            await msg.nak(delay=1.0)
+            await msg.nak(delay=redelivery_delay(msg))

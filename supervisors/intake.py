@@ -15,7 +15,7 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
+from actors.bus import Bus, redelivery_delay
 from actors.core import ServiceActor
 from actors.workflow import Registry
 from persistence.store import Store
@@ -123,18 +123,18 @@ class IntakeActor(ServiceActor):
         except RatchetError as exc:
             if exc.retryable:
                 log.warning("intake will retry", error=repr(exc))
-                await msg.nak(delay=1.0)
+                await msg.nak(delay=redelivery_delay(msg))
                 return
             try:
                 await self.acceptor.dead_letter(msg.subject, msg.data, exc, tenant)
             except Exception as store_exc:  # the store could not record it: let JetStream retry
                 log.error("dead-letter failed", error=repr(store_exc))
-                await msg.nak(delay=1.0)
+                await msg.nak(delay=redelivery_delay(msg))
                 return
             reply = error_reply(exc, env.correlation_id if env else None)
         except Exception as exc:  # store or bug: keep the message for a retry, keep serving
             log.error("intake failed; message will be redelivered", error=repr(exc))
-            await msg.nak(delay=1.0)
+            await msg.nak(delay=redelivery_delay(msg))
             return
         if env is not None and env.reply_to and reply is not None:
             await self._respond(env.reply_to, reply)

@@ -15,7 +15,7 @@ from collections import OrderedDict
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
+from actors.bus import Bus, redelivery_delay
 from actors.core import ServiceActor
 from actors.task_actor import DeliverMail
 from persistence.store import Store
@@ -70,7 +70,7 @@ class MailRouter(ServiceActor):
                 return
             ref = await self.tasks.ensure_running(task_id)
             if ref is None:
-                await msg.nak(delay=0.5)  # between restarts: try again shortly
+                await msg.nak(delay=redelivery_delay(msg))  # between restarts: try again shortly
                 return
             outcome = await ref.ask(DeliverMail(env), timeout=60.0,
                                     correlation_id=env.correlation_id)
@@ -80,7 +80,7 @@ class MailRouter(ServiceActor):
             await msg.ack()
         except RatchetError as exc:
             if exc.retryable:
-                await msg.nak(delay=0.5)
+                await msg.nak(delay=redelivery_delay(msg))
                 return
             log.warning("mail dead-lettered", subject=msg.subject, error=exc.message)
             try:
@@ -89,9 +89,9 @@ class MailRouter(ServiceActor):
                     dlq_subject=dlq_subject("mail", "_system"), now=self.clock.now())
             except Exception as store_exc:
                 log.error("dead-letter failed", error=repr(store_exc))
-                await msg.nak(delay=1.0)
+                await msg.nak(delay=redelivery_delay(msg))
                 return
             await msg.ack()
         except Exception as exc:
             log.error("mail routing failed; will retry", error=repr(exc))
-            await msg.nak(delay=1.0)
+            await msg.nak(delay=redelivery_delay(msg))

@@ -33,7 +33,7 @@ def test_serve_submit_watch_status_and_a_clean_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "state"
     serve = subprocess.Popen(
         [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state), "--log-level",
-         "warning", "serve", "--app", "examples.demo:app"],
+         "warning", "serve", "--app", "examples.report:app"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
