@@ -26,7 +26,7 @@ from actors.core import ActorRef
 from actors.tool_session import Invoke
 from actors.tools import Accepted, Decision, Tool, classify
 from persistence.ledger import ActionKeyTaken, ActionWrite
-from persistence.store import ActionRecord, Store
+from persistence.store import ActionRecord, Store, action_record
 from protocol.clock import Clock
 from protocol.codec import canonical, encode
 from protocol.errors import ErrorCode, RatchetError, ToolDeadlineExceeded, ToolRateLimited
@@ -149,24 +149,22 @@ class ActionRunner:
     async def _write(self, tool: Tool[Any, Any], args: BaseModel, key: str,
                      compensates: str | None) -> Any:
         digest = _hash(tool, args)
-        row = await self.env.store.get_action(self.env.tenant, key)
-        if row is None:
-            try:
-                await self.env.commit(
-                    action=ActionWrite(key, "IN_FLIGHT", insert=True, tool=tool.name,
-                                       kind=tool.kind, request_hash=digest,
-                                       args=encode(args.model_dump(mode="json")),
-                                       step_index=self.env.step_index, attempts=1,
-                                       compensates=compensates),
-                    events=[("action.started", {"key": key, "tool": tool.name, "attempt": 1,
-                                                "compensates": compensates})],
-                )
-            except ActionKeyTaken:
-                row = await self.env.store.get_action(self.env.tenant, key)
-                assert row is not None
-            else:
-                return await self._attempts(tool, args, key, 1)
-        return await self._resume(tool, args, key, digest, row)
+        # No read first: the insert is the check. A key already in the ledger makes the
+        # whole change roll back and comes back with its row (one round trip, not two).
+        try:
+            await self.env.commit(
+                action=ActionWrite(key, "IN_FLIGHT", insert=True, tool=tool.name,
+                                   kind=tool.kind, request_hash=digest,
+                                   args=encode(args.model_dump(mode="json")),
+                                   step_index=self.env.step_index, attempts=1,
+                                   compensates=compensates),
+                events=[("action.started", {"key": key, "tool": tool.name, "attempt": 1,
+                                            "compensates": compensates})],
+            )
+        except ActionKeyTaken as taken:
+            assert taken.existing is not None
+            return await self._resume(tool, args, key, digest, action_record(taken.existing))
+        return await self._attempts(tool, args, key, 1)
 
     async def _resume(self, tool: Tool[Any, Any], args: BaseModel, key: str, digest: str,
                       row: ActionRecord) -> Any:

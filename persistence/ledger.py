@@ -19,7 +19,16 @@ __all__ = ["ActionKeyTaken", "ActionWrite", "TimerWrite", "write_action",
 
 
 class ActionKeyTaken(Exception):
-    """Another writer recorded this idempotency key first; re-read the ledger."""
+    """The idempotency key is already in the ledger; the change was not applied.
+
+    ``existing`` holds the row's columns (see ``persistence.store.ActionRecord``) so the
+    caller can act on it without another read.
+    """
+
+    def __init__(self, key: str, existing: tuple[Any, ...] | None = None) -> None:
+        super().__init__(key)
+        self.key = key
+        self.existing = existing
 
 
 @dataclass(slots=True)
@@ -73,7 +82,12 @@ def write_action(conn: sqlite3.Connection, a: ActionWrite, task_id: str, tenant:
                  packed_error, a.provider_id, a.compensates, seq_row[0], now, now),
             )
         except sqlite3.IntegrityError:
-            raise ActionKeyTaken(a.key) from None
+            existing = conn.execute(
+                "SELECT tenant, idempotency_key, task_id, step_index, tool, kind, request_hash,"
+                " args, status, attempts, accepted, result, error, provider_id, compensates, seq,"
+                " created_at, updated_at FROM actions WHERE tenant = ? AND idempotency_key = ?",
+                (tenant, a.key)).fetchone()
+            raise ActionKeyTaken(a.key, existing) from None
         return
     sets, args = ["status = ?", "updated_at = ?"], [a.status, now]
     for column, value in (("attempts", a.attempts), ("result", packed_result),

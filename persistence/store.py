@@ -31,7 +31,7 @@ from protocol.errors import NotFound
 from protocol.messages import TaskSnapshot
 from protocol.states import TERMINAL
 
-__all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord"]
+__all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord", "action_record"]
 
 OutboxListener = Callable[[list[OutboxRow]], None]
 
@@ -85,6 +85,11 @@ _ACTION_COLUMNS = (
     "tenant, idempotency_key, task_id, step_index, tool, kind, request_hash, args, status,"
     " attempts, accepted, result, error, provider_id, compensates, seq, created_at, updated_at"
 )
+
+
+def action_record(row: Any) -> ActionRecord:
+    """An ActionRecord from a row of the ledger's columns, in their declared order."""
+    return _action(row)
 
 
 def _action(row: Any) -> ActionRecord:

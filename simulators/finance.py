@@ -207,6 +207,9 @@ class FinanceServer(ThreadingHTTPServer):
     """The HTTP server; ``state`` is shared by all handler threads."""
 
     daemon_threads = True
+    # The socketserver default backlog (5) resets connections under 32+ concurrent clients,
+    # which would look like network faults nobody injected.
+    request_queue_size = 256
 
     def __init__(self, address: tuple[str, int], *, verbose: bool = False) -> None:
         self.state = FinanceState()

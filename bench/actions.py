@@ -1,0 +1,116 @@
+"""Figures of the action protocol against the finance simulator. Prints one JSON object.
+
+- action_overhead_p50_us / _p99_us: a recorded write (ledger IN_FLIGHT commit, call on the
+  session's pykka thread, outcome commit, events) minus a direct call of the same tool
+  code, per percentile, over sequential calls;
+- actions_per_s: 100 concurrent tasks x 10 writes each, first submit to last success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ratchet
+from actors.tools import ToolContext
+from examples.expense import ClaimArgs, _submit_claim, refund_claim, submit_claim
+from simulators import FinanceSimulatorProcess
+from supervisors.cli import configure_logging
+from supervisors.embedded_nats import EmbeddedNats
+
+TIMINGS: list[float] = []
+
+calls = ratchet.Workflow("bench.calls", version=1)
+
+
+@calls.step
+async def write_many(ctx: ratchet.StepContext) -> dict[str, Any]:
+    for i in range(int(ctx.input["n"])):
+        started = time.perf_counter()
+        await ctx.call(submit_claim, ClaimArgs(report_id=f"{ctx.input['report']}-{i}",
+                                               employee="e", amount=1.0))
+        if ctx.input.get("timed"):
+            TIMINGS.append(time.perf_counter() - started)
+    return {"output": {"n": ctx.input["n"]}}
+
+
+def _pct(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(p * (len(ordered) - 1))]
+
+
+def _direct_calls(url: str, n: int) -> list[float]:
+    ctx = ToolContext("direct", "bench", "submit_claim", None, 1, {}, {"finance_url": url})
+    out = []
+    for i in range(n):
+        ctx.key = f"direct:{i}:{time.time_ns()}"
+        started = time.perf_counter()
+        _submit_claim(ctx, ClaimArgs(report_id=f"d{i}", employee="e", amount=1.0))
+        out.append(time.perf_counter() - started)
+    return out
+
+
+async def main() -> None:
+    configure_logging("warning")
+    n = 500
+    with tempfile.TemporaryDirectory(prefix="ratchet-actions-") as tmp, \
+            FinanceSimulatorProcess() as sim:
+        server = EmbeddedNats(Path(tmp) / "nats")
+        url = await server.start()
+        registry = ratchet.Registry([calls], tools=[submit_claim, refund_claim],
+                                    resources={"finance_url": sim.url})
+        node = ratchet.Node(ratchet.NodeConfig(state_dir=Path(tmp) / "node", nats_url=url),
+                            registry)
+        await node.start()
+        client = await ratchet.Client.connect(url, "bench")
+        try:
+            direct = await asyncio.to_thread(_direct_calls, sim.url, n)
+            task_id = await client.submit("bench.calls", {"n": n, "report": "seq", "timed": True},
+                                          key="seq")
+            events = [e async for e in client.watch(task_id, idle_timeout=120)]
+            assert events[-1].type == "task.succeeded", events[-1]
+
+            tasks, per_task = 100, 10
+            done: set[str] = set()
+            finished = asyncio.Event()
+
+            async def on_success(msg: Any) -> None:
+                done.add(msg.subject.split(".")[3])
+                if len(done) >= tasks:
+                    finished.set()
+
+            sub = await client.nc.subscribe("ratchet.events.bench.*.task.succeeded",
+                                            cb=on_success)
+            started = time.perf_counter()
+            for t in range(tasks):
+                await client.submit("bench.calls", {"n": per_task, "report": f"c{t}"},
+                                    key=f"c{t}")
+            await asyncio.wait_for(finished.wait(), 300)
+            elapsed = time.perf_counter() - started
+            await sub.unsubscribe()
+        finally:
+            await client.close()
+            await node.stop()
+            await server.stop()
+    recorded = TIMINGS
+    print(json.dumps({
+        "action_overhead_p50_us": round((_pct(recorded, 0.5) - _pct(direct, 0.5)) * 1e6),
+        "action_overhead_p99_us": round((_pct(recorded, 0.99) - _pct(direct, 0.99)) * 1e6),
+        "recorded_call_p50_us": round(statistics.median(recorded) * 1e6),
+        "direct_call_p50_us": round(statistics.median(direct) * 1e6),
+        "actions_per_s": round(tasks * per_task / elapsed, 1),
+        "concurrent_tasks": tasks, "writes_per_task": per_task,
+    }))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -1,0 +1,191 @@
+"""Chaos harness: SIGKILL a node at random points of a task with two writes, restart it,
+and check that every business action took effect at the provider exactly once (or the
+task is UNKNOWN / waiting for a human with a handoff) — never twice, never lost.
+
+    python bench/chaos.py --runs 200 [--seed 7]
+
+Each run submits ``expense.split`` (two claims; in about a third of the runs a later step
+fails for good, so the saga refunds both) and kills the node at one of: before the call
+(right after IN_FLIGHT committed), after the provider committed but before the result was
+recorded (tools pause 100 ms after the provider answered), mid-compensation, or a random
+moment. The node is restarted at once. Prints one JSON object (last line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ratchet
+from protocol.ids import task_id_for
+from simulators import FinanceClient, FinanceSimulatorProcess
+from supervisors.cli import configure_logging
+from supervisors.embedded_nats import EmbeddedNats
+
+KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random")
+PARKED = {"task.unknown", "task.handoff"}
+TERMINAL = {"task.succeeded", "task.failed", "task.cancelled"}
+
+
+class Node:
+    def __init__(self, state_dir: Path, nats_url: str, finance_url: str) -> None:
+        self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
+                     "--log-level", "error", "serve", "--app", "examples.expense:app",
+                     "--nats-url", nats_url]
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "RATCHET_FINANCE_URL": finance_url,
+                    "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=subprocess.PIPE)
+        assert self.proc.stdout is not None
+        if b"serving" not in self.proc.stdout.readline():
+            raise RuntimeError("node did not start")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            self.proc.communicate(timeout=60)
+
+
+def _kill_condition(point: str, event: ratchet.Event) -> bool:
+    p = event.payload
+    if point == "before_call":
+        return event.type == "action.started" and not p.get("compensates")
+    if point == "after_provider_commit":
+        return event.type == "action.started"
+    if point == "mid_compensation":
+        return event.type == "action.started" and bool(p.get("compensates"))
+    return False
+
+
+async def _one_run(run: int, rng: random.Random, node: Node, client: ratchet.Client,
+                   finance: FinanceClient, db: Path) -> dict[str, Any]:
+    fail = rng.random() < 0.35
+    point = rng.choice(KILL_POINTS if fail else KILL_POINTS[:2] + KILL_POINTS[3:])
+    report = f"chaos-{run}-{rng.randrange(10**9)}"
+    task_id = await client.submit("expense.split", {
+        "report_id": report, "employee": "e-1", "travel": 10 + run, "hotel": 20 + run,
+        "fail_after_writes": fail}, key=report)
+    killed = False
+    events: list[ratchet.Event] = []
+
+    async def watch_and_kill() -> None:
+        nonlocal killed
+        deadline = time.monotonic() + rng.uniform(0.0, 0.4) if point == "random" else None
+        async for event in client.watch(task_id, idle_timeout=30.0):
+            events.append(event)
+            if not killed and (_kill_condition(point, event) or (
+                    deadline is not None and time.monotonic() >= deadline)):
+                if point == "after_provider_commit":
+                    await asyncio.sleep(rng.uniform(0.01, 0.09))  # inside the 100 ms pause
+                node.kill()
+                killed = True
+                node.start()
+            if event.type in TERMINAL | PARKED:
+                return
+
+    try:
+        await asyncio.wait_for(watch_and_kill(), 60)
+    except TimeoutError:
+        pass
+    if not killed:  # the task ended before the kill point: kill anyway, it must stay done
+        node.kill()
+        node.start()
+    final = events[-1].type if events else None
+    effects = finance.effects()
+    keys = {k: effects.get(k, 0) for k in (
+        f"claim:{report}:travel:submit", f"claim:{report}:hotel:submit",
+        f"refund:{report}:travel", f"refund:{report}:hotel")}
+    claims = [keys[f"claim:{report}:travel:submit"], keys[f"claim:{report}:hotel:submit"]]
+    refunds = [keys[f"refund:{report}:travel"], keys[f"refund:{report}:hotel"]]
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+        row = conn.execute("SELECT status FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        handoffs = conn.execute("SELECT COUNT(*) FROM handoffs WHERE task_id = ?",
+                                (task_id,)).fetchone()[0]
+    status = row[0] if row else None
+    assert task_id == task_id_for("default", report)
+    missing = False
+    if status == "SUCCEEDED":
+        missing = claims != [1, 1] or refunds != [0, 0]
+    elif status == "FAILED":
+        missing = refunds != claims  # every claim made was refunded
+    sequences = [e.sequence for e in events]
+    return {
+        "point": point, "fail": fail, "status": status, "final_event": final,
+        "lost": status is None or status not in ("SUCCEEDED", "FAILED", "UNKNOWN",
+                                                 "WAITING_APPROVAL"),
+        "handoff": status in ("UNKNOWN", "WAITING_APPROVAL") and handoffs > 0,
+        "double": any(v > 1 for v in keys.values()),
+        "missing": missing,
+        "gap": sequences != list(range(1, len(sequences) + 1)),
+    }
+
+
+async def run_chaos(runs: int, seed: int = 7) -> dict[str, Any]:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory(prefix="ratchet-chaos-") as tmp, \
+            FinanceSimulatorProcess() as sim:
+        base = Path(tmp)
+        server = EmbeddedNats(base / "nats")
+        url = await server.start()
+        finance = FinanceClient(sim.url)
+        node = Node(base / "node", url, sim.url)
+        node.start()
+        client = await ratchet.Client.connect(url, "default")
+        results = []
+        try:
+            for run in range(runs):
+                results.append(await _one_run(run, rng, node, client, finance,
+                                              base / "node" / "ratchet.db"))
+        finally:
+            await client.close()
+            node.stop()
+            await server.stop()
+    kills: dict[str, int] = {}
+    for r in results:
+        kills[r["point"]] = kills.get(r["point"], 0) + 1
+    return {
+        "runs": len(results),
+        "succeeded": sum(r["status"] == "SUCCEEDED" for r in results),
+        "failed_and_compensated": sum(r["status"] == "FAILED" and not r["missing"]
+                                      for r in results),
+        "unknown_with_handoff": sum(r["handoff"] for r in results),
+        "lost_tasks": sum(r["lost"] for r in results),
+        "double_effects": sum(r["double"] for r in results),
+        "missing_effects": sum(r["missing"] for r in results),
+        "event_gaps": sum(r["gap"] for r in results),
+        "kill_points": kills,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    configure_logging("error")
+    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed))))
+
+
+if __name__ == "__main__":
+    main()
