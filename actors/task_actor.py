@@ -35,7 +35,7 @@ from persistence.checkpoints import StateTracker
 from persistence.store import Store, TaskRecord
 from persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
 from protocol.clock import Clock
-from protocol.errors import RatchetError
+from protocol.errors import RatchetError, UnknownWorkflow
 from protocol.messages import Envelope
 from protocol.states import TaskEvent, TaskStatus, is_terminal
 
@@ -94,7 +94,16 @@ class TaskActor(Actor):
         if is_terminal(self.status):
             self.ref.stop()
             return
-        self.workflow = self.deps.registry.get(rec.workflow, rec.workflow_version)
+        try:
+            self.workflow = self.deps.registry.get(rec.workflow, rec.workflow_version)
+        except UnknownWorkflow as exc:
+            # Restarting cannot help: say so once, loudly, instead of crash-looping.
+            error = error_of(exc, "workflow not registered on this node")
+            await self.commit(status_event=TaskEvent.FAILED, error=error, events=[(
+                "task.failed", {"reason": "workflow not registered on this node",
+                                "node": self.deps.producer, "error": error})])
+            self.ref.stop()
+            return
         loaded = await self.deps.store.load_state(self.task_id)
         self.state = loaded.values
         self.tracker = StateTracker(loaded.encoded)

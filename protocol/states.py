@@ -68,7 +68,9 @@ TRANSITIONS: dict[tuple[TaskStatus, TaskEvent], TaskStatus] = {
     (S.UNKNOWN, E.RECONCILED): S.RUNNING,
     (S.UNKNOWN, E.HUMAN_RESOLVED): S.RUNNING,
     (S.RUNNING, E.SUCCEEDED): S.SUCCEEDED,
-    **{(src, E.FAILED): S.FAILED for src in (S.RUNNING, *_WAITING, S.UNKNOWN)},
+    # QUEUED → FAILED: a task that can never start (its workflow is gone, its deadline
+    # passed in the queue, its supervisor gave up before the first step).
+    **{(src, E.FAILED): S.FAILED for src in (S.QUEUED, S.RUNNING, *_WAITING, S.UNKNOWN)},
     **{
         (src, E.CANCELLED): S.CANCELLED
         for src in (S.QUEUED, S.RUNNING, *_WAITING, S.PAUSED, S.UNKNOWN)

@@ -89,12 +89,17 @@ async def _serve(args: argparse.Namespace) -> int:
     await node.start()
     _print({"serving": config.node_id, "nats_url": node.url, "db": str(config.db_path),
             "workflows": registry.names(), "pid": os.getpid()})
+    failed = asyncio.ensure_future(node.failed.wait())
+    stopped = asyncio.ensure_future(stop.wait())
     try:
-        await stop.wait()
+        await asyncio.wait([failed, stopped], return_when=asyncio.FIRST_COMPLETED)
     finally:
+        failed.cancel()
+        stopped.cancel()
         await node.stop()
-        _print({"stopped": config.node_id, **node.writer_summary()})
-    return 0
+        _print({"stopped": config.node_id, "failed": node.failed.is_set(),
+                **node.writer_summary()})
+    return 1 if node.failed.is_set() else 0
 
 
 async def _submit(args: argparse.Namespace) -> int:

@@ -64,6 +64,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _is_nats_server(pid: int) -> bool:
+    try:
+        return b"nats-server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 class EmbeddedNats:
     """Start with :meth:`start` (returns the URL); stop with :meth:`stop` (idempotent)."""
 
@@ -88,8 +95,8 @@ class EmbeddedNats:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return
-        if not _alive(pid):
-            return
+        if not _alive(pid) or not _is_nats_server(pid):
+            return  # gone, or the pid now belongs to another program: leave it alone
         log.warning("stopping stale embedded nats-server", pid=pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)

@@ -1,8 +1,9 @@
 """Intake: turns submit messages into tasks, exactly once per (tenant, idempotency key).
 
 Producers publish an :class:`~protocol.messages.Envelope` of type ``task.submit`` on
-``ratchet.submit.<tenant>`` (JetStream, ``Nats-Msg-Id`` = the idempotency key, so
-JetStream drops repeats within its window). The Store's ``requests`` table is the lasting
+``ratchet.submit.<tenant>`` (JetStream, ``Nats-Msg-Id`` = ``<tenant>:<idempotency key>``,
+so JetStream drops repeats within its window; the tenant prefix because that window is per
+stream and two tenants may use the same key). The Store's ``requests`` table is the lasting
 guard: same key and same request → the same task; same key and a different request → a
 typed CONFLICT, recorded and answered, no second task. A message that cannot be decoded or
 validated is dead-lettered with its error and acked; it never stops the node.

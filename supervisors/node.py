@@ -10,6 +10,7 @@ supervisor (each task stops at its next step boundary, its safe point) → flush
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from supervisors.external import ExternalRouter
 from supervisors.intake import Acceptor, IntakeActor
 from supervisors.mail_router import MailRouter
 from supervisors.outbox_relay import OutboxRelay
+from supervisors.recovery import RecoverySweeper
 from supervisors.restart_policy import Restart
 from supervisors.supervisor import ChildSpec, StopChild, Supervisor
 from supervisors.tasks import TaskSupervision
@@ -85,6 +87,9 @@ class Node:
         self.relay: OutboxRelay | None = None
         self._stopped = False
         self._started = False
+        #: Set when the root supervisor gave up (restart intensity exceeded): the process
+        #: should exit rather than linger half-alive.
+        self.failed = asyncio.Event()
 
     @property
     def _store(self) -> Store:
@@ -124,6 +129,8 @@ class Node:
             ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
             ChildSpec("mail", lambda _: MailRouter(bus, tasks, store, self.clock), Restart.PERMANENT),
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
+            ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),
+                      Restart.PERMANENT),
             ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock),
                       Restart.PERMANENT),
             ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
@@ -153,6 +160,7 @@ class Node:
     def _root_exited(self, _: ActorRef[Any], reason: BaseException | None) -> None:
         if reason is not None and not self._stopped:
             log.critical("node supervisor gave up", error=repr(reason))
+            self.failed.set()
 
     async def recover(self) -> int:
         """Activate every unfinished task from its last checkpoint; returns how many."""
@@ -171,7 +179,7 @@ class Node:
         self._stopped = True
         root = self.root
         if root is not None and root.is_alive:
-            for child in ("intake", "external", "timers", "mail", "api"):
+            for child in ("intake", "external", "recovery", "timers", "mail", "api"):
                 await root.ask(StopChild(child), timeout=self.config.drain_timeout)
             await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
             if self.relay is not None:

@@ -175,8 +175,13 @@ class Supervisor(Actor):
     # -- internals ---------------------------------------------------------------------
 
     def _start_child(self, spec: ChildSpec) -> ActorRef[Any]:
-        if spec.id in self._children and self._children[spec.id].ref is not None:
-            raise RatchetError(f"child {spec.id} already running", actor=self.name)
+        existing = self._children.get(spec.id)
+        if existing is not None and existing.ref is not None:
+            # Idempotent: two activations racing for one child get the same actor (raising
+            # here would crash this supervisor and every sibling with it).
+            return existing.ref
+        if existing is not None:
+            return self._spawn(existing)  # between restarts: start it now
         child = _Child(spec)
         self._children[spec.id] = child
         return self._spawn(child)

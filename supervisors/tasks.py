@@ -90,10 +90,15 @@ class TaskSupervision:
         return started
 
     async def ensure_running(self, task_id: str, timeout: float = 30.0) -> ActorRef[Any] | None:
-        """The live task actor, activating it if needed; None while it awaits a restart."""
+        """The live task actor, activating it if needed; None while it awaits a restart.
+
+        Raises:
+            NotFound: no such task in the store (mail for it is dead-lettered, not retried).
+        """
         ref = self.system.lookup(task_actor_name(task_id))
         if ref is not None:
             return ref
+        await self.deps.store.load_task(task_id)  # NotFound for a task that never existed
         if self.system.lookup(task_supervisor_name(task_id)) is not None:
             return None  # its supervisor is between restarts
         root = self.system.lookup(TASKS_ROOT)

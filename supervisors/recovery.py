@@ -1,0 +1,49 @@
+"""The recovery sweeper: activates unfinished tasks that have no live actor.
+
+The node recovers every QUEUED or RUNNING task when it starts. After that, a task is
+activated by its mail; if that mail is lost (JetStream acknowledges before it fsyncs, so
+an OS crash can lose it), the task would sit still. The store is the truth, so every
+``interval`` seconds (on the injected clock) the sweeper re-derives what should be running
+from it and activates what is not.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from actors.core import ServiceActor
+from persistence.store import Store
+from protocol.clock import Clock
+from supervisors.tasks import TaskSupervision, task_supervisor_name
+
+__all__ = ["RecoverySweeper"]
+
+log = structlog.get_logger("ratchet.recovery")
+
+
+class RecoverySweeper(ServiceActor):
+    def __init__(self, store: Store, tasks: TaskSupervision, clock: Clock,
+                 interval: float = 30.0) -> None:
+        self.store = store
+        self.tasks = tasks
+        self.clock = clock
+        self.interval = interval
+
+    async def serve(self) -> None:
+        while True:
+            await self.clock.sleep(self.interval)
+            await self.sweep()
+
+    async def sweep(self) -> int:
+        """Activate every QUEUED/RUNNING task without a live supervisor; returns how many."""
+        activated = 0
+        for task_id, _, status in await self.store.active_tasks():
+            if status not in ("QUEUED", "RUNNING"):
+                continue  # waiting tasks are woken by their mail or timers
+            if self.tasks.system.lookup(task_supervisor_name(task_id)) is not None:
+                continue
+            await self.tasks.ensure_running(task_id)
+            activated += 1
+        if activated:
+            log.warning("recovered idle unfinished tasks", count=activated)
+        return activated

@@ -1,0 +1,76 @@
+"""Recovery edges: racing activations, lost start mail, mail for nothing, a workflow gone."""
+
+from __future__ import annotations
+
+import asyncio
+
+import ratchet
+from protocol.codec import encode
+from protocol.messages import Envelope, StartTask
+from protocol.subjects import STREAM_DLQ, mail_subject
+from supervisors.recovery import RecoverySweeper
+from supervisors.supervisor import StopChild
+from tests.apps import RUNS
+from tests.conftest import NodeFactory, wait_terminal
+
+
+async def test_racing_activations_of_one_task_share_one_actor(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    assert node.root is not None and node.tasks is not None
+    await node.root.ask(StopChild("mail"), timeout=10)  # keep the start mail away
+    accepted = await client.submit_sync("three", {"sleep": 0.01}, key="race")
+    task_id = accepted["task_id"]
+    refs = await asyncio.gather(*(node.tasks.ensure_running(task_id) for _ in range(5)))
+    assert len({id(r) for r in refs}) == 1
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert node.system.lookup("node/tasks") is not None  # the tasks supervisor survived
+    assert RUNS[f"{task_id}:s0"] == 1
+
+
+async def test_the_sweeper_starts_a_task_whose_start_mail_was_lost(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    assert node.root is not None and node.tasks is not None and node.store is not None
+    await node.root.ask(StopChild("mail"), timeout=10)
+    task_id = (await client.submit_sync("three", {}, key="lost-mail"))["task_id"]
+    assert (await client.get(task_id)).status == "QUEUED"
+    sweeper = RecoverySweeper(node.store, node.tasks, node.clock)
+    assert await sweeper.sweep() == 1
+    assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+
+
+async def test_mail_for_a_task_that_does_not_exist_is_dead_lettered(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node()
+    env = Envelope(type="task.start", message_id="m-ghost", correlation_id="c",
+                   body=StartTask(task_id="tsk_ghost", tenant="acme").model_dump())
+    await client.js.publish(mail_subject("tsk_ghost", "task"), encode(env))
+    sub = await client.js.pull_subscribe("ratchet.dlq.mail.>", "ghost", stream=STREAM_DLQ)
+    [msg] = await sub.fetch(1, timeout=10)
+    assert msg.headers is not None and msg.headers["Ratchet-Error-Code"] == "NOT_FOUND"
+
+
+async def test_a_task_whose_workflow_is_gone_fails_once_instead_of_crash_looping(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    assert node.root is not None
+    await node.root.ask(StopChild("mail"), timeout=10)
+    task_id = (await client.submit_sync("three", {}, key="orphan"))["task_id"]
+    await node.stop()
+    wf = ratchet.Workflow("other", version=1)
+
+    @wf.step
+    async def only(ctx: ratchet.StepContext) -> None:
+        return None
+
+    await start_node(ratchet.Registry([wf]))
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.failed"
+    assert events[-1].payload["reason"] == "workflow not registered on this node"
+    assert [e.type for e in events].count("task.failed") == 1
