@@ -17,7 +17,7 @@ from actors.task_actor import TaskActor, TaskDeps, fail_task
 from actors.tool_session import ToolSession
 from protocol.errors import RatchetError
 from supervisors.restart_policy import Restart
-from supervisors.supervisor import ChildSpec, StartChild, Supervisor
+from supervisors.supervisor import ChildSpec, StartChild, Supervisor, WhichChildren
 
 __all__ = ["TASKS_ROOT", "TaskSupervision", "task_actor_name", "task_supervisor_name"]
 
@@ -99,15 +99,20 @@ class TaskSupervision:
         if ref is not None:
             return ref
         await self.deps.store.load_task(task_id)  # NotFound for a task that never existed
-        if self.system.lookup(task_supervisor_name(task_id)) is not None:
-            return None  # its supervisor is between restarts
-        root = self.system.lookup(TASKS_ROOT)
-        if root is None:
-            return None
-        spec = ChildSpec(task_id, lambda _: self._task_supervisor(task_id), Restart.TEMPORARY,
-                         shutdown_timeout=60.0)
+        sup = self.system.lookup(task_supervisor_name(task_id))
+        if sup is None:
+            root = self.system.lookup(TASKS_ROOT)
+            if root is None:
+                return None
+            spec = ChildSpec(task_id, lambda _: self._task_supervisor(task_id), Restart.TEMPORARY,
+                             shutdown_timeout=60.0)
+            try:
+                sup = await root.ask(StartChild(spec), timeout=timeout)
+            except RatchetError:
+                return None
         try:
-            await root.ask(StartChild(spec), timeout=timeout)
+            # Answered only after the supervisor's on_start, so its children exist by now.
+            await sup.ask(WhichChildren(), timeout=timeout)
         except RatchetError:
-            return None  # raced with a supervisor that is starting or stopping
+            return None  # it stopped meanwhile (the task finished)
         return self.system.lookup(task_actor_name(task_id))
