@@ -307,3 +307,30 @@ async def test_tool_sessions_keep_their_state_across_calls(
 async def _until(predicate: Any) -> None:
     while not predicate():  # noqa: ASYNC110 - yields to the loop; bounded by the caller
         await asyncio.sleep(0)
+
+
+async def test_a_step_timeout_bounds_the_tool_calls_inside_it(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from examples.expense import refund_claim, submit_claim
+
+    wf = ratchet.Workflow("timed", version=1)
+
+    @wf.step(timeout=0.4)
+    async def go(ctx: ratchet.StepContext) -> dict[str, Any]:
+        claim = await ctx.call(submit_claim, ClaimArgs(report_id="t1", employee="e",
+                                                       amount=5.0))
+        return {"output": {"claim": claim.provider_id}}
+
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    await start_node(registry)
+    finance.add_faults([{"op": "claims", "mode": "slow", "delay": 1.0}])
+    started = asyncio.get_running_loop().time()
+    events = await run(client, "timed", {}, "t1")
+    assert events[-1].type == "task.succeeded"
+    first_failure = next(e for e in events if e.type in ("step.failed", "action.unknown"))
+    # The tool's own timeout is 3 s; the step's 0.4 s budget cut the call short.
+    assert first_failure.occurred_at - events[0].occurred_at < 1.0
+    assert asyncio.get_running_loop().time() - started < 10
+    assert finance.effects() == {"claim:t1:all:submit": 1}
