@@ -27,10 +27,11 @@ from typing import Any
 
 import structlog
 
-from actors import task_waits
+from actors import graph_runtime, task_waits
 from actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
 from actors.core import Actor, ActorRef
-from actors.workflow import Registry, StepContext, Workflow, bind_step_logger
+from actors.nodes import END, StepContext, StepNode
+from actors.workflow import Registry, Workflow, bind_step_logger
 from persistence.checkpoints import StateTracker
 from persistence.store import Store, TaskRecord
 from persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
@@ -51,8 +52,13 @@ class TaskDeps:
     clock: Clock
     producer: str
     max_step_attempts: int = 3
-    #: ``session(task_id, name)`` → the live tool-session actor (set by TaskSupervision).
+    #: ``session(task_id, tenant, name)`` → the live tool-session actor; ``spawn_children(
+    #: task_id, [(child_id, factory)])`` and ``stop_children(task_id, [child_id])`` manage the
+    #: task supervisor's other children (branches, joins). All set by TaskSupervision.
     sessions: Any = None
+    spawn_children: Any = None
+    stop_children: Any = None
+    tell_task: Any = None
     rng: random.Random = field(default_factory=random.Random)
 
 
@@ -78,9 +84,12 @@ class TaskActor(Actor):
         self.tracker = StateTracker()
         self.version = 0
         self.status = TaskStatus.QUEUED
-        self.next_step = 0
+        self.next_step = 0  # nodes completed so far (progress)
+        self.current: str = END  # the node to run next (END: finished)
+        self.visits: dict[str, int] = {}
         self._recovered_from: str | None = None
         self._attempt = 1
+        self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -89,6 +98,7 @@ class TaskActor(Actor):
         rec = await self.deps.store.load_task(self.task_id)
         self.record = rec
         self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
+        self.visits = dict(rec.visits)
         self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
         self._attempt = rec.step_failures + 1
         if is_terminal(self.status):
@@ -104,6 +114,7 @@ class TaskActor(Actor):
                                 "node": self.deps.producer, "error": error})])
             self.ref.stop()
             return
+        self.current = rec.current_node or self.workflow.start
         loaded = await self.deps.store.load_state(self.task_id)
         self.state = loaded.values
         self.tracker = StateTracker(loaded.encoded)
@@ -115,12 +126,18 @@ class TaskActor(Actor):
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.ref.tell(Advance())
 
+    async def on_stop(self) -> None:
+        await graph_runtime.stop_fanout_children(self)
+
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Advance):
             await self._advance()
             return None
         if isinstance(message, DeliverMail):
             return await self._deliver(message.envelope)
+        if isinstance(message, graph_runtime.JoinDone):
+            await graph_runtime.on_join_done(self, message)
+            return None
         return await super().receive(message)
 
     # -- mail ---------------------------------------------------------------------------
@@ -132,6 +149,15 @@ class TaskActor(Actor):
                     return "duplicate"
                 await self._dispatch(inbox_message_id=env.message_id)
                 return "processed"
+            if env.type == "approval.decision":
+                return await graph_runtime.on_decision(self, env)
+            if env.type == "branch.done":
+                return await graph_runtime.on_branch_done(self, env)
+            if env.type == "timer.fired" and env.body.get("kind") in graph_runtime.TIMER_KINDS:
+                return await graph_runtime.on_timer(self, env)
+            if env.type == "external.resolved" and str(
+                    env.body.get("wait_kind", "")).startswith("node:"):
+                return await graph_runtime.on_wait_resolved(self, env)
             if env.type in ("external.resolved", "timer.fired"):
                 return await task_waits.handle_wait_mail(self, env)
         except DuplicateMessage:
@@ -157,7 +183,7 @@ class TaskActor(Actor):
         assert self.workflow is not None
         await self._commit(self._change(
             status_event=TaskEvent.DISPATCHED,
-            events=[("task.started", {"steps_total": len(self.workflow.steps),
+            events=[("task.started", {"steps_total": self.workflow.step_count,
                                       "node": self.deps.producer})],
             inbox_message_id=inbox_message_id,
         ))
@@ -172,26 +198,51 @@ class TaskActor(Actor):
             await self._dispatch()
         if self.status is not TaskStatus.RUNNING:
             return  # waiting or paused: a later message resumes it
-        steps = self.workflow.steps
         if self._recovered_from is not None:
             await self._commit(self._change(events=[("task.recovered", {
                 "reason": self._recovered_from,
                 "from_checkpoint": self.record.last_checkpoint if self.record else 0,
                 "next_step": self.next_step,
-                "steps_skipped": [s.name for s in steps[: self.next_step]],
+                "next_node": self.current,
+                "steps_skipped": await self.deps.store.checkpoint_names(self.task_id),
                 "restarts": self.restarts,
             })]))
-            self.log.info("task recovered", reason=self._recovered_from, next_step=self.next_step)
+            self.log.info("task recovered", reason=self._recovered_from, node=self.current)
             self._recovered_from = None
         assert self.record is not None
         if self.record.deadline_at is not None and self.deps.clock.now() >= self.record.deadline_at:
-            await task_waits.fail_with_saga(self, RatchetError("task deadline passed"), "deadline passed")
+            await task_waits.fail_with_saga(self, RatchetError("task deadline passed"),
+                                            "deadline passed")
             return
-        if self.next_step >= len(steps):
+        if self.current == END:
             await self._succeed()
             return
-        if await self._run_step(self.next_step):
+        node = self.workflow.node(self.current)
+        if node.max_visits is not None and self.visits.get(node.name, 0) >= node.max_visits:
+            await task_waits.fail_with_saga(
+                self, RatchetError(f"node {node.name} entered more than {node.max_visits} times"),
+                "loop bound exceeded")
+            return
+        if await graph_runtime.run_node(self, node):
             self.ref.tell(Advance())
+
+    async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
+                   **kwargs: Any) -> None:
+        """Commit leaving ``node`` for ``to`` as a checkpoint (with whatever state changed)."""
+        delta = self.tracker.diff(self.state)
+        for _, payload in events:
+            if "changed" in payload and payload["changed"] is None:
+                payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
+        visits = {**self.visits, node: self.visits.get(node, 0) + 1}
+        await self._commit(self._change(
+            events=events,
+            checkpoint=CheckpointWrite(self.next_step, node, self.next_step + 1, delta,
+                                       next_node=to, visits=visits),
+            **kwargs))
+        self.next_step += 1
+        self.current = to
+        self.visits = visits
+        self._attempt = 1
 
     def runner(self, step_index: int, step_timeout: float | None) -> ActionRunner:
         assert self.record is not None
@@ -210,10 +261,10 @@ class TaskActor(Actor):
             store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
             deadline=min(deadlines) if deadlines else None, rng=self.deps.rng))
 
-    async def _run_step(self, index: int) -> bool:
-        """Run one step; True when it committed and the task can go on."""
+    async def run_step(self, step: StepNode) -> bool:
+        """Run one step node; True when it committed and the task can go on."""
         assert self.workflow is not None and self.record is not None
-        step = self.workflow.steps[index]
+        index = self.next_step
         ctx = StepContext(
             task_id=self.task_id, tenant=self.record.tenant, workflow=self.workflow.name,
             step_name=step.name, step_index=index, attempt=self._attempt,
@@ -229,7 +280,6 @@ class TaskActor(Actor):
                 update = await step.fn(ctx)
             if update:
                 self.state.update(update)
-            delta = self.tracker.diff(self.state)
         except TaskSuspended as signal:
             await task_waits.suspend(self, signal)
             return False
@@ -242,14 +292,9 @@ class TaskActor(Actor):
                 return False
             raise  # crash: the supervisor restarts us from the last checkpoint
         duration = asyncio.get_running_loop().time() - started
-        await self._commit(self._change(
-            events=[("step.completed", {"step": step.name, "index": index,
-                                        "duration_ms": round(duration * 1000, 3),
-                                        "changed": [v.key for v in delta.values]})],
-            checkpoint=CheckpointWrite(index, step.name, index + 1, delta),
-        ))
-        self.next_step = index + 1
-        self._attempt = 1
+        await self.move(step.name, step.next, [("step.completed", {
+            "step": step.name, "index": index, "duration_ms": round(duration * 1000, 3),
+            "changed": None, "next": step.next})])
         return True
 
     async def _record_step_failure(self, name: str, index: int, exc: BaseException) -> None:

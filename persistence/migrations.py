@@ -194,6 +194,45 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE INDEX handoffs_by_task ON handoffs(task_id);
         """,
     ),
+    (
+        3,
+        "workflow graphs: current node, node visits, branches of fan-outs, approvals",
+        """
+        ALTER TABLE tasks ADD COLUMN current_node TEXT;
+        ALTER TABLE tasks ADD COLUMN visits BLOB;
+        ALTER TABLE checkpoints ADD COLUMN next_node TEXT;
+
+        -- One row per branch of a fan-out: the join's completion set lives here.
+        CREATE TABLE branches (
+            task_id TEXT NOT NULL,
+            node TEXT NOT NULL,
+            branch TEXT NOT NULL,
+            status TEXT NOT NULL,
+            result BLOB,
+            error BLOB,
+            started_at REAL NOT NULL,
+            finished_at REAL,
+            PRIMARY KEY (task_id, node, branch)
+        ) WITHOUT ROWID;
+
+        -- Approvals: one-time ids bound to the hash of the request being approved.
+        CREATE TABLE approvals (
+            approval_id TEXT PRIMARY KEY,
+            task_id TEXT NOT NULL,
+            node TEXT NOT NULL,
+            request BLOB NOT NULL,
+            request_hash TEXT NOT NULL,
+            approvers TEXT NOT NULL,
+            status TEXT NOT NULL,
+            decided_by TEXT,
+            reason TEXT,
+            expires_at REAL,
+            created_at REAL NOT NULL,
+            decided_at REAL
+        ) WITHOUT ROWID;
+        CREATE INDEX approvals_by_task ON approvals(task_id);
+        """,
+    ),
 ]
 
 

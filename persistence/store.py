@@ -14,6 +14,7 @@ import aiosqlite
 import msgpack
 
 from persistence.checkpoints import decode_value
+from persistence.graph_rows import finish_branch_txn
 from persistence.migrations import migrate
 from persistence.txns import (
     AcceptResult,
@@ -55,6 +56,8 @@ class TaskRecord:
     error: dict[str, Any] | None
     output: dict[str, Any] | None
     step_failures: int
+    current_node: str | None
+    visits: dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +117,7 @@ class LoadedState:
 _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
-    " error, output, step_failures"
+    " error, output, step_failures, current_node, visits"
 )
 
 
@@ -129,6 +132,7 @@ def _record(row: tuple[Any, ...]) -> TaskRecord:
         steps_total=row[8], last_checkpoint=row[9], last_event_seq=row[10],
         deadline_at=row[11], created_at=row[12], updated_at=row[13],
         error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
+        current_node=row[17], visits=dict(_unpack(row[18]) or {}),
     )
 
 
@@ -368,6 +372,12 @@ class Store:
         return [{"timer_id": r[0], "task_id": r[1], "kind": r[2], "due_at": r[3],
                  "payload": _unpack(r[4])} for r in rows]
 
+    async def timer_fired(self, timer_id: str) -> bool:
+        async with self._db.execute(
+            "SELECT fired_at FROM timers WHERE timer_id = ?", (timer_id,)) as cur:
+            row = await cur.fetchone()
+        return row is not None and row[0] is not None
+
     async def mark_timers_fired(self, timer_ids: list[str], now: float) -> None:
         def txn(conn: sqlite3.Connection) -> None:
             conn.executemany("UPDATE timers SET fired_at = ? WHERE timer_id = ?",
@@ -392,6 +402,50 @@ class Store:
             rows = await cur.fetchall()
         return [{"id": r[0], "reason": r[1], "package": _unpack(r[2]), "created_at": r[3],
                  "resolved_at": r[4]} for r in rows]
+
+    # -- graphs: branches, approvals, checkpoint history -----------------------------------
+
+    async def finish_branch(self, change: TaskChange, node: str, branch: str, status: str,
+                            result: Any, error: dict[str, Any] | None) -> bool:
+        """Settle a RUNNING branch and, only if it was still running, apply ``change`` (a
+        side-channel change: its events and mail) in the same transaction."""
+
+        def txn(conn: sqlite3.Connection) -> tuple[bool, ChangeResult | None]:
+            if not finish_branch_txn(conn, change.task_id, node, branch, status, result, error,
+                                     change.now):
+                return (False, None)
+            return (True, apply_change_txn(conn, change))
+
+        settled, applied = await self._writer.submit(txn)
+        if applied is not None:
+            self._announce(applied.outbox)
+        return bool(settled)
+
+    async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
+            (task_id, node)) as cur:
+            rows = await cur.fetchall()
+        return {r[0]: {"status": r[1], "result": _unpack(r[2]), "error": _unpack(r[3])}
+                for r in rows}
+
+    async def approval(self, approval_id: str) -> dict[str, Any] | None:
+        async with self._db.execute(
+            "SELECT approval_id, task_id, node, request, request_hash, approvers, status,"
+            " decided_by, reason, expires_at, created_at, decided_at FROM approvals"
+            " WHERE approval_id = ?", (approval_id,)) as cur:
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        return {"approval_id": r[0], "task_id": r[1], "node": r[2], "request": _unpack(r[3]),
+                "request_hash": r[4], "approvers": r[5], "status": r[6], "decided_by": r[7],
+                "reason": r[8], "expires_at": r[9], "created_at": r[10], "decided_at": r[11]}
+
+    async def checkpoint_names(self, task_id: str) -> list[str]:
+        """The names of the nodes completed, in checkpoint order."""
+        async with self._db.execute(
+            "SELECT step_name FROM checkpoints WHERE task_id = ? ORDER BY seq", (task_id,)) as cur:
+            return [r[0] for r in await cur.fetchall()]
 
     async def count(self, table: str) -> int:
         """Row count of one table (tests and operations)."""

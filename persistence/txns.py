@@ -14,6 +14,12 @@ from typing import Any
 import msgpack
 
 from persistence.checkpoints import StateDelta
+from persistence.graph_rows import (
+    ApprovalWrite,
+    BranchWrites,
+    write_approval,
+    write_branches,
+)
 from persistence.ledger import (
     ActionKeyTaken,
     ActionWrite,
@@ -64,14 +70,22 @@ class CheckpointWrite:
     step_name: str
     next_step: int
     delta: StateDelta
+    next_node: str | None = None
+    visits: dict[str, int] | None = None
 
 
 @dataclass(slots=True)
 class TaskChange:
-    """One atomic state change of a task (compare-and-set on ``expected_version``)."""
+    """One atomic state change of a task (compare-and-set on ``expected_version``).
+
+    ``expected_version=None`` is a side-channel change (a fan-out branch recording an event
+    or an action): no compare-and-set and no version bump, so branches running side by side
+    never conflict with each other or with their task; it may not change the status or the
+    checkpoint.
+    """
 
     task_id: str
-    expected_version: int
+    expected_version: int | None
     producer: str
     now: float
     status_event: TaskEvent | None = None
@@ -88,6 +102,8 @@ class TaskChange:
     waits: list[tuple[str, str]] = field(default_factory=list)  # correlation id, kind
     resolve_waits: list[str] = field(default_factory=list)
     handoff: tuple[str, dict[str, Any]] | None = None  # reason, package
+    branches: BranchWrites | None = None
+    approval: ApprovalWrite | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,9 +176,9 @@ def _write_checkpoint(
     conn: sqlite3.Connection, task_id: str, seq: int, cp: CheckpointWrite, now: float
 ) -> None:
     conn.execute(
-        "INSERT INTO checkpoints(task_id, seq, step_index, step_name, next_step, created_at)"
-        " VALUES (?,?,?,?,?,?)",
-        (task_id, seq, cp.step_index, cp.step_name, cp.next_step, now),
+        "INSERT INTO checkpoints(task_id, seq, step_index, step_name, next_step, next_node,"
+        " created_at) VALUES (?,?,?,?,?,?,?)",
+        (task_id, seq, cp.step_index, cp.step_name, cp.next_step, cp.next_node, now),
     )
     if cp.delta.blobs:
         conn.executemany(
@@ -194,7 +210,10 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     if row is None:
         raise NotFound("no such task", task_id=change.task_id)
     tenant, status, version, last_seq, last_cp = row
-    if version != change.expected_version:
+    side_channel = change.expected_version is None
+    if side_channel and (change.status_event is not None or change.checkpoint is not None):
+        raise ValueError("a side-channel change cannot move the task")
+    if not side_channel and version != change.expected_version:
         raise VersionConflict(
             "task version moved",
             task_id=change.task_id,
@@ -211,7 +230,7 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     new_status = TaskStatus(status)
     if change.status_event is not None:
         new_status = transition(new_status, change.status_event)
-    new_version = version + 1
+    new_version = version if side_channel else version + 1
     outbox = _append_events(
         conn,
         task_id=change.task_id,
@@ -227,14 +246,21 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     if change.action is not None:
         write_action(conn, change.action, change.task_id, tenant, change.now)
     write_timers_waits_handoff(conn, change, tenant)
+    if change.branches is not None:
+        write_branches(conn, change.task_id, change.branches, change.now)
+    if change.approval is not None:
+        write_approval(conn, change.task_id, change.approval, change.now)
     new_cp = last_cp
     sets = ["status = ?", "version = ?", "last_event_seq = ?", "updated_at = ?"]
     args: list[Any] = [new_status.value, new_version, last_seq + len(change.events), change.now]
     if change.checkpoint is not None:
         new_cp = last_cp + 1
         _write_checkpoint(conn, change.task_id, new_cp, change.checkpoint, change.now)
-        sets += ["last_checkpoint = ?", "next_step = ?", "step_failures = 0"]
-        args += [new_cp, change.checkpoint.next_step]
+        sets += ["last_checkpoint = ?", "next_step = ?", "step_failures = 0", "current_node = ?"]
+        args += [new_cp, change.checkpoint.next_step, change.checkpoint.next_node]
+        if change.checkpoint.visits is not None:
+            sets.append("visits = ?")
+            args.append(msgpack.packb(change.checkpoint.visits))
     elif change.step_failed:
         sets.append("step_failures = step_failures + 1")
     if change.error is not None:
@@ -243,6 +269,9 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     if change.output is not None:
         sets.append("output = ?")
         args.append(msgpack.packb(change.output, use_bin_type=True))
+    if side_channel:
+        sets.remove("version = ?")
+        args.pop(1)
     cur = conn.execute(
         f"UPDATE tasks SET {', '.join(sets)} WHERE task_id = ? AND version = ?",
         (*args, change.task_id, version),

@@ -35,6 +35,7 @@ class TaskEvent(StrEnum):
     EXTERNAL_RESOLVED = "external_resolved"
     WAITING_APPROVAL = "waiting_approval"
     APPROVAL_DECIDED = "approval_decided"
+    APPROVAL_TIMED_OUT = "approval_timed_out"
     REQUEUED = "requeued"
     OUTCOME_UNKNOWN = "outcome_unknown"
     RECONCILED = "reconciled"
@@ -61,6 +62,8 @@ TRANSITIONS: dict[tuple[TaskStatus, TaskEvent], TaskStatus] = {
     (S.WAITING_EXTERNAL, E.EXTERNAL_RESOLVED): S.RUNNING,
     (S.RUNNING, E.WAITING_APPROVAL): S.WAITING_APPROVAL,
     (S.WAITING_APPROVAL, E.APPROVAL_DECIDED): S.RUNNING,
+    # No decision in time, and the graph declares where to escalate (another approver group).
+    (S.WAITING_APPROVAL, E.APPROVAL_TIMED_OUT): S.RUNNING,
     (S.RUNNING, E.REQUEUED): S.QUEUED,
     (S.RUNNING, E.OUTCOME_UNKNOWN): S.UNKNOWN,
     # A confirmation that never came and a query that cannot decide: a human must look.

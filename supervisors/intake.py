@@ -72,7 +72,7 @@ class Acceptor:
         result = await self.store.accept_submission(NewTask(
             task_id=task_id, tenant=tenant, workflow=workflow.name,
             workflow_version=workflow.version, idempotency_key=body.idempotency_key,
-            request_hash=digest, input=canonical(body.input), steps_total=len(workflow.steps),
+            request_hash=digest, input=canonical(body.input), steps_total=workflow.step_count,
             deadline_at=now + body.deadline_s if body.deadline_s else None, now=now,
             producer=self.producer, message_id=env.message_id,
             start_mail=(mail_subject(task_id, "task", self.partitions), start.message_id,

@@ -23,7 +23,7 @@ from protocol.clock import Clock
 from protocol.codec import decode_envelope
 from protocol.errors import NotFound, RatchetError
 from protocol.subjects import STREAM_MAIL, dlq_subject
-from supervisors.tasks import TaskSupervision
+from supervisors.tasks import TaskFinished, TaskSupervision
 
 __all__ = ["MailRouter"]
 
@@ -78,6 +78,8 @@ class MailRouter(ServiceActor):
             log.debug("mail delivered", task_id=task_id, outcome=outcome,
                       message_id=env.message_id)
             await msg.ack()
+        except TaskFinished:
+            await msg.ack()  # late mail for a finished task: nothing to do
         except RatchetError as exc:
             if exc.retryable:
                 await msg.nak(delay=redelivery_delay(msg))

@@ -28,7 +28,8 @@ from supervisors.restart_policy import (
     should_restart,
 )
 
-__all__ = ["ChildSpec", "Supervisor", "Escalation", "StartChild", "StopChild", "WhichChildren"]
+__all__ = ["ChildSpec", "Supervisor", "Escalation", "StartChild", "StartChildren", "StopChild",
+           "StopChildren", "WhichChildren"]
 
 log = structlog.get_logger("ratchet.supervisor")
 
@@ -62,8 +63,22 @@ class StartChild:
 
 
 @dataclass(slots=True)
+class StartChildren:
+    """Start several children in one message (a fan-out's branches); answers their refs."""
+
+    specs: list[ChildSpec]
+
+
+@dataclass(slots=True)
 class StopChild:
     id: str
+
+
+@dataclass(slots=True)
+class StopChildren:
+    """Stop several children; ids that are not running are skipped."""
+
+    ids: list[str]
 
 
 @dataclass(slots=True)
@@ -152,6 +167,17 @@ class Supervisor(Actor):
                 self._spawn(child)
         elif isinstance(message, StartChild):
             return self._start_child(message.spec)
+        elif isinstance(message, StartChildren):
+            return [self._start_child(spec) for spec in message.specs]
+        elif isinstance(message, StopChildren):
+            refs = []
+            for cid in message.ids:
+                child = self._children.pop(cid, None)
+                if child is not None and child.ref is not None:
+                    child.ref.stop()
+                    refs.append((child.ref, child.spec.shutdown_timeout))
+            for ref, timeout in refs:
+                await ref.stop_and_wait(timeout)
         elif isinstance(message, StopChild):
             child = self._children.pop(message.id, None)
             if child is not None and child.ref is not None:

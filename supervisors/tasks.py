@@ -10,16 +10,31 @@ no live actors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from actors.core import ActorRef, ActorSystem
+from actors.core import Actor, ActorRef, ActorSystem
 from actors.task_actor import TaskActor, TaskDeps, fail_task
 from actors.tool_session import ToolSession
-from protocol.errors import RatchetError
+from protocol.errors import ErrorCode, RatchetError
+from protocol.states import TaskStatus, is_terminal
 from supervisors.restart_policy import Restart
-from supervisors.supervisor import ChildSpec, StartChild, Supervisor, WhichChildren
+from supervisors.supervisor import (
+    ChildSpec,
+    StartChild,
+    StartChildren,
+    StopChildren,
+    Supervisor,
+    WhichChildren,
+)
 
-__all__ = ["TASKS_ROOT", "TaskSupervision", "task_actor_name", "task_supervisor_name"]
+__all__ = ["TaskFinished", "TASKS_ROOT", "TaskSupervision", "task_actor_name", "task_supervisor_name"]
+
+
+class TaskFinished(RatchetError):
+    """Mail for a task that already reached a terminal state: nothing to deliver."""
+
+    code = ErrorCode.CONFLICT
 
 
 #: Where the node spawns the tasks supervisor (``node`` → ``tasks``).
@@ -46,6 +61,9 @@ class TaskSupervision:
         self.backoff = (backoff_base, backoff_cap)
         self.root: ActorRef[Supervisor] | None = None
         deps.sessions = self.session
+        deps.spawn_children = self.spawn_children
+        deps.stop_children = self.stop_children
+        deps.tell_task = self.tell_task
 
     def root_spec(self) -> ChildSpec:
         def make(_: int) -> Supervisor:
@@ -89,6 +107,30 @@ class TaskSupervision:
             timeout=30.0)
         return started
 
+    async def spawn_children(self, task_id: str,
+                             children: list[tuple[str, Callable[[int], Actor]]]) -> list[Any]:
+        """Start (or find) children of the task's supervisor: branch and join actors."""
+        sup = self.system.lookup(task_supervisor_name(task_id))
+        if sup is None:
+            raise RatchetError("task supervisor is not running", task_id=task_id, retryable=True)
+        specs = [ChildSpec(cid, factory, Restart.TRANSIENT, shutdown_timeout=5.0)
+                 for cid, factory in children]
+        refs: list[Any] = await sup.ask(StartChildren(specs), timeout=60.0)
+        return refs
+
+    def tell_task(self, task_id: str, message: Any) -> bool:
+        """Tell the task's live actor (by name: it may have been restarted); False if none."""
+        ref = self.system.lookup(task_actor_name(task_id))
+        if ref is None:
+            return False
+        ref.tell(message)
+        return True
+
+    async def stop_children(self, task_id: str, child_ids: list[str]) -> None:
+        sup = self.system.lookup(task_supervisor_name(task_id))
+        if sup is not None:
+            await sup.ask(StopChildren(child_ids), timeout=60.0)
+
     async def ensure_running(self, task_id: str, timeout: float = 30.0) -> ActorRef[Any] | None:
         """The live task actor, activating it if needed; None while it awaits a restart.
 
@@ -98,7 +140,10 @@ class TaskSupervision:
         ref = self.system.lookup(task_actor_name(task_id))
         if ref is not None:
             return ref
-        await self.deps.store.load_task(task_id)  # NotFound for a task that never existed
+        record = await self.deps.store.load_task(task_id)  # NotFound: it never existed
+        if is_terminal(TaskStatus(record.status)):
+            raise TaskFinished(f"task is {record.status}", task_id=task_id,
+                               status=record.status)
         sup = self.system.lookup(task_supervisor_name(task_id))
         if sup is None:
             root = self.system.lookup(TASKS_ROOT)

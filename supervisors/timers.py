@@ -16,7 +16,7 @@ from actors.task_actor import DeliverMail
 from persistence.store import Store
 from protocol.clock import Clock
 from protocol.messages import Envelope
-from supervisors.tasks import TaskSupervision
+from supervisors.tasks import TaskFinished, TaskSupervision
 
 __all__ = ["TimerService"]
 
@@ -44,7 +44,11 @@ class TimerService(ServiceActor):
         due = await self.store.due_timers(self.clock.now())
         delivered: list[str] = []
         for timer in due:
-            ref = await self.tasks.ensure_running(timer["task_id"])
+            try:
+                ref = await self.tasks.ensure_running(timer["task_id"])
+            except TaskFinished:
+                delivered.append(timer["timer_id"])  # nothing left to time out
+                continue
             if ref is None:
                 continue  # its supervisor is between restarts: next round
             env = Envelope(type="timer.fired", message_id=f"timer:{timer['timer_id']}:{timer['due_at']}",

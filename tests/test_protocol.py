@@ -93,9 +93,9 @@ def test_workflow_definitions_are_validated_when_built() -> None:
         return None
 
     wf.add_step("a", a)
-    with pytest.raises(ratchet.WorkflowDefinitionError, match="duplicate step 'a'"):
+    with pytest.raises(ratchet.WorkflowDefinitionError, match="duplicate node 'a'"):
         wf.add_step("a", a)
     with pytest.raises(ratchet.WorkflowDefinitionError, match="must be an async function"):
         wf.add_step("b", lambda ctx: None)  # type: ignore[arg-type,return-value]
-    with pytest.raises(ratchet.WorkflowDefinitionError, match="has no steps"):
+    with pytest.raises(ratchet.WorkflowDefinitionError, match="has no nodes"):
         ratchet.Registry([ratchet.Workflow("empty")])

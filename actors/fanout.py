@@ -1,0 +1,194 @@
+"""Fan-out / fan-in: branch actors run the branches; a join actor applies the policy.
+
+A branch is a small graph (steps, choices, routes) with its own state. It is the unit of
+recovery: its result is committed once, when it finishes, with a ``branch.done`` mail to
+its task in the same transaction; a branch interrupted by a crash runs again from its start,
+a finished one never does. Branch commits are side-channel changes (no compare-and-set on
+the task), so branches never conflict with each other.
+
+The join keeps its completion set in the store (the ``branches`` rows): on (re)start it
+recounts them, then follows ``branch.done`` notifications; repeats and out-of-order
+notifications change nothing a set does not already hold.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from actors.actions import ActionRunner, CallEnv, TaskSuspended
+from actors.core import Actor
+from actors.graph import Workflow
+from actors.join_policy import JoinVerdict, decide
+from actors.nodes import END, ChoiceNode, JoinPolicy, RouteNode, StepContext, StepNode
+from persistence.store import Store
+from persistence.txns import TaskChange
+from protocol.clock import Clock
+from protocol.codec import encode
+from protocol.ids import new_id
+from protocol.messages import Envelope
+from protocol.subjects import mail_subject
+
+__all__ = ["BranchActor", "BranchDone", "JoinActor", "JoinDone", "JoinTimeout", "ResendVerdict",
+           "branch_done_change"]
+
+log = structlog.get_logger("ratchet.fanout")
+
+
+@dataclass(frozen=True, slots=True)
+class BranchDone:
+    branch: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class JoinTimeout:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ResendVerdict:
+    """From a restarted task actor: repeat the verdict if it was already reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class JoinDone:
+    key: str
+    node: str
+    verdict: JoinVerdict
+    results: dict[str, Any]
+
+
+def branch_done_change(task_id: str, tenant: str, key: str, node: str, branch: str, status: str,
+                       payload: dict[str, Any], producer: str, now: float) -> TaskChange:
+    """The side-channel change settling a branch: its event, and the mail to its task."""
+    env = Envelope(type="branch.done", message_id=new_id("msg"), correlation_id=task_id,
+                   sent_at=now, body={"key": key, "node": node, "branch": branch,
+                                      "status": status})
+    kind = {"SUCCEEDED": "branch.completed", "FAILED": "branch.failed",
+            "TIMED_OUT": "branch.timed_out"}[status]
+    return TaskChange(
+        task_id=task_id, expected_version=None, producer=producer, now=now,
+        events=[(kind, {"node": node, "branch": branch, **payload})],
+        mail=[(mail_subject(task_id, "task"), env.message_id, encode(env))])
+
+
+class BranchActor(Actor):
+    def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
+                 graph: Workflow, task_input: dict[str, Any], state: dict[str, Any],
+                 store: Store, clock: Clock, producer: str, session: Any) -> None:
+        self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
+        self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
+        self.state = state
+        self.store, self.clock, self.producer, self.session = store, clock, producer, session
+
+    async def on_start(self) -> None:
+        self.ref.tell("run")
+
+    async def receive(self, message: Any) -> Any:
+        if message != "run":
+            return await super().receive(message)
+        status, result, error = "SUCCEEDED", None, None
+        try:
+            result = await self._run()
+        except TaskSuspended as signal:  # a branch cannot park the task: it fails instead
+            status, error = "FAILED", {"type": type(signal).__name__, "message": str(signal)}
+        except Exception as exc:
+            status = "FAILED"
+            error = {"type": type(exc).__name__, "message": str(exc)[:2000],
+                     "trace": "".join(traceback.format_exception(exc))[-2000:]}
+        payload: dict[str, Any] = {"key": self.key}
+        if error is not None:
+            payload["error"] = {k: v for k, v in error.items() if k != "trace"}
+        change = branch_done_change(self.task_id, self.tenant, self.key, self.node, self.branch,
+                                    status, payload, self.producer, self.clock.now())
+        await self.store.finish_branch(change, self.key, self.branch, status, result, error)
+        self.ref.stop()
+        return None
+
+    async def _run(self) -> Any:
+        current, visits = self.graph.start, dict[str, int]()
+        runner = ActionRunner(CallEnv(
+            task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
+            clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
+            rng=random.Random()))
+        while current != END:
+            node = self.graph.node(current)
+            visits[current] = visits.get(current, 0) + 1
+            if node.max_visits is not None and visits[current] > node.max_visits:
+                raise RuntimeError(f"branch node {current} entered more than {node.max_visits} times")
+            if isinstance(node, StepNode):
+                ctx = StepContext(task_id=self.task_id, tenant=self.tenant,
+                                  workflow=self.graph.name, step_name=node.name, step_index=0,
+                                  attempt=1, input=self.input, state=self.state, clock=self.clock,
+                                  log=log.bind(task_id=self.task_id, branch=self.branch),
+                                  runner=runner, branch=self.branch)
+                update = await node.fn(ctx)
+                if update:
+                    self.state.update(update)
+                current = node.next
+            elif isinstance(node, ChoiceNode):
+                target = node.guard(self.state)
+                if target not in node.targets:
+                    raise RuntimeError(f"guard of {node.name} chose undeclared target {target!r}")
+                current = target
+            elif isinstance(node, RouteNode):
+                current = node.table.get(node.key(self.state), node.default or END)
+            else:  # validation keeps other kinds out of branches
+                raise RuntimeError(f"{node.kind} node {node.name} cannot run in a branch")
+        return self.state.get("output", self.state)
+
+    async def _side_commit(self, **kwargs: Any) -> None:
+        await self.store.apply(TaskChange(task_id=self.task_id, expected_version=None,
+                                          producer=self.producer, now=self.clock.now(), **kwargs))
+
+
+class JoinActor(Actor):
+    """Keeps a fan-out's completion set and tells the task when the policy has decided."""
+
+    def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
+                 branches: list[str], store: Store, tell_task: Any,
+                 timer_fired: bool) -> None:
+        self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
+        # By name, not by ref: the task actor may be restarted while the branches run.
+        self.branches, self.store, self.tell_task = branches, store, tell_task
+        self.timed_out = timer_fired
+        self.statuses: dict[str, str] = {}
+        self.decided = False
+        self.verdict: JoinDone | None = None
+
+    async def on_start(self) -> None:
+        rows = await self.store.branches(self.task_id, self.key)
+        self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
+        await self._evaluate()
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, BranchDone):
+            if self.statuses.get(message.branch) == "RUNNING":  # repeats change nothing
+                self.statuses[message.branch] = message.status
+            await self._evaluate()
+        elif isinstance(message, JoinTimeout):
+            self.timed_out = True
+            await self._evaluate()
+        elif isinstance(message, ResendVerdict):
+            if self.verdict is not None:
+                self.tell_task(self.task_id, self.verdict)
+        else:
+            return await super().receive(message)
+        return None
+
+    async def _evaluate(self) -> None:
+        if self.decided:
+            return
+        verdict = decide(self.policy, self.statuses, self.timed_out)
+        if verdict is None:
+            return
+        self.decided = True
+        rows = await self.store.branches(self.task_id, self.key)
+        results = {b: r["result"] for b, r in rows.items() if r["status"] == "SUCCEEDED"}
+        self.verdict = JoinDone(self.key, self.node, verdict, results)
+        self.tell_task(self.task_id, self.verdict)

@@ -1,0 +1,82 @@
+"""Rows of workflow graphs written inside a task change: fan-out branches and approvals."""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+__all__ = [
+    "ApprovalWrite",
+    "BranchWrites",
+    "finish_branch_txn",
+    "write_approval",
+    "write_branches",
+]
+
+
+@dataclass(slots=True)
+class BranchWrites:
+    """Start branches of a fan-out (``start``), or settle the ones still RUNNING
+    (``settle``: branch → status) when the join decided."""
+
+    node: str
+    start: list[str] = field(default_factory=list)
+    settle: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ApprovalWrite:
+    approval_id: str
+    status: str
+    insert: bool = False
+    node: str = ""
+    request: dict[str, Any] = field(default_factory=dict)
+    request_hash: str = ""
+    approvers: str = ""
+    expires_at: float | None = None
+    decided_by: str | None = None
+    reason: str | None = None
+
+
+def write_branches(conn: sqlite3.Connection, task_id: str, b: BranchWrites, now: float) -> None:
+    if b.start:
+        conn.executemany(
+            "INSERT OR IGNORE INTO branches(task_id, node, branch, status, started_at)"
+            " VALUES (?,?,?,'RUNNING',?)", [(task_id, b.node, name, now) for name in b.start])
+    if b.settle:
+        conn.executemany(
+            "UPDATE branches SET status = ?, finished_at = ? WHERE task_id = ? AND node = ?"
+            " AND branch = ? AND status = 'RUNNING'",
+            [(status, now, task_id, b.node, name) for name, status in b.settle.items()])
+
+
+def finish_branch_txn(conn: sqlite3.Connection, task_id: str, node: str, branch: str,
+                      status: str, result: Any, error: dict[str, Any] | None, now: float) -> bool:
+    """Settle one RUNNING branch; False when it was already settled (a repeat, or a
+    timeout that got there first), in which case nothing is written."""
+    cur = conn.execute(
+        "UPDATE branches SET status = ?, result = ?, error = ?, finished_at = ?"
+        " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
+        (status, None if result is None else msgpack.packb(result, use_bin_type=True),
+         None if error is None else msgpack.packb(error, use_bin_type=True), now,
+         task_id, node, branch))
+    return cur.rowcount == 1
+
+
+def write_approval(conn: sqlite3.Connection, task_id: str, a: ApprovalWrite, now: float) -> None:
+    if a.insert:
+        conn.execute(
+            "INSERT INTO approvals(approval_id, task_id, node, request, request_hash, approvers,"
+            " status, expires_at, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
+            (a.approval_id, task_id, a.node, msgpack.packb(a.request, use_bin_type=True),
+             a.request_hash, a.approvers, a.status, a.expires_at, now))
+        return
+    cur = conn.execute(
+        "UPDATE approvals SET status = ?, decided_by = ?, reason = ?, decided_at = ?"
+        " WHERE approval_id = ? AND task_id = ? AND status = 'PENDING'",
+        (a.status, a.decided_by, a.reason, now, a.approval_id, task_id))
+    if cur.rowcount != 1:
+        raise ValueError(f"approval {a.approval_id} is not pending")
