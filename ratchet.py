@@ -13,6 +13,7 @@
 
 from actors.actions import ActionFailed
 from actors.client import Client, RemoteError
+from actors.nodes import CANCEL, END, FAIL, JoinPolicy
 from actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext, tool
 from actors.workflow import Registry, StepContext, Workflow, WorkflowDefinitionError
 from protocol.clock import Clock, FakeClock, SystemClock
@@ -30,6 +31,10 @@ from protocol.states import TaskEvent, TaskStatus, transition
 from supervisors.node import Node, NodeConfig
 
 __all__ = [
+    "END",
+    "CANCEL",
+    "FAIL",
+    "JoinPolicy",
     "ActionFailed",
     "Accepted",
     "Compensation",

@@ -171,7 +171,12 @@ class ActionRunner:
         if row.request_hash != digest:
             raise ActionFailed(f"idempotency key {key} was used for a different request",
                                key=key, tool=tool.name)
-        if row.status in ("SUCCEEDED", "COMPENSATED"):
+        if row.status == "COMPENSATED":
+            # Done and undone: reusing its result would report a side effect that no longer
+            # exists. Doing it again is a new business action, with a new key.
+            raise ActionFailed(f"action {key} was compensated; it is not redone under the"
+                               " same key", key=key, tool=tool.name)
+        if row.status == "SUCCEEDED":
             await self.env.commit(events=[("action.reused", {"key": key, "tool": tool.name,
                                                              "status": row.status})])
             return self._coerce(tool, row.result)
@@ -246,7 +251,18 @@ class ActionRunner:
                                              "provider_id": value.provider_id,
                                              "correlation_id": correlation})])
             raise AwaitExternal(correlation, key, value.timeout or self.env.default_external_timeout)
-        result = self._coerce(tool, value)
+        try:
+            result = self._coerce(tool, value)
+        except ActionFailed as exc:
+            # The provider acted but answered outside the contract: we cannot know what it
+            # did. That is an unknown outcome for a human, not a failure to retry.
+            await self.env.commit(
+                action=ActionWrite(key, "UNKNOWN", error=_error(exc)),
+                events=[("action.unknown", {"key": key, "tool": tool.name,
+                                            "error": _error(exc)})])
+            raise HandoffRequired("the provider's result failed validation", {
+                "why": "invalid provider result", "tool": tool.name, "key": key,
+                "error": exc.message}) from exc
         provider_id = getattr(result, "provider_id", None)
         payload: dict[str, Any] = {"key": key, "tool": tool.name, "provider_id": provider_id}
         if event == "action.reconciled":
@@ -264,8 +280,11 @@ class ActionRunner:
             action=ActionWrite(key, "FAILED", error=_error(exc)),
             events=[("action.failed", {"key": key, "tool": tool.name, "attempt": attempt,
                                        "reason": reason, "error": _error(exc)})])
-        raise ActionFailed(f"{tool.name} failed ({reason}): {exc}", key=key, tool=tool.name,
-                           error=_error(exc))
+        failure = ActionFailed(f"{tool.name} failed ({reason}): {exc}", key=key, tool=tool.name,
+                               error=_error(exc))
+        if isinstance(exc, RatchetError):
+            failure.code = exc.code  # a 403 stays PERMISSION_DENIED on the wire
+        raise failure
 
     def _coerce(self, tool: Tool[Any, Any], value: Any) -> Any:
         if isinstance(value, tool.result):

@@ -8,6 +8,7 @@ stream                    subjects                    retention
 RATCHET_SUBMIT            ``ratchet.submit.>``        work queue (deleted on ack)
 RATCHET_MAIL              ``ratchet.mail.>``          work queue (deleted on ack)
 RATCHET_EXTERNAL          ``ratchet.external.>``      work queue (confirmations)
+RATCHET_DECISIONS         ``ratchet.decisions.>``     work queue (approval decisions)
 RATCHET_EVENTS            ``ratchet.events.>``        limits (max age, default 7 d)
 RATCHET_DLQ               ``ratchet.dlq.>``           limits (max age, default 30 d)
 ========================  ==========================  ==========================
@@ -38,6 +39,7 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError
 
 from protocol.subjects import (
+    STREAM_DECISIONS,
     STREAM_DLQ,
     STREAM_EVENTS,
     STREAM_EXTERNAL,
@@ -60,6 +62,8 @@ def stream_configs(events_max_age: float = 7 * DAY, dlq_max_age: float = 30 * DA
         StreamConfig(name=STREAM_MAIL, subjects=["ratchet.mail.>"],
                      retention=RetentionPolicy.WORK_QUEUE, **common),
         StreamConfig(name=STREAM_EXTERNAL, subjects=["ratchet.external.>"],
+                     retention=RetentionPolicy.WORK_QUEUE, **common),
+        StreamConfig(name=STREAM_DECISIONS, subjects=["ratchet.decisions.>"],
                      retention=RetentionPolicy.WORK_QUEUE, **common),
         StreamConfig(name=STREAM_EVENTS, subjects=["ratchet.events.>"],
                      retention=RetentionPolicy.LIMITS, max_age=events_max_age, **common),

@@ -168,10 +168,18 @@ class JoinActor(Actor):
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, BranchDone):
-            if self.statuses.get(message.branch) == "RUNNING":  # repeats change nothing
-                self.statuses[message.branch] = message.status
+            # The message is a nudge; the row is the truth. A repeat, a late or a forged
+            # notification cannot settle a branch the store does not hold as settled.
+            if self.statuses.get(message.branch) == "RUNNING":
+                row = await self.store.branch(self.task_id, self.key, message.branch)
+                if row is not None and row["status"] != "RUNNING":
+                    self.statuses[message.branch] = row["status"]
             await self._evaluate()
         elif isinstance(message, JoinTimeout):
+            # Decide on the store's view, not on notifications still in flight: a branch
+            # that finished before the deadline must not count as late.
+            rows = await self.store.branches(self.task_id, self.key)
+            self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
             self.timed_out = True
             await self._evaluate()
         elif isinstance(message, ResendVerdict):

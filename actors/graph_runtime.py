@@ -121,14 +121,15 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
                                                        "branches": names})])
         rows = {b: {"status": "RUNNING"} for b in names}
     fired = await actor.deps.store.timer_fired(f"join:{actor.task_id}:{key}")
-    specs: list[tuple[str, Any]] = [(f"join:{key}", lambda _: JoinActor(
+    specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
         task_id=actor.task_id, key=key, node=node.name, policy=join.policy, branches=names,
-        store=actor.deps.store, tell_task=actor.deps.tell_task, timer_fired=fired))]
+        store=actor.deps.store, tell_task=actor.deps.tell_task, timer_fired=fired), 5.0)]
     for b in names:
         if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
             continue  # finished before a crash: never run again
         initial = node.branch_input(actor.state, b) if node.branch_input else {}
-        specs.append((f"branch:{key}:{b}", _branch_factory(actor, key, node, b, initial)))
+        # A branch the join no longer needs is interrupted, not waited for.
+        specs.append((f"branch:{key}:{b}", _branch_factory(actor, key, node, b, initial), 0.01))
     refs = await actor.deps.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again

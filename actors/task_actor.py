@@ -244,9 +244,12 @@ class TaskActor(Actor):
         self.visits = visits
         self._attempt = 1
 
-    def runner(self, step_index: int, step_timeout: float | None) -> ActionRunner:
+    def runner(self, step_index: int, step_timeout: float | None,
+               *, task_deadline: bool = True) -> ActionRunner:
+        """The action runner for one step. Compensations pass ``task_deadline=False``: an
+        undo must still run when the task failed because its deadline passed."""
         assert self.record is not None
-        deadlines = [d for d in (self.record.deadline_at,
+        deadlines = [d for d in (self.record.deadline_at if task_deadline else None,
                                  self.deps.clock.now() + step_timeout if step_timeout else None)
                      if d is not None]
 

@@ -44,6 +44,9 @@ def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
 class BlockingRunner(pykka.ThreadingActor):
     """Runs blocking tool code on its own thread, one call at a time."""
 
+    # A call that never returns must not keep the process alive after the node stopped.
+    use_daemon_thread = True
+
     def on_receive(self, message: Any) -> None:
         call, loop, fut = message
         try:

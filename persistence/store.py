@@ -378,10 +378,13 @@ class Store:
             row = await cur.fetchone()
         return row is not None and row[0] is not None
 
-    async def mark_timers_fired(self, timer_ids: list[str], now: float) -> None:
+    async def mark_timers_fired(self, fired: list[tuple[str, float]], now: float) -> None:
+        """Mark ``(timer_id, due_at)`` pairs fired. The due time is part of the match: a
+        timer re-armed (same id, new due time) while it was being delivered stays armed."""
+
         def txn(conn: sqlite3.Connection) -> None:
-            conn.executemany("UPDATE timers SET fired_at = ? WHERE timer_id = ?",
-                             [(now, t) for t in timer_ids])
+            conn.executemany("UPDATE timers SET fired_at = ? WHERE timer_id = ? AND due_at = ?",
+                             [(now, t, due) for t, due in fired])
 
         await self._writer.submit(txn)
 
@@ -428,6 +431,14 @@ class Store:
             rows = await cur.fetchall()
         return {r[0]: {"status": r[1], "result": _unpack(r[2]), "error": _unpack(r[3])}
                 for r in rows}
+
+    async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
+        async with self._db.execute(
+            "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"
+            " AND branch = ?", (task_id, node, branch)) as cur:
+            r = await cur.fetchone()
+        return None if r is None else {"status": r[0], "result": _unpack(r[1]),
+                                       "error": _unpack(r[2])}
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
         async with self._db.execute(

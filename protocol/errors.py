@@ -128,7 +128,8 @@ class Unavailable(RatchetError):
 # -- outcomes of external calls (tools) ---------------------------------------------------
 #
 # Tool code raises these to say how a call failed; the runtime's retry policy is a table
-# over them (see actors/tools). Anything else a tool raises counts as transient.
+# over them (see actors/tools.classify). Anything else a tool raises counts as transient
+# for a read and as an unknown outcome for a write (it may have left before the raise).
 
 
 class ToolError(RatchetError):

@@ -18,6 +18,7 @@ __all__ = [
     "ErrorBody",
     "Reply",
     "StartTask",
+    "ApprovalDecision",
 ]
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -104,6 +105,25 @@ class StartTask(BaseModel):
 
     task_id: str
     tenant: str
+
+
+class ApprovalDecision(BaseModel):
+    """Body of ``type: "approval.decision"`` on ``ratchet.decisions.<tenant>``.
+
+    ``approval_id`` is one-time and names the exact request (``request_hash``, optional:
+    when given it must match the pending request) being decided. The admin command set
+    (another issue) wraps this message with authorisation; the runtime re-validates the
+    approval (pending, not expired, same task node) just before acting.
+    """
+
+    model_config = _STRICT
+
+    task_id: str = Field(min_length=1, max_length=128)
+    approval_id: str = Field(min_length=1, max_length=128)
+    decision: Literal["approve", "reject"]
+    decided_by: str = Field(min_length=1, max_length=200)
+    reason: str | None = Field(default=None, max_length=2000)
+    request_hash: str | None = None
 
 
 class Event(BaseModel):

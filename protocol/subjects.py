@@ -15,6 +15,8 @@ __all__ = [
     "STREAM_EVENTS",
     "STREAM_DLQ",
     "STREAM_EXTERNAL",
+    "STREAM_DECISIONS",
+    "decision_subject",
     "external_subject",
     "check_token",
     "partition_of",
@@ -33,6 +35,7 @@ STREAM_MAIL = "RATCHET_MAIL"
 STREAM_EVENTS = "RATCHET_EVENTS"
 STREAM_DLQ = "RATCHET_DLQ"
 STREAM_EXTERNAL = "RATCHET_EXTERNAL"
+STREAM_DECISIONS = "RATCHET_DECISIONS"
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -79,3 +82,8 @@ def dlq_subject(source: str, tenant: str) -> str:
 def external_subject(tenant: str) -> str:
     """Where providers (or their webhook relays) send confirmations of accepted actions."""
     return f"ratchet.external.{check_token(tenant, 'tenant')}"
+
+
+def decision_subject(tenant: str) -> str:
+    """Where approval decisions arrive (the admin issue's ``approve``/``reject`` wrap this)."""
+    return f"ratchet.decisions.{check_token(tenant, 'tenant')}"

@@ -58,7 +58,9 @@ class ExternalRouter(ServiceActor):
                                      correlation_id=cid, tenant=tenant)
             task_id, kind = wait
             body = dict(env.body)
-            body.setdefault("key", kind.removeprefix("action:"))
+            body["wait_kind"] = kind
+            if kind.startswith("action:"):
+                body.setdefault("key", kind.removeprefix("action:"))
             env = env.model_copy(update={"body": body})
             ref = await self.tasks.ensure_running(task_id)
             if ref is None:

@@ -27,6 +27,7 @@ from persistence.store import Store
 from protocol.clock import Clock, SystemClock
 from protocol.subjects import DEFAULT_PARTITIONS
 from supervisors.api import ApiActor
+from supervisors.decisions import DecisionRouter
 from supervisors.embedded_nats import EmbeddedNats
 from supervisors.external import ExternalRouter
 from supervisors.intake import Acceptor, IntakeActor
@@ -133,6 +134,8 @@ class Node:
                       Restart.PERMANENT),
             ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock),
                       Restart.PERMANENT),
+            ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock),
+                      Restart.PERMANENT),
             ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
         ]
         root = Supervisor(self.system, "node", children, max_restarts=10, period=60.0,
@@ -165,8 +168,9 @@ class Node:
     async def recover(self) -> int:
         """Activate every unfinished task from its last checkpoint; returns how many."""
         assert self.tasks is not None
-        active = await self._store.active_tasks()
-        for task_id, _, _ in active:
+        active = [(t, s) for t, _, s in await self._store.active_tasks()
+                  if s in ("QUEUED", "RUNNING")]  # waiting tasks stay passivated
+        for task_id, _ in active:
             await self.tasks.ensure_running(task_id)
         if active:
             log.info("recovering tasks", count=len(active))
@@ -179,7 +183,8 @@ class Node:
         self._stopped = True
         root = self.root
         if root is not None and root.is_alive:
-            for child in ("intake", "external", "recovery", "timers", "mail", "api"):
+            for child in ("intake", "decisions", "external", "recovery", "timers", "mail",
+                          "api"):
                 await root.ask(StopChild(child), timeout=self.config.drain_timeout)
             await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
             if self.relay is not None:

@@ -108,13 +108,17 @@ class TaskSupervision:
         return started
 
     async def spawn_children(self, task_id: str,
-                             children: list[tuple[str, Callable[[int], Actor]]]) -> list[Any]:
-        """Start (or find) children of the task's supervisor: branch and join actors."""
+                             children: list[tuple[str, Callable[[int], Actor], float]]) -> list[Any]:
+        """Start (or find) children of the task's supervisor: branch and join actors.
+
+        Each child is ``(id, factory, shutdown_timeout)``: a branch the join no longer needs
+        is given a very short one, so stopping it interrupts it instead of waiting for it.
+        """
         sup = self.system.lookup(task_supervisor_name(task_id))
         if sup is None:
             raise RatchetError("task supervisor is not running", task_id=task_id, retryable=True)
-        specs = [ChildSpec(cid, factory, Restart.TRANSIENT, shutdown_timeout=5.0)
-                 for cid, factory in children]
+        specs = [ChildSpec(cid, factory, Restart.TRANSIENT, shutdown_timeout=timeout)
+                 for cid, factory, timeout in children]
         refs: list[Any] = await sup.ask(StartChildren(specs), timeout=60.0)
         return refs
 

@@ -42,12 +42,12 @@ class TimerService(ServiceActor):
     async def fire_due(self) -> int:
         """Deliver every timer due now; returns how many were delivered."""
         due = await self.store.due_timers(self.clock.now())
-        delivered: list[str] = []
+        delivered: list[tuple[str, float]] = []
         for timer in due:
             try:
                 ref = await self.tasks.ensure_running(timer["task_id"])
             except TaskFinished:
-                delivered.append(timer["timer_id"])  # nothing left to time out
+                delivered.append((timer["timer_id"], timer["due_at"]))  # nothing left to time out
                 continue
             if ref is None:
                 continue  # its supervisor is between restarts: next round
@@ -61,7 +61,7 @@ class TimerService(ServiceActor):
                 log.warning("timer delivery failed", timer_id=timer["timer_id"], error=repr(exc))
                 continue
             log.info("timer fired", task_id=timer["task_id"], kind=timer["kind"], outcome=outcome)
-            delivered.append(timer["timer_id"])
+            delivered.append((timer["timer_id"], timer["due_at"]))
         if delivered:
             await self.store.mark_timers_fired(delivered, self.clock.now())
             self.fired += len(delivered)

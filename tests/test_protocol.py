@@ -80,7 +80,7 @@ def test_the_facade_exports_exactly_its_public_names() -> None:
         "Clock", "FakeClock", "SystemClock", "ErrorCode", "IllegalTransition", "InvalidMessage",
         "NotFound", "RatchetError", "RequestConflict", "UnknownWorkflow", "Event",
         "TaskSnapshot", "TaskEvent", "TaskStatus", "transition", "Node", "NodeConfig",
-        "ActionFailed", "Accepted", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
+        "END", "CANCEL", "FAIL", "JoinPolicy", "ActionFailed", "Accepted", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
     ])
     for name in ratchet.__all__:
         assert getattr(ratchet, name) is not None
