@@ -44,10 +44,10 @@ SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "NORMAL")
 
 
 class NodeProc:
-    def __init__(self, state_dir: Path, nats_url: str) -> None:
+    def __init__(self, state_dir: Path, nats_url: str, app: str = "bench.app:app") -> None:
         self.state_dir = state_dir
         self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
-                     "--log-level", "warning", "serve", "--app", "bench.app:app",
+                     "--log-level", "warning", "serve", "--app", app,
                      "--nats-url", nats_url, "--synchronous", SYNCHRONOUS]
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -141,6 +141,21 @@ async def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _graph(args: argparse.Namespace) -> int:
+    workflow = load_app(args.app).get(args.workflow, args.version)
+    if args.format in ("both", "table"):
+        rows = [("from", "kind", "condition", "to"), *workflow.transition_table()]
+        widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
+        print(f"# {workflow.name} v{workflow.version}: start at {workflow.start}")
+        for row in rows:
+            print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    if args.format == "both":
+        print()
+    if args.format in ("both", "mermaid"):
+        print(workflow.mermaid())
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
     p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: .ratchet")
@@ -174,6 +189,12 @@ def _parser() -> argparse.ArgumentParser:
     s = with_nats(sub.add_parser("status", help="print a task's snapshot"))
     s.add_argument("task_id")
 
+    s = sub.add_parser("graph", help="print a workflow's transition table and Mermaid diagram")
+    s.add_argument("workflow")
+    s.add_argument("--app", required=True, help="module:object registering workflows")
+    s.add_argument("--version", type=int, default=None)
+    s.add_argument("--format", choices=["both", "table", "mermaid"], default="both")
+
     s = sub.add_parser("demo", help="run the demo on the embedded default")
     s.add_argument("--nats-url", default=None)
     return p
@@ -184,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     configure_logging(args.log_level)
     handlers = {"serve": _serve, "submit": _submit, "watch": _watch, "status": _status}
     try:
+        if args.command == "graph":
+            return _graph(args)
         if args.command == "demo":
             from examples.demo import run_demo
 

@@ -111,8 +111,9 @@ class NodeProcess:
 def node_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     procs: list[NodeProcess] = []
 
-    def factory(nats_url: str, env: dict[str, str] | None = None) -> NodeProcess:
-        p = NodeProcess(tmp_path / "node", nats_url, env or {})
+    def factory(nats_url: str, env: dict[str, str] | None = None,
+                app_spec: str = "tests.apps:app") -> NodeProcess:
+        p = NodeProcess(tmp_path / "node", nats_url, env or {}, app_spec)
         procs.append(p)
         return p
 

@@ -72,3 +72,10 @@ def test_serve_submit_watch_status_and_a_clean_ctrl_c(tmp_path: Path) -> None:
         if serve.poll() is None:
             serve.kill()
             serve.wait()
+
+
+def test_graph_prints_the_transition_table_and_a_mermaid_diagram(tmp_path: Path) -> None:
+    out = _ratchet(tmp_path, "graph", "approve", "--app", "tests.graph_apps:app")
+    assert out.returncode == 0, out.stderr
+    assert "manager   approval  no decision in 3600s  director" in out.stdout
+    assert "flowchart TD" in out.stdout

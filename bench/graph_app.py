@@ -1,0 +1,46 @@
+"""Workflows for bench/fanout.py: a 1,000-branch fan-out, and a task that parks for
+approval."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ratchet
+from ratchet import END, JoinPolicy
+
+BRANCHES = 1000
+
+
+def _branch() -> ratchet.Workflow:
+    wf = ratchet.Workflow("trivial-branch")
+
+    @wf.step
+    async def work(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"output": 1}
+
+    return wf
+
+
+wide = ratchet.Workflow("wide")
+_one = _branch()
+wide.fanout("spread", {f"b{i:04d}": _one for i in range(BRANCHES)}, join="gather")
+wide.join("gather", of="spread", policy=JoinPolicy("all"), next=END)
+
+parked = ratchet.Workflow("parked")
+
+
+@parked.step
+async def ask(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"amount": ctx.input.get("amount", 1)}
+
+
+parked.approval("manager", on_approve="pay", on_reject=END, timeout=86400, on_timeout="cancel",
+                request=lambda s: {"amount": s["amount"]})
+
+
+@parked.step(next=END)
+async def pay(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"output": {"paid": ctx.state["amount"]}}
+
+
+app = ratchet.Registry([wide, parked])
