@@ -334,3 +334,62 @@ async def test_a_step_timeout_bounds_the_tool_calls_inside_it(
     assert first_failure.occurred_at - events[0].occurred_at < 1.0
     assert asyncio.get_running_loop().time() - started < 10
     assert finance.effects() == {"claim:t1:all:submit": 1}
+
+
+async def test_a_still_pending_action_rearms_its_timer_then_goes_to_a_human(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from actors.task_waits import MAX_PENDING_REARMS
+
+    clock = ratchet.FakeClock()
+    await start_node(expense_app, clock=clock)
+    finance.add_faults([{"op": "claims", "mode": "accept"}])
+    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    events = await wait_terminal_or_parked(client, task_id)
+    seen = events[-1].sequence
+    for rearm in range(1, MAX_PENDING_REARMS + 1):
+        clock.advance(31.0)  # the provider still says "pending"
+        async for event in client.watch(task_id, after=seen):
+            seen = event.sequence
+            if event.type == "action.still_pending":
+                assert event.payload["rearms"] == rearm
+                break
+    clock.advance(31.0)
+    async for event in client.watch(task_id, after=seen):
+        if event.type == "task.unknown":
+            break
+    assert (await client.get(task_id)).status == "UNKNOWN"
+
+
+async def test_a_compensated_action_is_not_reused_as_if_it_still_held(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    report = {"report_id": "s9", "employee": "e", "travel": 10, "hotel": 20}
+    undone = await run(client, "expense.split", {**report, "fail_after_writes": True}, "s9-a")
+    assert undone[-1].type == "task.failed"
+    again = await run(client, "expense.split", report, "s9-b")  # same claims, other task
+    assert again[-1].type == "task.failed"
+    assert "was compensated" in again[-1].payload["error"]["message"]
+    assert finance.effects()["claim:s9:travel:submit"] == 1
+
+
+async def test_compensation_still_runs_when_the_task_failed_on_its_deadline(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    clock = ratchet.FakeClock()
+    await start_node(expense_app, clock=clock)
+    finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 5,
+                         "key": "claim:s8:hotel:submit"}])
+    task_id = await client.submit("expense.split", {"report_id": "s8", "employee": "e",
+                                                    "travel": 10, "hotel": 20},
+                                  key="s8", deadline_s=10.0)
+    async for event in client.watch(task_id):
+        if event.type == "action.retry":
+            break
+    await asyncio.wait_for(_until(lambda: clock.sleepers > 0), 5)
+    clock.advance(20.0)  # past the deadline while the retry waits
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.failed"
+    assert events[-1].payload["compensated"] == ["claim:s8:travel:submit"]
+    assert finance.effects()["refund:s8:travel"] == 1

@@ -74,3 +74,19 @@ async def test_a_task_whose_workflow_is_gone_fails_once_instead_of_crash_looping
     assert events[-1].type == "task.failed"
     assert events[-1].payload["reason"] == "workflow not registered on this node"
     assert [e.type for e in events].count("task.failed") == 1
+
+
+async def test_a_parked_task_stays_passivated_when_its_node_restarts(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.graph_apps import app as graph_app
+
+    node = await start_node(graph_app)
+    task_id = await client.submit("approve", {"amount": 3}, key="parked")
+    async for event in client.watch(task_id):
+        if event.type == "approval.requested":
+            break
+    await node.stop()
+    again = await start_node(graph_app)
+    assert (await client.get(task_id)).status == "WAITING_APPROVAL"
+    assert again.system.lookup(f"node/tasks/{task_id}/actor") is None
