@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from actors.nodes import (
@@ -298,7 +298,8 @@ def _edges(node: Node, wf: Workflow) -> list[tuple[str, str]]:
 
 
 def _cycles(nodes: Mapping[str, Node]) -> list[list[str]]:
-    """Strongly connected components with a cycle (Tarjan), each as a list of node names."""
+    """Strongly connected components with a cycle (Tarjan, iterative: a long sequence of
+    thousands of steps must not hit Python's recursion limit)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -306,35 +307,45 @@ def _cycles(nodes: Mapping[str, Node]) -> list[list[str]]:
     out: list[list[str]] = []
     counter = 0
 
-    def visit(v: str) -> None:
-        nonlocal counter
-        index[v] = low[v] = counter
+    def successors(v: str) -> list[str]:
+        return [w for w in nodes[v].successors() if w != END and w in nodes]
+
+    for root in nodes:
+        if root in index:
+            continue
+        index[root] = low[root] = counter
         counter += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in nodes[v].successors():
-            if w == END or w not in nodes:
-                continue
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.append(w)
-                if w == v:
+        stack.append(root)
+        on_stack.add(root)
+        work: list[tuple[str, Iterator[str]]] = [(root, iter(successors(root)))]
+        while work:
+            v, pending = work[-1]
+            advanced = False
+            for w in pending:
+                if w not in index:
+                    index[w] = low[w] = counter
+                    counter += 1
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(successors(w))))
+                    advanced = True
                     break
-            if len(component) > 1 or v in nodes[v].successors():
-                out.append(list(reversed(component)))
-
-    for name in nodes:
-        if name not in index:
-            visit(name)
+                if w in on_stack:
+                    low[v] = min(low[v], index[w])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[v])
+            if low[v] == index[v]:
+                component = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    component.append(w)
+                    if w == v:
+                        break
+                if len(component) > 1 or v in nodes[v].successors():
+                    out.append(list(reversed(component)))
     return out
-
-
-

@@ -226,6 +226,12 @@ class TaskActor(Actor):
         if await graph_runtime.run_node(self, node):
             self.ref.tell(Advance())
 
+    def _counts_visits(self, name: str) -> bool:
+        assert self.workflow is not None
+        node = self.workflow.nodes.get(name)
+        return node is not None and (node.max_visits is not None
+                                     or node.kind in ("fanout", "join", "wait", "approval"))
+
     async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
                    **kwargs: Any) -> None:
         """Commit leaving ``node`` for ``to`` as a checkpoint (with whatever state changed)."""
@@ -233,7 +239,11 @@ class TaskActor(Actor):
         for _, payload in events:
             if "changed" in payload and payload["changed"] is None:
                 payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
-        visits = {**self.visits, node: self.visits.get(node, 0) + 1}
+        # Visits are counted only where something reads them (loop bounds, per-visit keys of
+        # fan-outs and waits): a 1,000-step sequence must not rewrite a 1,000-entry map
+        # at every step.
+        counted = self._counts_visits(node)
+        visits = {**self.visits, node: self.visits.get(node, 0) + 1} if counted else None
         await self._commit(self._change(
             events=events,
             checkpoint=CheckpointWrite(self.next_step, node, self.next_step + 1, delta,
@@ -241,7 +251,8 @@ class TaskActor(Actor):
             **kwargs))
         self.next_step += 1
         self.current = to
-        self.visits = visits
+        if visits is not None:
+            self.visits = visits
         self._attempt = 1
 
     def runner(self, step_index: int, step_timeout: float | None,

@@ -110,3 +110,11 @@ def test_the_mermaid_diagram_draws_suspensions_and_their_timeouts() -> None:
     assert diagram.startswith("flowchart TD")
     assert 'n1 -->|"no decision in 3600s"| n2' in diagram
     assert 'n2 -->|"no decision in 7200s"| CANCELLED_' in diagram
+
+
+def test_a_very_long_sequence_validates_without_recursion() -> None:
+    wf = ratchet.Workflow("long")
+    for i in range(5000):
+        wf.add_step(f"s{i}", _noop)
+    ratchet.Registry([wf])
+    assert wf.node("s4999").successors() == [END]
