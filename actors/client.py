@@ -17,7 +17,7 @@ from nats.js.api import DeliverPolicy
 from protocol.codec import decode_map, encode
 from protocol.errors import ErrorCode, RatchetError
 from protocol.ids import new_id, task_id_for
-from protocol.messages import Envelope, Event, GetTask, Reply, SubmitTask, TaskSnapshot
+from protocol.messages import Budget, Envelope, Event, GetTask, Reply, SubmitTask, TaskSnapshot
 from protocol.subjects import api_subject, submit_subject, task_events_filter
 
 __all__ = ["Client", "RemoteError", "TERMINAL_EVENTS"]
@@ -56,10 +56,12 @@ class Client:
                         body=body)
 
     async def submit(self, workflow: str, input: dict[str, Any], key: str, *,
-                     version: int | None = None, deadline_s: float | None = None) -> str:
+                     version: int | None = None, deadline_s: float | None = None,
+                     budget: dict[str, Any] | None = None) -> str:
         """Publish a task request on JetStream; returns the task id (known up front)."""
         body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
-                          idempotency_key=key, deadline_s=deadline_s)
+                          idempotency_key=key, deadline_s=deadline_s,
+                          budget=Budget.model_validate(budget) if budget else None)
         env = self._envelope("task.submit", body.model_dump())
         await self.js.publish(submit_subject(self.tenant), encode(env),
                               headers={"Nats-Msg-Id": f"{self.tenant}:{key}"})

@@ -25,6 +25,7 @@ from actors.nodes import (
     CANCEL,
     END,
     FAIL,
+    AgentNode,
     ApprovalNode,
     ChoiceNode,
     FanoutNode,
@@ -138,6 +139,18 @@ class Workflow:
         self._add(WaitNode(name, correlation, timeout, on_timeout, next or END,
                            max_visits=max_visits), implicit_next=next is None)
 
+    def agent(self, name: str, *, model: Any, tools: Iterable[Any], output: type[Any],
+              prompt: Callable[[Mapping[str, Any], Mapping[str, Any]], str], system: str = "",
+              max_turns: int = 20, repair_attempts: int = 2, loop: Any = None,
+              params: Mapping[str, Any] | None = None, model_timeout: float = 60.0,
+              next: str | None = None, on_budget_exhausted: str = FAIL, on_loop: str = FAIL,
+              max_visits: int | None = None) -> None:
+        """An agent node: the model proposes tool calls or an answer; the runtime disposes."""
+        self._add(AgentNode(name, model, tuple(tools), output, prompt, system, max_turns,
+                            repair_attempts, loop, dict(params or {}), model_timeout,
+                            next or END, on_budget_exhausted, on_loop, max_visits=max_visits),
+                  implicit_next=next is None)
+
     # -- reading -------------------------------------------------------------------------
 
     @property
@@ -194,6 +207,8 @@ class Workflow:
             raise WorkflowDefinitionError(f"{here}: on_timeout must be a node or {FAIL!r}")
         if isinstance(node, ApprovalNode) and node.on_timeout not in (CANCEL, *self.nodes):
             raise WorkflowDefinitionError(f"{here}: on_timeout must be a node or {CANCEL!r}")
+        if isinstance(node, AgentNode):
+            self._check_agent(node, here)
         if isinstance(node, FanoutNode):
             self._check_fanout(node, here)
         if isinstance(node, JoinNode):
@@ -209,6 +224,19 @@ class Workflow:
             if not _BRANCH.match(branch):
                 raise WorkflowDefinitionError(f"{here}: branch name {branch!r} is invalid")
             graph.validate(as_branch=True)
+
+    def _check_agent(self, node: AgentNode, here: str) -> None:
+        from pydantic import BaseModel
+
+        if not node.tools:
+            raise WorkflowDefinitionError(f"{here}: an agent needs at least one tool")
+        names = [t.name for t in node.tools]
+        if len(names) != len(set(names)):
+            raise WorkflowDefinitionError(f"{here}: duplicate tool names {names}")
+        if not (isinstance(node.output, type) and issubclass(node.output, BaseModel)):
+            raise WorkflowDefinitionError(f"{here}: output must be a pydantic model class")
+        if node.max_turns < 1 or node.repair_attempts < 0:
+            raise WorkflowDefinitionError(f"{here}: max_turns >= 1 and repair_attempts >= 0")
 
     def _check_join(self, node: JoinNode, here: str) -> None:
         fanout = self.nodes.get(node.of)
@@ -257,7 +285,7 @@ class Workflow:
 
     def mermaid(self) -> str:
         """A Mermaid flowchart of the graph (paste into any Mermaid renderer)."""
-        shapes = {"step": "[{}]", "choice": "{{{}}}", "route": "{{{{{}}}}}",
+        shapes = {"agent": "[/{}/]", "step": "[{}]", "choice": "{{{}}}", "route": "{{{{{}}}}}",
                   "fanout": "[[{}]]", "join": "[[{}]]", "approval": "([{}])", "wait": "([{}])"}
         ids = {name: f"n{i}" for i, name in enumerate(self.nodes)}
         ids[END] = "END_"
@@ -291,6 +319,13 @@ def _edges(node: Node, wf: Workflow) -> list[tuple[str, str]]:
         timeout_to = "CANCELLED" if node.on_timeout == CANCEL else str(node.on_timeout)
         return [("approved", node.on_approve), ("rejected", node.on_reject),
                 (f"no decision in {node.timeout:g}s", timeout_to)]
+    if isinstance(node, AgentNode):
+        def to(target: str) -> str:
+            return "FAILED" if target == FAIL else target
+
+        return [("answer validated", node.next),
+                ("budget exhausted", to(node.on_budget_exhausted)),
+                ("loop detected", to(node.on_loop))]
     if isinstance(node, WaitNode):
         timeout_to = "FAILED" if node.on_timeout == FAIL else str(node.on_timeout)
         return [("message arrived", node.next), (f"no message in {node.timeout:g}s", timeout_to)]

@@ -21,6 +21,7 @@ from actors.fanout import (
 from actors.nodes import (
     CANCEL,
     FAIL,
+    AgentNode,
     ApprovalNode,
     ChoiceNode,
     FanoutNode,
@@ -70,6 +71,10 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
     if isinstance(node, WaitNode):
         await wait_external(actor, node)
         return False
+    if isinstance(node, AgentNode):
+        from actors.agent_runtime import run_agent
+
+        return await run_agent(actor, node)
     assert isinstance(node, JoinNode)
     raise IllegalTransition(f"join {node.name} is entered only through its fan-out",
                             node=node.name)

@@ -15,6 +15,7 @@ the next it stops the node with LOOP_DETECTED, keeping the evidence.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,7 +74,7 @@ def detect(history: Sequence[TurnRecord], policy: LoopPolicy) -> Detection | Non
         return Detection("alternation", {"sequence": calls})
     if policy.watch_field is not None:
         values = [t.field_value for t in history[-policy.window:]]
-        changes = sum(1 for a, b in zip(values, values[1:], strict=False) if a != b)
+        changes = sum(1 for a, b in itertools.pairwise(values) if a != b)
         if changes >= policy.flips and len({repr(v) for v in values}) <= 2:
             return Detection("oscillation", {"field": policy.watch_field, "values": values})
     return None

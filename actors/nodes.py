@@ -14,6 +14,8 @@ join                      ``next``
 approval (suspension)     ``on_approve``, ``on_reject``, and ``on_timeout`` (a node, or
                           ``"cancel"``)
 wait (suspension)         ``next``, and ``on_timeout`` (a node, or ``"fail"``)
+agent                     ``next``; ``on_budget_exhausted`` and ``on_loop`` (a node, or
+                          ``"fail"``)
 ========================  ==============================================================
 """
 
@@ -33,6 +35,7 @@ __all__ = [
     "END",
     "CANCEL",
     "FAIL",
+    "AgentNode",
     "ApprovalNode",
     "ChoiceNode",
     "FanoutNode",
@@ -193,6 +196,38 @@ class ApprovalNode(Node):
         out = [self.on_approve, self.on_reject]
         if self.on_timeout not in (None, CANCEL):
             out.append(self.on_timeout)
+        return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class AgentNode(Node):
+    """A model proposes the next action; the runtime validates it against ``tools`` and their
+    argument schemas, checks the budget and the loop detectors, executes it through the tool
+    sessions (writes go through the ledger), records it, and loops until a final answer
+    that validates against ``output``.
+
+    ``model``: a Model, or the name of a registry resource holding one.
+    ``prompt(state, input) -> str``: the first user message.
+    """
+
+    model: Any
+    tools: tuple[Tool[Any, Any], ...]
+    output: type[Any]
+    prompt: Callable[[Mapping[str, Any], Mapping[str, Any]], str]
+    system: str = ""
+    max_turns: int = 20
+    repair_attempts: int = 2
+    loop: Any = None  # actors.loop_detect.LoopPolicy (None: the defaults)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    model_timeout: float = 60.0
+    next: str = END
+    on_budget_exhausted: str = FAIL
+    on_loop: str = FAIL
+    kind = "agent"
+
+    def successors(self) -> list[str]:
+        out = [self.next]
+        out += [t for t in (self.on_budget_exhausted, self.on_loop) if t != FAIL]
         return list(dict.fromkeys(out))
 
 

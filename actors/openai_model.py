@@ -75,6 +75,8 @@ class OpenAICompatibleModel:
         prices: tuple[float, float] | None = None,
     ) -> None:
         _check_params(params or {}, ValueError)
+        if urlsplit(base_url).scheme not in ("http", "https"):
+            raise ValueError(f"base_url must be an http(s) URL, not {base_url!r}")
         self.base_url = base_url.rstrip("/")
         self.name = model
         self.version = model  # until a server reports the concrete model it ran
@@ -135,6 +137,10 @@ class OpenAICompatibleModel:
             # connect() failed (refused, unresolvable, timed out) or the send did.
             raise self._error(
                 ToolTransient, f"cannot reach the model server: {err.reason}"
+            ) from err
+        except TimeoutError as err:
+            raise self._error(
+                ToolTransient, f"the model server did not answer within {self.timeout:g} s"
             ) from err
         except (OSError, http.client.HTTPException) as err:
             # Timeout, reset, RemoteDisconnected, IncompleteRead: nothing happened that a

@@ -87,6 +87,7 @@ class TaskActor(Actor):
         self.next_step = 0  # nodes completed so far (progress)
         self.current: str = END  # the node to run next (END: finished)
         self.visits: dict[str, int] = {}
+        self.spent: dict[str, float] = {}
         self._recovered_from: str | None = None
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
@@ -99,6 +100,7 @@ class TaskActor(Actor):
         self.record = rec
         self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
         self.visits = dict(rec.visits)
+        self.spent = dict(rec.spent)
         self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
         self._attempt = rec.step_failures + 1
         if is_terminal(self.status):

@@ -63,6 +63,9 @@ class Registry:
 
     def register(self, workflow: Workflow) -> Workflow:
         workflow.validate()
+        for node in workflow.nodes.values():  # an agent's tools must be known for sagas
+            for t in getattr(node, "tools", ()):
+                self.register_tool(t)
         versions = self._by_name.setdefault(workflow.name, {})
         if workflow.version in versions:
             raise WorkflowDefinitionError(

@@ -233,6 +233,14 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         CREATE INDEX approvals_by_task ON approvals(task_id);
         """,
     ),
+    (
+        4,
+        "budgets: limits set at submission and what the task has spent",
+        """
+        ALTER TABLE tasks ADD COLUMN budget BLOB;
+        ALTER TABLE tasks ADD COLUMN spent BLOB;
+        """,
+    ),
 ]
 
 

@@ -58,6 +58,8 @@ class TaskRecord:
     step_failures: int
     current_node: str | None
     visits: dict[str, int]
+    budget: dict[str, Any]
+    spent: dict[str, float]
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,7 @@ class LoadedState:
 _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
-    " error, output, step_failures, current_node, visits"
+    " error, output, step_failures, current_node, visits, budget, spent"
 )
 
 
@@ -133,6 +135,7 @@ def _record(row: tuple[Any, ...]) -> TaskRecord:
         deadline_at=row[11], created_at=row[12], updated_at=row[13],
         error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
         current_node=row[17], visits=dict(_unpack(row[18]) or {}),
+        budget=dict(_unpack(row[19]) or {}), spent=dict(_unpack(row[20]) or {}),
     )
 
 

@@ -104,6 +104,7 @@ class TaskChange:
     handoff: tuple[str, dict[str, Any]] | None = None  # reason, package
     branches: BranchWrites | None = None
     approval: ApprovalWrite | None = None
+    spend: dict[str, float] | None = None  # added to the task's spent budget, atomically
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +264,14 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
             args.append(msgpack.packb(change.checkpoint.visits))
     elif change.step_failed:
         sets.append("step_failures = step_failures + 1")
+    if change.spend:
+        spent_row = conn.execute("SELECT spent FROM tasks WHERE task_id = ?",
+                                 (change.task_id,)).fetchone()
+        spent = dict(msgpack.unpackb(spent_row[0])) if spent_row and spent_row[0] else {}
+        for dim, amount in change.spend.items():
+            spent[dim] = spent.get(dim, 0) + amount
+        sets.append("spent = ?")
+        args.append(msgpack.packb(spent))
     if change.error is not None:
         sets.append("error = ?")
         args.append(msgpack.packb(change.error, use_bin_type=True))
@@ -296,6 +305,7 @@ class NewTask:
     producer: str
     message_id: str | None
     start_mail: tuple[str, str, bytes]  # subject, msg_id, payload
+    budget: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,10 +350,11 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
     conn.execute(
         "INSERT INTO tasks(task_id, tenant, workflow, workflow_version, status, version,"
         " idempotency_key, request_hash, input, steps_total, last_event_seq, deadline_at,"
-        " created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        " created_at, updated_at, budget) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (task.task_id, task.tenant, task.workflow, task.workflow_version,
          TaskStatus.QUEUED.value, 1, task.idempotency_key, task.request_hash, task.input,
-         task.steps_total, 1, task.deadline_at, task.now, task.now),
+         task.steps_total, 1, task.deadline_at, task.now, task.now,
+         None if task.budget is None else msgpack.packb(task.budget)),
     )
     outbox = _append_events(
         conn,

@@ -19,6 +19,7 @@ __all__ = [
     "Reply",
     "StartTask",
     "ApprovalDecision",
+    "Budget",
 ]
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -47,6 +48,18 @@ class Envelope(BaseModel):
     body: dict[str, Any] = Field(default_factory=dict)
 
 
+class Budget(BaseModel):
+    """Limits for one task, set at submission; None = unlimited in that dimension."""
+
+    model_config = _STRICT
+
+    tokens: int | None = Field(default=None, ge=0)
+    model_calls: int | None = Field(default=None, ge=0)
+    tool_calls: int | None = Field(default=None, ge=0)
+    wall_time_s: float | None = Field(default=None, gt=0)
+    money: float | None = Field(default=None, ge=0)
+
+
 class SubmitTask(BaseModel):
     """Body of ``type: "task.submit"``: start a workflow run, idempotently by key."""
 
@@ -57,6 +70,7 @@ class SubmitTask(BaseModel):
     input: dict[str, Any] = Field(default_factory=dict)
     idempotency_key: str = Field(min_length=1, max_length=200)
     deadline_s: float | None = Field(default=None, gt=0)
+    budget: Budget | None = None
 
 
 class TaskAccepted(BaseModel):

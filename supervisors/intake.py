@@ -61,7 +61,9 @@ class Acceptor:
         body = parse_body(env, SubmitTask)
         workflow = self.registry.get(body.workflow, body.workflow_version)
         digest = request_hash(canonical({"workflow": workflow.name, "version": workflow.version,
-                                         "input": body.input, "deadline_s": body.deadline_s}))
+                                         "input": body.input, "deadline_s": body.deadline_s,
+                                         "budget": body.budget.model_dump() if body.budget
+                                         else None}))
         task_id = task_id_for(tenant, body.idempotency_key)
         now = self.clock.now()
         start = Envelope(
@@ -74,6 +76,7 @@ class Acceptor:
             workflow_version=workflow.version, idempotency_key=body.idempotency_key,
             request_hash=digest, input=canonical(body.input), steps_total=workflow.step_count,
             deadline_at=now + body.deadline_s if body.deadline_s else None, now=now,
+            budget=body.budget.model_dump(exclude_none=True) if body.budget else None,
             producer=self.producer, message_id=env.message_id,
             start_mail=(mail_subject(task_id, "task", self.partitions), start.message_id,
                         encode(start)),

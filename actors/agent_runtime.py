@@ -1,0 +1,277 @@
+"""How a task actor runs an agent node, one checkpointed turn at a time.
+
+A turn: check the budget → ask the model (a ledgered action keyed by task, node, visit and
+turn, so a resumed task never asks a recorded turn again) → validate what it proposes
+against the node's tools and their argument schemas (errors go back to the model as tool
+results, never as exceptions) → execute through the tool sessions (writes via the ledger)
+→ check the loop detectors → commit the new messages and the budget spent in one
+transaction. The conversation lives in the task state, one key per message, so each turn
+writes only what it added and a resumed agent rebuilds the same conversation.
+A final answer must validate against the node's output model (bounded repair attempts).
+The model never moves the task: BUDGET_EXHAUSTED and LOOP_DETECTED are runtime outcomes,
+routed along declared edges.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from actors.actions import ActionFailed
+from actors.loop_detect import LoopPolicy, TurnRecord, detect
+from actors.models import Message, Model, ModelRequest, ToolSpec
+from actors.nodes import FAIL, AgentNode
+from actors.tools import RetryPolicy, Tool, ToolContext
+from protocol.errors import ErrorCode, RatchetError
+
+if TYPE_CHECKING:
+    from actors.task_actor import TaskActor
+
+__all__ = ["run_agent", "BudgetExhausted", "LoopDetected"]
+
+
+class BudgetExhausted(RatchetError):
+    code = ErrorCode.BUDGET_EXHAUSTED
+
+
+class LoopDetected(RatchetError):
+    code = ErrorCode.LOOP_DETECTED
+
+
+class ModelCall(BaseModel):
+    key: str
+    request: dict[str, Any]
+
+
+class ModelAnswer(BaseModel):
+    message: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    version: str
+    cost: float
+
+
+_MODEL_TOOLS: dict[tuple[str, int], Tool[Any, Any]] = {}
+
+
+def _model_tool(node: AgentNode, model: Model) -> Tool[Any, Any]:
+    """The model call as a ledgered action (cached per node and model object)."""
+    cache_key = (node.name, id(model))
+    if cache_key in _MODEL_TOOLS:
+        return _MODEL_TOOLS[cache_key]
+
+    async def ask(ctx: ToolContext, args: ModelCall) -> ModelAnswer:
+        r = args.request
+        response = await model.complete(ModelRequest(
+            messages=[Message.from_dict(m) for m in r["messages"]],
+            tools=[ToolSpec(**t) for t in r["tools"]], params=dict(r["params"])))
+        return ModelAnswer(message=response.message.to_dict(),
+                           prompt_tokens=response.usage.prompt_tokens,
+                           completion_tokens=response.usage.completion_tokens,
+                           model=response.model or model.name, version=model.version,
+                           cost=response.cost)
+
+    tool: Tool[Any, Any] = Tool(f"model.{node.name}", ask, "write", ModelCall, ModelAnswer,
+                                key=lambda a: a.key, timeout=node.model_timeout,
+                                retry=RetryPolicy(max_attempts=4, base_delay=0.2, max_delay=10),
+                                session="model")
+    _MODEL_TOOLS[cache_key] = tool
+    return tool
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class _Conversation:
+    """The agent's messages and turn records, kept as one state key each."""
+
+    def __init__(self, actor: TaskActor, node: AgentNode) -> None:
+        self.state = actor.state
+        self.p = f"agent.{node.name}."
+
+    def _count(self, what: str) -> int:
+        return int(self.state.get(f"{self.p}{what}", 0))
+
+    def messages(self) -> list[dict[str, Any]]:
+        return [self.state[f"{self.p}m{i:05d}"] for i in range(self._count("messages"))]
+
+    def add(self, message: dict[str, Any]) -> None:
+        n = self._count("messages")
+        self.state[f"{self.p}m{n:05d}"] = message
+        self.state[f"{self.p}messages"] = n + 1
+
+    def turns(self) -> list[TurnRecord]:
+        return [TurnRecord.from_dict(self.state[f"{self.p}t{i:05d}"])
+                for i in range(self._count("turns"))]
+
+    def add_turn(self, record: TurnRecord) -> None:
+        n = self._count("turns")
+        self.state[f"{self.p}t{n:05d}"] = record.to_dict()
+        self.state[f"{self.p}turns"] = n + 1
+
+    def get(self, what: str, default: Any = None) -> Any:
+        return self.state.get(f"{self.p}{what}", default)
+
+    def set(self, what: str, value: Any) -> None:
+        self.state[f"{self.p}{what}"] = value
+
+
+def _exhausted(actor: TaskActor, spent: dict[str, float]) -> str | None:
+    assert actor.record is not None
+    budget = actor.record.budget
+    for dim in ("tokens", "model_calls", "tool_calls", "money"):
+        if budget.get(dim) is not None and spent.get(dim, 0) >= budget[dim]:
+            return dim
+    wall = budget.get("wall_time_s")
+    if wall is not None and actor.deps.clock.now() - actor.record.created_at >= wall:
+        return "wall_time_s"
+    return None
+
+
+async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
+    """Run one turn; True when the task can go on (another turn, or the next node)."""
+    assert actor.record is not None and actor.workflow is not None
+    from actors.task_waits import fail_with_saga
+
+    model: Model = node.model if not isinstance(node.model, str) else \
+        actor.deps.registry.resources[node.model]
+    conv = _Conversation(actor, node)
+    if conv.get("messages") is None:
+        if node.system:
+            conv.add(Message("system", node.system).to_dict())
+        conv.add(Message("user", node.prompt(actor.state, actor.record.input)).to_dict())
+    turn = int(conv.get("turn", 0))
+    spent = dict(actor.spent)
+    dim = _exhausted(actor, spent)
+    if dim is not None or turn >= node.max_turns:
+        reason = f"budget exhausted: {dim}" if dim else f"no answer in {node.max_turns} turns"
+        return await _stop(actor, node, node.on_budget_exhausted, "agent.budget_exhausted",
+                           {"dimension": dim or "turns", "spent": spent,
+                            "budget": actor.record.budget},
+                           BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
+
+    tools = {t.name: t for t in node.tools}
+    specs = [{"name": t.name, "description": (t.fn.__doc__ or t.name).strip().split("\n")[0],
+              "parameters": t.args.model_json_schema()} for t in node.tools]
+    runner = actor.runner(actor.next_step, None)
+    visit = actor.visits.get(node.name, 0)
+    answer: ModelAnswer = await runner.call(_model_tool(node, model), ModelCall(
+        key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}",
+        request={"messages": conv.messages(), "tools": specs, "params": dict(node.params)}))
+    spend: dict[str, float] = {"tokens": answer.prompt_tokens + answer.completion_tokens,
+                               "model_calls": 1, "money": answer.cost}
+    proposed = Message.from_dict(answer.message)
+    conv.add(answer.message)
+    events: list[tuple[str, dict[str, Any]]] = []
+
+    if not proposed.tool_calls:
+        try:
+            output = node.output.model_validate_json(proposed.content or "")
+        except ValidationError as exc:
+            repairs = int(conv.get("repairs", 0)) + 1
+            conv.set("repairs", repairs)
+            if repairs > node.repair_attempts:
+                error = RatchetError(f"answer failed validation {repairs} times",
+                                     node=node.name, problems=str(exc)[:500])
+                await actor.move(node.name, node.name, [("agent.turn", {
+                    "node": node.name, "turn": turn, "outcome": "invalid answer"})],
+                    spend=spend)
+                await fail_with_saga(actor, error, "agent answer invalid")
+                return False
+            conv.add(Message("user", "Your answer did not validate against the required "
+                             f"schema {node.output.model_json_schema()}: "
+                             f"{exc.errors()[:3]}. Reply with JSON only.").to_dict())
+            events.append(("agent.repair", {"node": node.name, "turn": turn,
+                                            "attempt": repairs}))
+        else:
+            actor.state[node.name] = output.model_dump(mode="json")
+            conv.set("turn", turn + 1)
+            actor.spent = _add(spent, spend)
+            await actor.move(node.name, node.next, [("agent.answered", {
+                "node": node.name, "turn": turn, "model": answer.model,
+                "version": answer.version, "tokens": spend["tokens"]})], spend=spend)
+            return True
+    else:
+        seen = set(conv.get("seen", []))
+        new_artifacts = False
+        for call in proposed.tool_calls:
+            result = await _execute(actor, runner, tools, call.name, call.arguments, spent, spend)
+            digest = _digest(result)
+            new_artifacts = new_artifacts or digest not in seen
+            seen.add(digest)
+            conv.add(Message("tool", json.dumps(result, default=str), tool_call_id=call.id,
+                             name=call.name).to_dict())
+        conv.set("seen", sorted(seen))
+        policy = node.loop or LoopPolicy()
+        conv.add_turn(TurnRecord(
+            _digest([(c.name, c.arguments) for c in proposed.tool_calls]),
+            tuple(c.name for c in proposed.tool_calls), new_artifacts,
+            actor.state.get(policy.watch_field) if policy.watch_field else None))
+        found = detect(conv.turns(), policy)
+        if found is not None:
+            evidence = {"pattern": found.pattern, **found.evidence,
+                        "history": [t.to_dict() for t in conv.turns()[-10:]]}
+            if conv.get("intervened"):
+                conv.set("turn", turn + 1)
+                await actor.move(node.name, node.name, [("agent.turn", {
+                    "node": node.name, "turn": turn, "outcome": "loop"})], spend=spend)
+                actor.spent = _add(spent, spend)
+                return await _stop(actor, node, node.on_loop, "agent.loop_detected", evidence,
+                                   LoopDetected(f"loop detected: {found.pattern}",
+                                                node=node.name, pattern=found.pattern))
+            conv.set("intervened", True)
+            conv.add(Message("user", f"You are repeating yourself ({found.pattern}). Change"
+                             " approach, or give your final answer now.").to_dict())
+            events.append(("agent.intervention", evidence))
+    conv.set("turn", turn + 1)
+    events.insert(0, ("agent.turn", {
+        "node": node.name, "turn": turn, "model": answer.model, "version": answer.version,
+        "tool_calls": [c.name for c in proposed.tool_calls], "tokens": spend["tokens"]}))
+    await actor.move(node.name, node.name, events, spend=spend)
+    actor.spent = _add(spent, spend)
+    return True
+
+
+async def _execute(actor: TaskActor, runner: Any, tools: dict[str, Tool[Any, Any]], name: str,
+                   arguments: dict[str, Any], spent: dict[str, float],
+                   spend: dict[str, float]) -> Any:
+    """Run one proposed call; every refusal is an answer to the model, not an exception."""
+    tool = tools.get(name)
+    if tool is None:
+        return {"error": f"unknown tool {name!r}; allowed: {sorted(tools)}"}
+    try:
+        args = tool.args.model_validate(arguments)
+    except ValidationError as exc:
+        return {"error": f"invalid arguments for {name}: {exc.errors()[:3]}"}
+    budget = actor.record.budget if actor.record else {}
+    if budget.get("tool_calls") is not None and \
+            spent.get("tool_calls", 0) + spend.get("tool_calls", 0) >= budget["tool_calls"]:
+        return {"error": "tool-call budget exhausted"}
+    spend["tool_calls"] = spend.get("tool_calls", 0) + 1
+    try:
+        result = await runner.call(tool, args)
+    except ActionFailed as exc:
+        return {"error": f"{name} failed: {exc.message}"}
+    return result.model_dump(mode="json")
+
+
+def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
+
+
+async def _stop(actor: TaskActor, node: AgentNode, route: str, event: str,
+                evidence: dict[str, Any], error: RatchetError) -> bool:
+    from actors.task_waits import fail_with_saga
+
+    if route == FAIL:
+        await actor.commit(events=[(event, {"node": node.name, **evidence})])
+        await fail_with_saga(actor, error, error.message)
+        return False
+    await actor.move(node.name, route, [(event, {"node": node.name, **evidence,
+                                                 "to": route})])
+    return True
