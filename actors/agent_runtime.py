@@ -199,6 +199,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     else:
         seen = set(conv.get("seen", []))
         new_artifacts = False
+        result: Any = None
         for call in proposed.tool_calls:
             result = await _execute(actor, runner, tools, call.name, call.arguments, spent, spend)
             digest = _digest(result)
@@ -211,7 +212,8 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
         conv.add_turn(TurnRecord(
             _digest([(c.name, c.arguments) for c in proposed.tool_calls]),
             tuple(c.name for c in proposed.tool_calls), new_artifacts,
-            actor.state.get(policy.watch_field) if policy.watch_field else None))
+            result.get(policy.watch_field) if policy.watch_field and isinstance(result, dict)
+            else None))
         found = detect(conv.turns(), policy)
         if found is not None:
             evidence = {"pattern": found.pattern, **found.evidence,

@@ -6,8 +6,9 @@ Three patterns, checked after every turn:
   times in a row, none of those turns producing a new artifact (a tool result not seen
   before in the conversation);
 - **alternation**: tool calls alternating A, B, A, B … over ``alternation`` calls;
-- **oscillation**: a watched state field flipping back and forth between values at least
-  ``flips`` times within the last ``window`` turns.
+- **oscillation**: a watched field (``watch_field``, read from each turn's last tool result:
+  the state of the world as the agent observes it) flipping back and forth between two
+  values at least ``flips`` times within the last ``window`` turns.
 
 On the first detection the runtime intervenes once (a corrective message to the model); on
 the next it stops the node with LOOP_DETECTED, keeping the evidence.
