@@ -1,7 +1,8 @@
 """How a task actor runs an agent node, one checkpointed turn at a time.
 
-A turn: check the budget → ask the model (a ledgered action keyed by task, node, visit and
-turn, so a resumed task never asks a recorded turn again) → validate what it proposes
+A turn: check the budget → ask the model (retried like a read; recorded in the ledger, keyed
+by task, node, visit and turn, by the turn's own commit — so a resumed task never asks a
+recorded turn again, and asks the interrupted one at most once more) → validate what it proposes
 against the node's tools and their argument schemas (errors go back to the model as tool
 results, never as exceptions) → execute through the tool sessions (writes via the ledger)
 → check the loop detectors → commit the new messages and the budget spent in one
@@ -25,7 +26,10 @@ from actors.loop_detect import LoopPolicy, TurnRecord, detect
 from actors.models import Message, Model, ModelRequest, ToolSpec
 from actors.nodes import FAIL, AgentNode
 from actors.tools import RetryPolicy, Tool, ToolContext
+from persistence.ledger import ActionWrite
+from protocol.codec import canonical, encode
 from protocol.errors import ErrorCode, RatchetError
+from protocol.ids import request_hash
 
 if TYPE_CHECKING:
     from actors.task_actor import TaskActor
@@ -42,8 +46,15 @@ class LoopDetected(RatchetError):
 
 
 class ModelCall(BaseModel):
+    """What the ledger records of a model call: the turn's key, and a digest of the exact
+    request (the conversation is in the agent log, not copied into every call)."""
+
     key: str
-    request: dict[str, Any]
+    conversation: str  # running hash of every message sent
+    messages: int
+    tools: str
+    params: dict[str, Any]
+    model: str
 
 
 class ModelAnswer(BaseModel):
@@ -55,32 +66,46 @@ class ModelAnswer(BaseModel):
     cost: float
 
 
-_MODEL_TOOLS: dict[tuple[str, int], Tool[Any, Any]] = {}
-
-
-def _model_tool(node: AgentNode, model: Model) -> Tool[Any, Any]:
-    """The model call as a ledgered action (cached per node and model object)."""
-    cache_key = (node.name, id(model))
-    if cache_key in _MODEL_TOOLS:
-        return _MODEL_TOOLS[cache_key]
+def _model_tool(node: AgentNode, model: Model, request: ModelRequest) -> Tool[Any, Any]:
+    """This turn's model call as a read (retried by the action runner's policy: Retry-After,
+    backoff, every retry an event). It is recorded in the ledger by the turn's own commit,
+    with the messages it produced: a turn is asked again only if that commit never
+    happened."""
 
     async def ask(ctx: ToolContext, args: ModelCall) -> ModelAnswer:
-        r = args.request
-        response = await model.complete(ModelRequest(
-            messages=[Message.from_dict(m) for m in r["messages"]],
-            tools=[ToolSpec(**t) for t in r["tools"]], params=dict(r["params"])))
+        response = await model.complete(request)
         return ModelAnswer(message=response.message.to_dict(),
                            prompt_tokens=response.usage.prompt_tokens,
                            completion_tokens=response.usage.completion_tokens,
                            model=response.model or model.name, version=model.version,
                            cost=response.cost)
 
-    tool: Tool[Any, Any] = Tool(f"model.{node.name}", ask, "write", ModelCall, ModelAnswer,
-                                key=lambda a: a.key, timeout=node.model_timeout,
-                                retry=RetryPolicy(max_attempts=4, base_delay=0.2, max_delay=10),
-                                session="model")
-    _MODEL_TOOLS[cache_key] = tool
-    return tool
+    return Tool(f"model.{node.name}", ask, "read", ModelCall, ModelAnswer,
+                timeout=node.model_timeout,
+                retry=RetryPolicy(max_attempts=4, base_delay=0.2, max_delay=10),
+                session="model")
+
+
+def _record(call: ModelCall, answer: ModelAnswer, node: AgentNode, step: int) -> ActionWrite:
+    """The ledger row of a model call: request digest, model version, parameters, answer."""
+    return ActionWrite(call.key, "SUCCEEDED", insert=True, tool=f"model.{node.name}",
+                       kind="model", request_hash=request_hash(canonical(call.model_dump())),
+                       args=encode(call.model_dump()), step_index=step, attempts=1,
+                       result=answer.model_dump(), provider_id=answer.version)
+
+
+_SPECS: dict[int, tuple[list[ToolSpec], str]] = {}
+
+
+def _specs(node: AgentNode) -> tuple[list[ToolSpec], str]:
+    """The tools as the model sees them, and their digest (schemas are costly to build)."""
+    cached = _SPECS.get(id(node))
+    if cached is None:
+        specs = [ToolSpec(t.name, (t.fn.__doc__ or t.name).strip().split("\n")[0],
+                          t.args.model_json_schema()) for t in node.tools]
+        cached = (specs, _digest([(x.name, x.parameters) for x in specs]))
+        _SPECS[id(node)] = cached
+    return cached
 
 
 def _digest(value: Any) -> str:
@@ -88,31 +113,46 @@ def _digest(value: Any) -> str:
 
 
 class _Conversation:
-    """The agent's messages and turn records, kept as one state key each."""
+    """An agent node's messages and turn records: kept in memory by the task actor, appended
+    to the agent log in the turn's own transaction, read back from it after a restart."""
 
-    def __init__(self, actor: TaskActor, node: AgentNode) -> None:
+    def __init__(self, actor: TaskActor, node: AgentNode, log: list[tuple[str, dict[str, Any]]]):
         self.state = actor.state
         self.p = f"agent.{node.name}."
+        self.node = node.name
+        self.messages: list[dict[str, Any]] = [b for k, b in log if k == "message"]
+        self.turns = [TurnRecord.from_dict(b) for k, b in log if k == "turn"]
+        self.seq = len(log)
+        self.hash = ""
+        for m in self.messages:
+            self.hash = _digest([self.hash, m])
+        self.seen = {str(b.get("artifact")) for k, b in log if k == "artifact"}
+        self.pending: list[tuple[str, int, str, dict[str, Any]]] = []
 
-    def _count(self, what: str) -> int:
-        return int(self.state.get(f"{self.p}{what}", 0))
-
-    def messages(self) -> list[dict[str, Any]]:
-        return [self.state[f"{self.p}m{i:05d}"] for i in range(self._count("messages"))]
+    def _log(self, kind: str, body: dict[str, Any]) -> None:
+        self.pending.append((self.node, self.seq, kind, body))
+        self.seq += 1
 
     def add(self, message: dict[str, Any]) -> None:
-        n = self._count("messages")
-        self.state[f"{self.p}m{n:05d}"] = message
-        self.state[f"{self.p}messages"] = n + 1
-
-    def turns(self) -> list[TurnRecord]:
-        return [TurnRecord.from_dict(self.state[f"{self.p}t{i:05d}"])
-                for i in range(self._count("turns"))]
+        self.messages.append(message)
+        self.hash = _digest([self.hash, message])
+        self._log("message", message)
 
     def add_turn(self, record: TurnRecord) -> None:
-        n = self._count("turns")
-        self.state[f"{self.p}t{n:05d}"] = record.to_dict()
-        self.state[f"{self.p}turns"] = n + 1
+        self.turns.append(record)
+        self._log("turn", record.to_dict())
+
+    def see(self, artifact: str) -> bool:
+        """Note a tool result; True when it was not seen before in this conversation."""
+        if artifact in self.seen:
+            return False
+        self.seen.add(artifact)
+        self._log("artifact", {"artifact": artifact})
+        return True
+
+    def flush(self) -> list[tuple[str, int, str, dict[str, Any]]]:
+        out, self.pending = self.pending, []
+        return out
 
     def get(self, what: str, default: Any = None) -> Any:
         return self.state.get(f"{self.p}{what}", default)
@@ -140,8 +180,12 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
 
     model: Model = node.model if not isinstance(node.model, str) else \
         actor.deps.registry.resources[node.model]
-    conv = _Conversation(actor, node)
-    if conv.get("messages") is None:
+    conv = actor.conversations.get(node.name)
+    if conv is None:
+        conv = _Conversation(actor, node,
+                             await actor.deps.store.agent_log(actor.task_id, node.name))
+        actor.conversations[node.name] = conv
+    if not conv.messages:
         if node.system:
             conv.add(Message("system", node.system).to_dict())
         conv.add(Message("user", node.prompt(actor.state, actor.record.input)).to_dict())
@@ -156,13 +200,17 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
                            BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
 
     tools = {t.name: t for t in node.tools}
-    specs = [{"name": t.name, "description": (t.fn.__doc__ or t.name).strip().split("\n")[0],
-              "parameters": t.args.model_json_schema()} for t in node.tools]
+    specs, specs_digest = _specs(node)
     runner = actor.runner(actor.next_step, None)
     visit = actor.visits.get(node.name, 0)
-    answer: ModelAnswer = await runner.call(_model_tool(node, model), ModelCall(
-        key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}",
-        request={"messages": conv.messages(), "tools": specs, "params": dict(node.params)}))
+    request = ModelRequest(messages=[Message.from_dict(m) for m in conv.messages],
+                           tools=specs, params=dict(node.params))
+    asked = ModelCall(
+        key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
+        messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
+        model=f"{model.name}:{model.version}")
+    answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
+    record = _record(asked, answer, node, actor.next_step)
     spend: dict[str, float] = {"tokens": answer.prompt_tokens + answer.completion_tokens,
                                "model_calls": 1, "money": answer.cost}
     proposed = Message.from_dict(answer.message)
@@ -180,7 +228,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
                                      node=node.name, problems=str(exc)[:500])
                 await actor.move(node.name, node.name, [("agent.turn", {
                     "node": node.name, "turn": turn, "outcome": "invalid answer"})],
-                    spend=spend)
+                    spend=spend, agent_log=conv.flush(), action=record)
                 await fail_with_saga(actor, error, "agent answer invalid")
                 return False
             conv.add(Message("user", "Your answer did not validate against the required "
@@ -194,34 +242,33 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
             actor.spent = _add(spent, spend)
             await actor.move(node.name, node.next, [("agent.answered", {
                 "node": node.name, "turn": turn, "model": answer.model,
-                "version": answer.version, "tokens": spend["tokens"]})], spend=spend)
+                "version": answer.version, "tokens": spend["tokens"]})], spend=spend,
+                agent_log=conv.flush(), action=record)
             return True
     else:
-        seen = set(conv.get("seen", []))
         new_artifacts = False
         result: Any = None
         for call in proposed.tool_calls:
             result = await _execute(actor, runner, tools, call.name, call.arguments, spent, spend)
-            digest = _digest(result)
-            new_artifacts = new_artifacts or digest not in seen
-            seen.add(digest)
+            new_artifacts = conv.see(_digest(result)) or new_artifacts
             conv.add(Message("tool", json.dumps(result, default=str), tool_call_id=call.id,
                              name=call.name).to_dict())
-        conv.set("seen", sorted(seen))
         policy = node.loop or LoopPolicy()
         conv.add_turn(TurnRecord(
             _digest([(c.name, c.arguments) for c in proposed.tool_calls]),
             tuple(c.name for c in proposed.tool_calls), new_artifacts,
             result.get(policy.watch_field) if policy.watch_field and isinstance(result, dict)
             else None))
-        found = detect(conv.turns(), policy)
+        found = detect(conv.turns[-max(policy.repeat, policy.window, policy.alternation):],
+                       policy)
         if found is not None:
             evidence = {"pattern": found.pattern, **found.evidence,
-                        "history": [t.to_dict() for t in conv.turns()[-10:]]}
+                        "history": [t.to_dict() for t in conv.turns[-10:]]}
             if conv.get("intervened"):
                 conv.set("turn", turn + 1)
                 await actor.move(node.name, node.name, [("agent.turn", {
-                    "node": node.name, "turn": turn, "outcome": "loop"})], spend=spend)
+                    "node": node.name, "turn": turn, "outcome": "loop"})], spend=spend,
+                    agent_log=conv.flush(), action=record)
                 actor.spent = _add(spent, spend)
                 return await _stop(actor, node, node.on_loop, "agent.loop_detected", evidence,
                                    LoopDetected(f"loop detected: {found.pattern}",
@@ -234,7 +281,8 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     events.insert(0, ("agent.turn", {
         "node": node.name, "turn": turn, "model": answer.model, "version": answer.version,
         "tool_calls": [c.name for c in proposed.tool_calls], "tokens": spend["tokens"]}))
-    await actor.move(node.name, node.name, events, spend=spend)
+    await actor.move(node.name, node.name, events, spend=spend, agent_log=conv.flush(),
+                     action=record)
     actor.spent = _add(spent, spend)
     return True
 
@@ -270,10 +318,12 @@ async def _stop(actor: TaskActor, node: AgentNode, route: str, event: str,
                 evidence: dict[str, Any], error: RatchetError) -> bool:
     from actors.task_waits import fail_with_saga
 
+    conv = actor.conversations.get(node.name)
+    pending = conv.flush() if conv is not None else []
     if route == FAIL:
-        await actor.commit(events=[(event, {"node": node.name, **evidence})])
+        await actor.commit(events=[(event, {"node": node.name, **evidence})], agent_log=pending)
         await fail_with_saga(actor, error, error.message)
         return False
     await actor.move(node.name, route, [(event, {"node": node.name, **evidence,
-                                                 "to": route})])
+                                                 "to": route})], agent_log=pending)
     return True

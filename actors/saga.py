@@ -30,8 +30,8 @@ async def pending_compensations(store: Store, registry: Registry, task_id: str) 
             continue
         try:
             tool = registry.tool(action.tool)
-        except Exception:  # an unregistered tool cannot be compensated automatically
-            log.warning("no tool to compensate action", task_id=task_id, key=action.key)
+        except Exception:  # model calls and unregistered tools declare no compensation
+            log.debug("no registered tool for action", task_id=task_id, key=action.key)
             continue
         if tool.compensate is not None:
             out.append(action)

@@ -91,6 +91,7 @@ class TaskActor(Actor):
         self._recovered_from: str | None = None
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
+        self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
 
     # -- hooks -------------------------------------------------------------------------
 

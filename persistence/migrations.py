@@ -235,10 +235,21 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     ),
     (
         4,
-        "budgets: limits set at submission and what the task has spent",
+        "budgets (limits set at submission, what the task has spent), agent conversations",
         """
         ALTER TABLE tasks ADD COLUMN budget BLOB;
         ALTER TABLE tasks ADD COLUMN spent BLOB;
+
+        -- An agent node's conversation and turn records, appended in the turn's transaction:
+        -- each turn writes only what it added, and a resumed agent reads them back.
+        CREATE TABLE agent_log (
+            task_id TEXT NOT NULL,
+            node TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL,
+            body BLOB NOT NULL,
+            PRIMARY KEY (task_id, node, seq)
+        ) WITHOUT ROWID;
         """,
     ),
 ]

@@ -455,6 +455,13 @@ class Store:
                 "request_hash": r[4], "approvers": r[5], "status": r[6], "decided_by": r[7],
                 "reason": r[8], "expires_at": r[9], "created_at": r[10], "decided_at": r[11]}
 
+    async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
+        """An agent node's log entries ``(kind, body)`` in order (messages and turns)."""
+        async with self._db.execute(
+            "SELECT kind, body FROM agent_log WHERE task_id = ? AND node = ? ORDER BY seq",
+            (task_id, node)) as cur:
+            return [(r[0], dict(_unpack(r[1]))) for r in await cur.fetchall()]
+
     async def checkpoint_names(self, task_id: str) -> list[str]:
         """The names of the nodes completed, in checkpoint order."""
         async with self._db.execute(

@@ -105,6 +105,7 @@ class TaskChange:
     branches: BranchWrites | None = None
     approval: ApprovalWrite | None = None
     spend: dict[str, float] | None = None  # added to the task's spent budget, atomically
+    agent_log: list[tuple[str, int, str, dict[str, Any]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +265,11 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
             args.append(msgpack.packb(change.checkpoint.visits))
     elif change.step_failed:
         sets.append("step_failures = step_failures + 1")
+    if change.agent_log:
+        conn.executemany(
+            "INSERT INTO agent_log(task_id, node, seq, kind, body) VALUES (?,?,?,?,?)",
+            [(change.task_id, node, seq, kind, msgpack.packb(body, use_bin_type=True))
+             for node, seq, kind, body in change.agent_log])
     if change.spend:
         spent_row = conn.execute("SELECT spent FROM tasks WHERE task_id = ?",
                                  (change.task_id,)).fetchone()

@@ -52,10 +52,8 @@ async def test_unknown_tools_and_bad_arguments_are_fed_back_not_raised(
     node = await start_node(app)
     events = await run(client, "agent.sloppy", "sloppy")
     assert events[-1].type == "task.succeeded"
-    state = await node.store.load_state(events[0].task_id)  # type: ignore[union-attr]
-    tool_replies = [m["content"] for k, m in sorted(state.values.items())
-                    if k[len("agent.assistant.m"):].isdigit() and k.startswith("agent.assistant.m")
-                    and m["role"] == "tool"]
+    log = await node.store.agent_log(events[0].task_id, "assistant")  # type: ignore[union-attr]
+    tool_replies = [m["content"] for kind, m in log if kind == "message" and m["role"] == "tool"]
     assert "unknown tool 'delete_everything'" in tool_replies[0]
     assert "invalid arguments for lookup_policy" in tool_replies[1]
     assert json.loads(tool_replies[2]) == {"category": "travel", "limit": 500.0}
@@ -169,3 +167,30 @@ async def test_a_node_killed_mid_conversation_resumes_it_without_asking_again(
     assert all(n <= 2 for n in asked.values()) and sorted(asked) == [0, 1, 2, 3, 4, 5]
     recorded = [e.payload["turn"] for e in events if e.type == "agent.turn"]
     assert recorded == [0, 1, 2, 3, 4]  # one continuous conversation
+
+
+async def test_an_agent_talks_to_an_openai_compatible_endpoint_with_retries(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from actors.openai_model import OpenAICompatibleModel
+    from simulators.model_stub_process import ModelStubProcess
+    from tests.agent_apps import agent_workflow
+
+    with ModelStubProcess() as stub:
+        stub.script([{"tool_calls": [{"name": "lookup_policy",
+                                      "arguments": {"category": "travel"}}]},
+                     {"content": json.dumps({"category": "travel", "limit": 500.0})}])
+        stub.faults([{"mode": "status_429", "retry_after": 0.05}, {"mode": "status_500"},
+                     {"mode": "malformed_json"}])
+        model = OpenAICompatibleModel(stub.url, "gpt-test", api_key="sk-secret", timeout=5)
+        registry = ratchet.Registry([agent_workflow("agent.http", model)])
+        await start_node(registry)
+        events = await run(client, "agent.http", "http")
+        assert events[-1].type == "task.succeeded"
+        assert events[-1].payload["output"] == {"category": "travel", "limit": 500.0}
+        retries = [e.payload["reason"] for e in events if e.type == "action.retry"]
+        assert retries == ["retry_after", "backoff", "backoff"]
+        sent = stub.requests()
+        assert all(r["authorized"] for r in sent)
+        assert sent[-1]["body"]["messages"][-1]["role"] == "tool"
+        assert all("sk-secret" not in json.dumps(e.payload) for e in events)

@@ -1,0 +1,157 @@
+"""Agent-node figures. Prints one JSON object (last line).
+
+- agent_turn_overhead_p50_us / _p99_us: the runtime's cost of one turn — the model
+  proposes a read tool call, the runtime validates it, executes it, records the turn
+  (model call ledgered, messages checkpointed, budget spent) — measured between consecutive
+  ``agent.turn`` events of one task, minus the scripted model's own time;
+- conversation_rss_kb: node memory per live 50-turn conversation (200 tasks held at their
+  51st model call; resident set growth / 200).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import itertools
+
+from pydantic import BaseModel
+
+import ratchet
+from actors.loop_detect import LoopPolicy
+from actors.models import ModelRequest, ModelResponse
+from actors.scripted_model import ScriptedModel, reply
+from supervisors.cli import configure_logging
+from supervisors.embedded_nats import EmbeddedNats
+
+TURNS = 200
+LIVE = 200
+LIVE_TURNS = 50
+
+
+class Query(BaseModel):
+    key: str
+
+
+class Found(BaseModel):
+    key: str
+    value: int
+
+
+async def _lookup(ctx: ratchet.ToolContext, args: Query) -> Found:
+    """Look a key up."""
+    return Found(key=args.key, value=len(args.key))
+
+
+lookup = ratchet.Tool("lookup", _lookup, "read", Query, Found)
+
+
+class Answer(BaseModel):
+    turns: int
+
+
+class TimedModel(ScriptedModel):
+    """The scripted model, timing its own work so it can be subtracted."""
+
+    def __init__(self, turns: int, hold: asyncio.Event | None = None) -> None:
+        def script(request: ModelRequest) -> dict[str, Any]:
+            n = sum(1 for m in request.messages if m.role == "assistant")
+            if n >= turns:
+                return reply(json.dumps({"turns": n}))
+            return reply(tool_calls=[("lookup", {"key": f"k{n}"})])
+
+        super().__init__(script)
+        self.hold = hold
+        self.turns = turns
+        self.seconds = 0.0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        n = sum(1 for m in request.messages if m.role == "assistant")
+        if self.hold is not None and n >= self.turns:
+            await self.hold.wait()  # a model that is still thinking: the conversation is live
+        started = time.perf_counter()
+        try:
+            return await super().complete(request)
+        finally:
+            self.seconds += time.perf_counter() - started
+
+
+def workflow(name: str, model: Any) -> ratchet.Workflow:
+    wf = ratchet.Workflow(name)
+    wf.agent("agent", model=model, tools=[lookup], output=Answer, max_turns=10_000,
+             prompt=lambda s, i: "look everything up", loop=LoopPolicy(repeat=1000,
+                                                                       alternation=1000))
+    return wf
+
+
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+async def main() -> None:
+    configure_logging("warning")
+    hold = asyncio.Event()
+    fast, live = TimedModel(TURNS), TimedModel(LIVE_TURNS, hold)
+    registry = ratchet.Registry([workflow("fast", fast), workflow("live", live)])
+    with tempfile.TemporaryDirectory(prefix="ratchet-agent-") as tmp:
+        server = EmbeddedNats(Path(tmp) / "nats")
+        url = await server.start()
+        node = ratchet.Node(ratchet.NodeConfig(state_dir=Path(tmp) / "node", nats_url=url),
+                            registry)
+        await node.start()
+        client = await ratchet.Client.connect(url, "bench")
+        try:
+            task_id = await client.submit("fast", {}, key="fast")
+            events = [e async for e in client.watch(task_id, idle_timeout=120)]
+            assert events[-1].type == "task.succeeded", events[-1]
+            stamps = [e.occurred_at for e in events if e.type == "agent.turn"]
+            model_per_turn = fast.seconds / max(1, fast.calls)
+            overhead = sorted((b - a - model_per_turn) * 1e6
+                              for a, b in itertools.pairwise(stamps))
+
+            reached: set[str] = set()
+            all_live = asyncio.Event()
+
+            async def on_turn(msg: Any) -> None:
+                event = ratchet.Event.model_validate(__import__("msgpack").unpackb(msg.data))
+                if event.payload.get("turn") == LIVE_TURNS - 1:
+                    reached.add(event.task_id)
+                    if len(reached) >= LIVE:
+                        all_live.set()
+
+            sub = await client.nc.subscribe("ratchet.events.bench.*.agent.turn", cb=on_turn)
+            before = rss_kb()
+            for i in range(LIVE):
+                await client.submit("live", {}, key=f"live-{i}")
+            await asyncio.wait_for(all_live.wait(), 600)
+            after = rss_kb()
+            await sub.unsubscribe()
+            hold.set()
+        finally:
+            await client.close()
+            await node.stop()
+            await server.stop()
+    print(json.dumps({
+        "agent_turn_overhead_p50_us": round(statistics.median(overhead)),
+        "agent_turn_overhead_p99_us": round(overhead[int(0.99 * (len(overhead) - 1))]),
+        "turns_measured": len(overhead),
+        "scripted_model_us_per_turn": round(model_per_turn * 1e6, 1),
+        "conversation_rss_kb": round((after - before) / LIVE, 1),
+        "live_conversations": LIVE, "turns_per_conversation": LIVE_TURNS,
+    }))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
