@@ -181,8 +181,13 @@ class ActionRunner:
                                                              "status": row.status})])
             return self._coerce(tool, row.result)
         if row.status == "FAILED":
-            raise ActionFailed(f"{tool.name} failed before: {(row.error or {}).get('message')}",
-                               key=key, tool=tool.name, error=row.error)
+            failure = ActionFailed(f"{tool.name} failed before: "
+                                   f"{(row.error or {}).get('message')}", key=key,
+                                   tool=tool.name, error=row.error)
+            code = str((row.error or {}).get("code"))
+            if code in ErrorCode.__members__:
+                failure.code = ErrorCode(code)  # the provider's reason, as the first time
+            raise failure
         if row.accepted:
             raise AwaitExternal(key, key, self.env.default_external_timeout)
         # IN_FLIGHT (we crashed during the call) or UNKNOWN: the outcome is not known.

@@ -13,6 +13,7 @@ notifications change nothing a set does not already hold.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import traceback
 from dataclasses import dataclass
@@ -127,7 +128,10 @@ class BranchActor(Actor):
                                   attempt=1, input=self.input, state=self.state, clock=self.clock,
                                   log=log.bind(task_id=self.task_id, branch=self.branch),
                                   runner=runner, branch=self.branch)
-                update = await node.fn(ctx)
+                if node.timeout is not None:
+                    update = await asyncio.wait_for(node.fn(ctx), node.timeout)
+                else:
+                    update = await node.fn(ctx)
                 if update:
                     self.state.update(update)
                 current = node.next

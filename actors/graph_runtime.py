@@ -55,7 +55,13 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
     if isinstance(node, ChoiceNode):
         return await _choose(actor, node)
     if isinstance(node, RouteNode):
-        key = node.key(actor.state)
+        try:
+            key = node.key(actor.state)
+        except Exception as exc:
+            from actors.task_waits import fail_with_saga
+
+            await fail_with_saga(actor, exc, f"routing key of {node.name} raised")
+            return False
         target = node.table.get(key)
         used_default = target is None
         await actor.move(node.name, target or node.default or "", [("route.taken", {
@@ -129,10 +135,19 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
     specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
         task_id=actor.task_id, key=key, node=node.name, policy=join.policy, branches=names,
         store=actor.deps.store, tell_task=actor.deps.tell_task, timer_fired=fired), 5.0)]
+    inputs: dict[str, dict[str, Any]] = {}
+    try:
+        for b in names:
+            inputs[b] = node.branch_input(actor.state, b) if node.branch_input else {}
+    except Exception as exc:
+        from actors.task_waits import fail_with_saga
+
+        await fail_with_saga(actor, exc, f"branch_input of {node.name} raised")
+        return
     for b in names:
         if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
             continue  # finished before a crash: never run again
-        initial = node.branch_input(actor.state, b) if node.branch_input else {}
+        initial = inputs[b]
         # A branch the join no longer needs is interrupted, not waited for.
         specs.append((f"branch:{key}:{b}", _branch_factory(actor, key, node, b, initial), 0.01))
     refs = await actor.deps.spawn_children(actor.task_id, specs)
@@ -206,7 +221,13 @@ async def stop_fanout_children(actor: TaskActor) -> None:
 # -- suspension: approvals -------------------------------------------------------------------
 
 async def request_approval(actor: TaskActor, node: ApprovalNode) -> None:
-    request = node.request(actor.state) if node.request else {}
+    try:
+        request = node.request(actor.state) if node.request else {}
+    except Exception as exc:
+        from actors.task_waits import fail_with_saga
+
+        await fail_with_saga(actor, exc, f"approval request of {node.name} raised")
+        return
     approval_id = new_id("apr")
     digest = request_hash(canonical(request))
     assert node.timeout is not None
@@ -267,7 +288,13 @@ def _wait_timer(actor: TaskActor, node: str) -> str:
 
 
 async def wait_external(actor: TaskActor, node: WaitNode) -> None:
-    correlation = node.correlation(actor.state)
+    try:
+        correlation = node.correlation(actor.state)
+    except Exception as exc:
+        from actors.task_waits import fail_with_saga
+
+        await fail_with_saga(actor, exc, f"correlation of {node.name} raised")
+        return
     assert node.timeout is not None
     due = actor.deps.clock.now() + node.timeout
     await actor.commit(
@@ -290,6 +317,18 @@ async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
     if not isinstance(node, WaitNode) or node.name != name:
         return "ignored"
     cid = str(env.body.get("correlation_id"))
+    if env.body.get("outcome", "completed") != "completed":
+        from actors.task_waits import fail_with_saga
+
+        await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
+                           cancel_timers=[_wait_timer(actor, node.name)],
+                           inbox_message_id=env.message_id, events=[("wait.completed", {
+                               "node": node.name, "correlation_id": cid,
+                               "outcome": env.body.get("outcome"), "to": "FAILED"})])
+        await fail_with_saga(actor, RatchetError(
+            f"{node.name}: the awaited party reported {env.body.get('outcome')!r}",
+            error=env.body.get("error")), "external party reported failure")
+        return "processed"
     actor.state[node.name] = env.body.get("result")
     await actor.move(node.name, node.next, [("wait.completed", {
         "node": node.name, "correlation_id": cid, "to": node.next})],
@@ -333,7 +372,8 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
         if node.on_timeout == CANCEL:
             await actor.commit(status_event=TaskEvent.CANCELLED, approval=settle,
                                inbox_message_id=env.message_id, events=[
-                                   ("approval.timed_out", {"node": node.name, "then": "cancel"}),
+                                   ("approval.timed_out", {"node": node.name, "then": "cancel",
+                                                           "approval_id": row["approval_id"]}),
                                    ("task.cancelled", {"reason": "approval timed out"})])
             actor.ref.stop()
             return "processed"
@@ -349,6 +389,10 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
             return "late"
         cid = str(payload.get("correlation_id"))
         if node.on_timeout == FAIL:
+            # Back to RUNNING first: the saga may need to hand a failed undo to a human.
+            await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
+                               inbox_message_id=env.message_id, events=[("wait.timed_out", {
+                                   "node": node.name, "correlation_id": cid, "to": "FAILED"})])
             await fail_with_saga(actor, RatchetError(f"no message for {node.name} in time"),
                                  "external wait timed out")
             return "processed"

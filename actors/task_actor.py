@@ -146,6 +146,12 @@ class TaskActor(Actor):
     # -- mail ---------------------------------------------------------------------------
 
     async def _deliver(self, env: Envelope) -> str:
+        outcome = await self._deliver_one(env)
+        if self.status not in (TaskStatus.QUEUED, TaskStatus.RUNNING) and self.ref.is_alive:
+            self.ref.stop()  # still parked (late, repeated or refused mail): stay passivated
+        return outcome
+
+    async def _deliver_one(self, env: Envelope) -> str:
         try:
             if env.type == "task.start":
                 if self.status is not TaskStatus.QUEUED:
@@ -221,10 +227,15 @@ class TaskActor(Actor):
             await self._succeed()
             return
         node = self.workflow.node(self.current)
-        if node.max_visits is not None and self.visits.get(node.name, 0) >= node.max_visits:
+        bounded = [node]
+        if node.kind == "fanout":  # a loop may be bounded on the join: entering its fan-out
+            bounded.append(self.workflow.node(node.join))  # type: ignore[attr-defined]
+        over = [n for n in bounded if n.max_visits is not None
+                and self.visits.get(n.name, 0) >= n.max_visits]
+        if over:
             await task_waits.fail_with_saga(
-                self, RatchetError(f"node {node.name} entered more than {node.max_visits} times"),
-                "loop bound exceeded")
+                self, RatchetError(f"node {over[0].name} entered more than"
+                                   f" {over[0].max_visits} times"), "loop bound exceeded")
             return
         if await graph_runtime.run_node(self, node):
             self.ref.tell(Advance())

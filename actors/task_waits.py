@@ -157,7 +157,13 @@ async def external_timeout(actor: TaskActor, env: Envelope, payload: dict[str, A
     runner: ActionRunner = actor.runner(actor.next_step, None)
     ok, value = await runner.query_once(tool, tool.args.model_validate(action.args), key)
     if ok and value is not None and not isinstance(value, Accepted):
-        result = tool.result.model_validate(value)
+        try:
+            result = tool.result.model_validate(value)
+        except Exception as exc:  # the provider answered outside the contract: a human decides
+            await suspend(actor, HandoffRequired("the provider's result failed validation", {
+                "why": "invalid provider result", "tool": tool.name, "key": key,
+                "error": str(exc)[:500]}))
+            return "processed"
         await actor.commit(
             action=ActionWrite(key, "SUCCEEDED", result=result.model_dump(mode="json"),
                                provider_id=getattr(result, "provider_id", None)),
