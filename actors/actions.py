@@ -9,7 +9,9 @@ accepted (202) → the task waits (WAITING_EXTERNAL) for a confirmation; unknown
 dropped connection) → UNKNOWN, then reconcile with ``query``: found → SUCCEEDED with the
 result back-filled; not found → resend with the same key; undecidable or no ``query`` →
 the task goes UNKNOWN with a handoff package for a human.
-Every retry is recorded as an event (reason, delay, attempt) before its delay.
+Every retry is recorded as an event (reason, delay, attempt) before its delay, with the
+action PENDING and its ``next_attempt_at`` stored: a retry delay survives a restart (a
+resumed task waits out the rest of it, then records IN_FLIGHT again before the call).
 """
 
 from __future__ import annotations
@@ -190,6 +192,13 @@ class ActionRunner:
             raise failure
         if row.accepted:
             raise AwaitExternal(key, key, self.env.default_external_timeout)
+        if row.status == "PENDING":
+            # A retry was scheduled and nothing is in flight: honour its delay (it is stored,
+            # so it survives a restart), then call again with the same key.
+            if row.next_attempt_at is not None:
+                await self.env.clock.sleep(max(0.0, row.next_attempt_at - self.env.clock.now()))
+            await self._start_attempt(tool, key, row.attempts, resumed=True)
+            return await self._attempts(tool, args, key, row.attempts)
         # IN_FLIGHT (we crashed during the call) or UNKNOWN: the outcome is not known.
         return await self._reconcile(tool, args, key, row.attempts)
 
@@ -210,11 +219,21 @@ class ActionRunner:
                 await self._record_failure(tool, key, value, attempt, decision)
             assert delay is not None
             await self.env.commit(
-                action=ActionWrite(key, "IN_FLIGHT", attempts=attempt + 1),
+                action=ActionWrite(key, "PENDING", attempts=attempt + 1,
+                                   next_attempt_at=self.env.clock.now() + delay),
                 events=[("action.retry", self._retry_payload(tool, key, decision, value, delay,
                                                              attempt))])
             await self.env.clock.sleep(delay)
             attempt += 1
+            await self._start_attempt(tool, key, attempt)
+
+    async def _start_attempt(self, tool: Tool[Any, Any], key: str, attempt: int,
+                             resumed: bool = False) -> None:
+        """PENDING → IN_FLIGHT, committed before the call."""
+        await self.env.commit(
+            action=ActionWrite(key, "IN_FLIGHT"),
+            events=[("action.started", {"key": key, "tool": tool.name, "attempt": attempt,
+                                        **({"resumed": True} if resumed else {})})])
 
     async def _reconcile(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int) -> Any:
         if tool.query is None:

@@ -52,6 +52,7 @@ class ActionWrite:
     result: Any = None
     error: dict[str, Any] | None = None
     provider_id: str | None = None
+    next_attempt_at: float | None = None  # a retry's durable delay (status PENDING)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,15 @@ def write_action(conn: sqlite3.Connection, a: ActionWrite, task_id: str, tenant:
             existing = conn.execute(
                 "SELECT tenant, idempotency_key, task_id, step_index, tool, kind, request_hash,"
                 " args, status, attempts, accepted, result, error, provider_id, compensates, seq,"
-                " created_at, updated_at FROM actions WHERE tenant = ? AND idempotency_key = ?",
+                " created_at, updated_at, next_attempt_at FROM actions"
+                " WHERE tenant = ? AND idempotency_key = ?",
                 (tenant, a.key)).fetchone()
             raise ActionKeyTaken(a.key, existing) from None
         return
     sets, args = ["status = ?", "updated_at = ?"], [a.status, now]
     for column, value in (("attempts", a.attempts), ("result", packed_result),
-                          ("error", packed_error), ("provider_id", a.provider_id)):
+                          ("error", packed_error), ("provider_id", a.provider_id),
+                          ("next_attempt_at", a.next_attempt_at)):
         if value is not None:
             sets.append(f"{column} = ?")
             args.append(value)

@@ -252,6 +252,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        5,
+        "durable retry delays: when a PENDING action may be called again",
+        """
+        ALTER TABLE actions ADD COLUMN next_attempt_at REAL;
+        """,
+    ),
 ]
 
 

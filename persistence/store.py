@@ -84,11 +84,13 @@ class ActionRecord:
     seq: int
     created_at: float
     updated_at: float
+    next_attempt_at: float | None = None
 
 
 _ACTION_COLUMNS = (
     "tenant, idempotency_key, task_id, step_index, tool, kind, request_hash, args, status,"
-    " attempts, accepted, result, error, provider_id, compensates, seq, created_at, updated_at"
+    " attempts, accepted, result, error, provider_id, compensates, seq, created_at, updated_at,"
+    " next_attempt_at"
 )
 
 
@@ -103,7 +105,7 @@ def _action(row: Any) -> ActionRecord:
         request_hash=row[6], args=_unpack(row[7]), status=row[8], attempts=row[9],
         accepted=bool(row[10]), result=_unpack(row[11]), error=_unpack(row[12]),
         provider_id=row[13], compensates=row[14], seq=row[15], created_at=row[16],
-        updated_at=row[17],
+        updated_at=row[17], next_attempt_at=row[18],
     )
 
 

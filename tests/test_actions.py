@@ -393,3 +393,28 @@ async def test_compensation_still_runs_when_the_task_failed_on_its_deadline(
     assert events[-1].type == "task.failed"
     assert events[-1].payload["compensated"] == ["claim:s8:travel:submit"]
     assert finance.effects()["refund:s8:travel"] == 1
+
+
+async def test_a_retry_delay_survives_a_node_killed_during_it(
+    nats_url: str, client: ratchet.Client, finance: FinanceClient, simulator: Any,
+    node_process: Any,
+) -> None:
+    node = node_process(nats_url, {"RATCHET_FINANCE_URL": simulator.url},
+                        app_spec="examples.expense:app")
+    await asyncio.to_thread(node.start)
+    finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 1.5}])
+    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    retry = None
+    async for event in client.watch(task_id):
+        if event.type == "action.retry":
+            retry = event
+            break
+    assert retry is not None
+    await asyncio.to_thread(node.kill)  # inside the 1.5 s Retry-After
+    await asyncio.to_thread(node.start)
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    resumed = next(e for e in events if e.type == "action.started" and e.payload.get("resumed"))
+    assert resumed.payload["attempt"] == 2
+    assert resumed.occurred_at >= retry.occurred_at + 1.5  # the stored delay was honoured
+    assert finance.effects() == {CLAIM_KEY: 1}
