@@ -93,6 +93,10 @@ class CallEnv:
     deadline: float | None  # absolute (clock.now()), the nearer of task and step deadlines
     rng: random.Random
     default_external_timeout: float = 3600.0
+    #: Count each new write against the task's ``tool_calls`` budget (refused atomically
+    #: when spent). Off for agent turns (they count their own) and for compensations (an
+    #: undo must never be refused for want of budget).
+    count_tool_calls: bool = True
 
 
 def _hash(tool: Tool[Any, Any], args: BaseModel) -> str:
@@ -162,6 +166,8 @@ class ActionRunner:
                                    compensates=compensates),
                 events=[("action.started", {"key": key, "tool": tool.name, "attempt": 1,
                                             "compensates": compensates})],
+                **({"spend": {"tool_calls": 1}, "enforce_budget": True}
+                   if self.env.count_tool_calls and compensates is None else {}),
             )
         except ActionKeyTaken as taken:
             assert taken.existing is not None

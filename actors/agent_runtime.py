@@ -28,17 +28,13 @@ from actors.nodes import FAIL, AgentNode
 from actors.tools import RetryPolicy, Tool, ToolContext
 from persistence.ledger import ActionWrite
 from protocol.codec import canonical, encode
-from protocol.errors import ErrorCode, RatchetError
+from protocol.errors import BudgetExhausted, ErrorCode, RatchetError
 from protocol.ids import request_hash
 
 if TYPE_CHECKING:
     from actors.task_actor import TaskActor
 
 __all__ = ["run_agent", "BudgetExhausted", "LoopDetected"]
-
-
-class BudgetExhausted(RatchetError):
-    code = ErrorCode.BUDGET_EXHAUSTED
 
 
 class LoopDetected(RatchetError):
@@ -201,7 +197,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
 
     tools = {t.name: t for t in node.tools}
     specs, specs_digest = _specs(node)
-    runner = actor.runner(actor.next_step, None)
+    runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
     visit = actor.visits.get(node.name, 0)
     request = ModelRequest(messages=[Message.from_dict(m) for m in conv.messages],
                            tools=specs, params=dict(node.params))

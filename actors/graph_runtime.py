@@ -207,6 +207,7 @@ async def on_join_done(actor: TaskActor, done: JoinDone) -> None:
         await fail_with_saga(actor, RatchetError(f"join {join.name} failed: {v.reason}"),
                              "join failed")
         return
+    actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches spent too
     actor.state[join.name] = v.values(done.results, join.policy.defaults)
     actor.visits[join.name] = actor.visits.get(join.name, 0) + 1
     await actor.move(fanout.name, join.next, [("join.completed", summary)], branches=settle,

@@ -36,7 +36,7 @@ from persistence.checkpoints import StateTracker
 from persistence.store import Store, TaskRecord
 from persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
 from protocol.clock import Clock
-from protocol.errors import RatchetError, UnknownWorkflow
+from protocol.errors import BudgetExhausted, RatchetError, UnknownWorkflow
 from protocol.messages import Envelope
 from protocol.states import TaskEvent, TaskStatus, is_terminal
 
@@ -187,6 +187,9 @@ class TaskActor(Actor):
     async def commit(self, **kwargs: Any) -> None:
         """Commit a change under this actor's version (the action runner's callback)."""
         await self._commit(self._change(**kwargs))
+        if kwargs.get("spend"):
+            self.spent = {k: self.spent.get(k, 0) + kwargs["spend"].get(k, 0)
+                          for k in set(self.spent) | set(kwargs["spend"])}
 
     async def _dispatch(self, inbox_message_id: str | None = None) -> None:
         assert self.workflow is not None
@@ -270,7 +273,7 @@ class TaskActor(Actor):
         self._attempt = 1
 
     def runner(self, step_index: int, step_timeout: float | None,
-               *, task_deadline: bool = True) -> ActionRunner:
+               *, task_deadline: bool = True, count_tool_calls: bool = True) -> ActionRunner:
         """The action runner for one step. Compensations pass ``task_deadline=False``: an
         undo must still run when the task failed because its deadline passed."""
         assert self.record is not None
@@ -287,7 +290,8 @@ class TaskActor(Actor):
         return ActionRunner(CallEnv(
             task_id=self.task_id, tenant=self.record.tenant, step_index=step_index,
             store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
-            deadline=min(deadlines) if deadlines else None, rng=self.deps.rng))
+            deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
+            count_tool_calls=count_tool_calls))
 
     async def run_step(self, step: StepNode) -> bool:
         """Run one step node; True when it committed and the task can go on."""
@@ -313,8 +317,10 @@ class TaskActor(Actor):
             return False
         except Exception as exc:
             await self._record_step_failure(step.name, index, exc)
-            if isinstance(exc, ActionFailed) or self._attempt >= self.deps.max_step_attempts:
+            if isinstance(exc, ActionFailed | BudgetExhausted) \
+                    or self._attempt >= self.deps.max_step_attempts:
                 reason = ("a side effect failed" if isinstance(exc, ActionFailed)
+                          else "budget exhausted" if isinstance(exc, BudgetExhausted)
                           else f"step {step.name} failed {self._attempt} times")
                 await task_waits.fail_with_saga(self, exc, reason)
                 return False

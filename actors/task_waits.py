@@ -82,7 +82,7 @@ async def handoff_package(actor: TaskActor, signal: HandoffRequired) -> dict[str
 
 async def fail_with_saga(actor: TaskActor, cause: BaseException, reason: str) -> None:
     """Compensate completed side effects in reverse order, then end FAILED."""
-    runner = actor.runner(actor.next_step, None, task_deadline=False)
+    runner = actor.runner(actor.next_step, None, task_deadline=False, count_tool_calls=False)
     try:
         compensated = await compensate_task(runner, actor.deps.store, actor.deps.registry,
                                             actor.task_id)

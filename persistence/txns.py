@@ -27,7 +27,7 @@ from persistence.ledger import (
     write_action,
     write_timers_waits_handoff,
 )
-from protocol.errors import NotFound, VersionConflict
+from protocol.errors import BudgetExhausted, NotFound, VersionConflict
 from protocol.ids import new_id
 from protocol.messages import SCHEMA_VERSION
 from protocol.states import TaskEvent, TaskStatus, transition
@@ -105,6 +105,7 @@ class TaskChange:
     branches: BranchWrites | None = None
     approval: ApprovalWrite | None = None
     spend: dict[str, float] | None = None  # added to the task's spent budget, atomically
+    enforce_budget: bool = False  # refuse (BudgetExhausted) a spend past the task's budget
     agent_log: list[tuple[str, int, str, dict[str, Any]]] = field(default_factory=list)
 
 
@@ -271,11 +272,17 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
             [(change.task_id, node, seq, kind, msgpack.packb(body, use_bin_type=True))
              for node, seq, kind, body in change.agent_log])
     if change.spend:
-        spent_row = conn.execute("SELECT spent FROM tasks WHERE task_id = ?",
+        spent_row = conn.execute("SELECT spent, budget FROM tasks WHERE task_id = ?",
                                  (change.task_id,)).fetchone()
         spent = dict(msgpack.unpackb(spent_row[0])) if spent_row and spent_row[0] else {}
+        budget = dict(msgpack.unpackb(spent_row[1])) if spent_row and spent_row[1] else {}
         for dim, amount in change.spend.items():
             spent[dim] = spent.get(dim, 0) + amount
+            if change.enforce_budget and budget.get(dim) is not None and spent[dim] > budget[dim]:
+                # Checked in the transaction: branches drawing on one budget at once
+                # cannot overspend it between them.
+                raise BudgetExhausted(f"{dim} budget exhausted", task_id=change.task_id,
+                                      dimension=dim, budget=budget[dim])
         sets.append("spent = ?")
         args.append(msgpack.packb(spent))
     if change.error is not None:

@@ -17,6 +17,7 @@ __all__ = [
     "IllegalTransition",
     "RequestConflict",
     "VersionConflict",
+    "BudgetExhausted",
     "NotFound",
     "UnknownWorkflow",
     "Unavailable",
@@ -105,6 +106,12 @@ class RequestConflict(RatchetError):
     """The same idempotency key was used with a different request body."""
 
     code = ErrorCode.CONFLICT
+
+
+class BudgetExhausted(RatchetError):
+    """A task's budget (tokens, model calls, tool calls, wall time, money) is spent."""
+
+    code = ErrorCode.BUDGET_EXHAUSTED
 
 
 class VersionConflict(RatchetError):

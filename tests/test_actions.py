@@ -418,3 +418,42 @@ async def test_a_retry_delay_survives_a_node_killed_during_it(
     assert resumed.payload["attempt"] == 2
     assert resumed.occurred_at >= retry.occurred_at + 1.5  # the stored delay was honoured
     assert finance.effects() == {CLAIM_KEY: 1}
+
+
+async def test_the_tool_call_budget_stops_a_step_and_the_undo_still_runs(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    await start_node(expense_app)
+    events = await run(client, "expense.split", {"report_id": "b1", "employee": "e",
+                                                 "travel": 10, "hotel": 20}, "b1",
+                       budget={"tool_calls": 1})
+    assert events[-1].type == "task.failed"
+    assert events[-1].payload["reason"] == "budget exhausted"
+    assert events[-1].payload["error"]["code"] == "BUDGET_EXHAUSTED"
+    assert finance.effects() == {"claim:b1:travel:submit": 1, "refund:b1:travel": 1}
+
+
+async def test_branches_draw_on_the_tasks_remaining_budget_together(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from examples.expense import refund_claim, submit_claim
+
+    branch = ratchet.Workflow("claim-branch")
+
+    @branch.step
+    async def file(ctx: ratchet.StepContext) -> dict[str, Any]:
+        claim = await ctx.call(submit_claim, ClaimArgs(report_id="fb", part=ctx.branch or "",
+                                                       employee="e", amount=1.0))
+        return {"output": claim.provider_id}
+
+    wf = ratchet.Workflow("claims.fan")
+    wf.fanout("spread", {b: branch for b in ("x", "y", "z")}, join="gather")
+    wf.join("gather", of="spread", policy=ratchet.JoinPolicy("at_least", k=2))
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    await start_node(registry)
+    events = await run(client, "claims.fan", {}, "fb", budget={"tool_calls": 2})
+    assert events[-1].type == "task.succeeded"
+    failed = [e.payload for e in events if e.type == "branch.failed"]
+    assert len(failed) == 1 and failed[0]["error"]["type"] == "BudgetExhausted"
+    assert sum(finance.effects().values()) == 2  # three branches, two calls allowed in all
