@@ -20,8 +20,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Each script prints one JSON object as its last line (figures in docs/operations.md).
 bench: $(STAMP)
 	$(BIN)/python bench/steps.py
+	$(BIN)/python bench/actions.py
+	$(BIN)/python bench/fanout.py
+	$(BIN)/python bench/agent.py
+	$(BIN)/python bench/chaos.py --runs 200
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
