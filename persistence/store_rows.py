@@ -1,0 +1,191 @@
+"""The Store's reads (and small writes) of the ledger, tool sessions, timers, waits,
+handoffs, fan-out branches, approvals and agent logs — a mixin of :class:`Store`, kept
+apart so that each module stays one concept and a readable size."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import TYPE_CHECKING, Any
+
+import aiosqlite
+import msgpack
+
+from persistence.graph_rows import finish_branch_txn
+from persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
+
+if TYPE_CHECKING:
+    from persistence.store import ActionRecord
+    from persistence.writer import Writer
+
+__all__ = ["RowReads"]
+
+
+def _unpack(data: bytes | None) -> Any:
+    return None if data is None else msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+class RowReads:
+    _writer: Writer
+
+    @property
+    def _db(self) -> aiosqlite.Connection:
+        raise NotImplementedError
+
+    def _announce(self, rows: list[OutboxRow]) -> None:
+        raise NotImplementedError
+
+    # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
+
+    async def get_action(self, tenant: str, key: str) -> ActionRecord | None:
+        async with self._db.execute(
+            f"SELECT {_action_columns()} FROM actions WHERE tenant = ? AND idempotency_key = ?",
+            (tenant, key),
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else _action_record(row)
+
+    async def task_actions(self, task_id: str) -> list[ActionRecord]:
+        """The task's actions in the order they were first recorded."""
+        async with self._db.execute(
+            f"SELECT {_action_columns()} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
+        ) as cur:
+            return [_action_record(r) for r in await cur.fetchall()]
+
+    async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
+        async with self._db.execute(
+            "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)
+        ) as cur:
+            row = await cur.fetchone()
+        return {} if row is None else dict(_unpack(row[0]))
+
+    async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
+                                 now: float) -> None:
+        packed = msgpack.packb(state, use_bin_type=True)
+
+        def txn(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT OR REPLACE INTO tool_sessions(task_id, session, state, updated_at)"
+                " VALUES (?,?,?,?)", (task_id, session, packed, now))
+
+        await self._writer.submit(txn)
+
+    async def next_timer_due(self) -> float | None:
+        async with self._db.execute(
+            "SELECT MIN(due_at) FROM timers WHERE fired_at IS NULL") as cur:
+            row = await cur.fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
+    async def due_timers(self, now: float, limit: int = 500) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT timer_id, task_id, kind, due_at, payload FROM timers"
+            " WHERE fired_at IS NULL AND due_at <= ? ORDER BY due_at LIMIT ?", (now, limit)
+        ) as cur:
+            rows = await cur.fetchall()
+        return [{"timer_id": r[0], "task_id": r[1], "kind": r[2], "due_at": r[3],
+                 "payload": _unpack(r[4])} for r in rows]
+
+    async def timer_fired(self, timer_id: str) -> bool:
+        async with self._db.execute(
+            "SELECT fired_at FROM timers WHERE timer_id = ?", (timer_id,)) as cur:
+            row = await cur.fetchone()
+        return row is not None and row[0] is not None
+
+    async def mark_timers_fired(self, fired: list[tuple[str, float]], now: float) -> None:
+        """Mark ``(timer_id, due_at)`` pairs fired. The due time is part of the match: a
+        timer re-armed (same id, new due time) while it was being delivered stays armed."""
+
+        def txn(conn: sqlite3.Connection) -> None:
+            conn.executemany("UPDATE timers SET fired_at = ? WHERE timer_id = ? AND due_at = ?",
+                             [(now, t, due) for t, due in fired])
+
+        await self._writer.submit(txn)
+
+    async def find_wait(self, tenant: str, correlation_id: str) -> tuple[str, str] | None:
+        """(task_id, kind) of an open wait, or None."""
+        async with self._db.execute(
+            "SELECT task_id, kind FROM waits WHERE tenant = ? AND correlation_id = ?"
+            " AND resolved_at IS NULL", (tenant, correlation_id)
+        ) as cur:
+            row = await cur.fetchone()
+        return None if row is None else (row[0], row[1])
+
+    async def handoffs(self, task_id: str) -> list[dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT id, reason, package, created_at, resolved_at FROM handoffs WHERE task_id = ?"
+            " ORDER BY id", (task_id,)
+        ) as cur:
+            rows = await cur.fetchall()
+        return [{"id": r[0], "reason": r[1], "package": _unpack(r[2]), "created_at": r[3],
+                 "resolved_at": r[4]} for r in rows]
+
+    # -- graphs: branches, approvals, checkpoint history -----------------------------------
+
+    async def finish_branch(self, change: TaskChange, node: str, branch: str, status: str,
+                            result: Any, error: dict[str, Any] | None) -> bool:
+        """Settle a RUNNING branch and, only if it was still running, apply ``change`` (a
+        side-channel change: its events and mail) in the same transaction."""
+
+        def txn(conn: sqlite3.Connection) -> tuple[bool, ChangeResult | None]:
+            if not finish_branch_txn(conn, change.task_id, node, branch, status, result, error,
+                                     change.now):
+                return (False, None)
+            return (True, apply_change_txn(conn, change))
+
+        settled, applied = await self._writer.submit(txn)
+        if applied is not None:
+            self._announce(applied.outbox)
+        return bool(settled)
+
+    async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
+        async with self._db.execute(
+            "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
+            (task_id, node)) as cur:
+            rows = await cur.fetchall()
+        return {r[0]: {"status": r[1], "result": _unpack(r[2]), "error": _unpack(r[3])}
+                for r in rows}
+
+    async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
+        async with self._db.execute(
+            "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"
+            " AND branch = ?", (task_id, node, branch)) as cur:
+            r = await cur.fetchone()
+        return None if r is None else {"status": r[0], "result": _unpack(r[1]),
+                                       "error": _unpack(r[2])}
+
+    async def approval(self, approval_id: str) -> dict[str, Any] | None:
+        async with self._db.execute(
+            "SELECT approval_id, task_id, node, request, request_hash, approvers, status,"
+            " decided_by, reason, expires_at, created_at, decided_at FROM approvals"
+            " WHERE approval_id = ?", (approval_id,)) as cur:
+            r = await cur.fetchone()
+        if r is None:
+            return None
+        return {"approval_id": r[0], "task_id": r[1], "node": r[2], "request": _unpack(r[3]),
+                "request_hash": r[4], "approvers": r[5], "status": r[6], "decided_by": r[7],
+                "reason": r[8], "expires_at": r[9], "created_at": r[10], "decided_at": r[11]}
+
+    async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
+        """An agent node's log entries ``(kind, body)`` in order (messages and turns)."""
+        async with self._db.execute(
+            "SELECT kind, body FROM agent_log WHERE task_id = ? AND node = ? ORDER BY seq",
+            (task_id, node)) as cur:
+            return [(r[0], dict(_unpack(r[1]))) for r in await cur.fetchall()]
+
+    async def checkpoint_names(self, task_id: str) -> list[str]:
+        """The names of the nodes completed, in checkpoint order."""
+        async with self._db.execute(
+            "SELECT step_name FROM checkpoints WHERE task_id = ? ORDER BY seq", (task_id,)) as cur:
+            return [r[0] for r in await cur.fetchall()]
+
+
+
+def _action_columns() -> str:
+    from persistence.store import _ACTION_COLUMNS
+
+    return _ACTION_COLUMNS
+
+
+def _action_record(row: Any) -> ActionRecord:
+    from persistence.store import action_record
+
+    return action_record(row)
