@@ -14,16 +14,16 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, redelivery_delay
+from actors.bus import Bus
 from actors.core import ServiceActor
-from actors.task_actor import DeliverMail
 from persistence.store import Store
 from protocol.clock import Clock
 from protocol.codec import decode_envelope, parse_body
-from protocol.errors import InvalidMessage, NotFound, RatchetError
+from protocol.errors import InvalidMessage, NotFound
 from protocol.messages import ApprovalDecision
 from protocol.subjects import STREAM_DECISIONS, dlq_subject
-from supervisors.tasks import TaskFinished, TaskSupervision
+from supervisors.routing import deliver, settle_failure
+from supervisors.tasks import TaskSupervision
 
 __all__ = ["DecisionRouter"]
 
@@ -54,31 +54,12 @@ class DecisionRouter(ServiceActor):
             record = await self.store.load_task(decision.task_id)
             if record.tenant != tenant:
                 raise NotFound("no such task", task_id=decision.task_id)
-            ref = await self.tasks.ensure_running(decision.task_id)
-            if ref is None:
-                await msg.nak(delay=redelivery_delay(msg))
+            outcome = await deliver(self.tasks, decision.task_id, env, msg)
+            if outcome is None:
                 return
-            outcome = await ref.ask(DeliverMail(env), timeout=60.0,
-                                    correlation_id=env.correlation_id)
             log.info("decision delivered", task_id=decision.task_id, outcome=outcome,
                      approval_id=decision.approval_id, decided_by=decision.decided_by)
             await msg.ack()
-        except TaskFinished:
-            await msg.ack()
-        except RatchetError as exc:
-            if exc.retryable:
-                await msg.nak(delay=redelivery_delay(msg))
-                return
-            log.warning("decision dead-lettered", subject=msg.subject, error=exc.message)
-            try:
-                await self.store.record_dead_letter(
-                    subject=msg.subject, raw=msg.data, error=exc.to_wire(),
-                    dlq_subject=dlq_subject("decisions", tenant), now=self.clock.now())
-            except Exception as store_exc:
-                log.error("dead-letter failed", error=repr(store_exc))
-                await msg.nak(delay=redelivery_delay(msg))
-                return
-            await msg.ack()
         except Exception as exc:
-            log.error("decision routing failed; will retry", error=repr(exc))
-            await msg.nak(delay=redelivery_delay(msg))
+            await settle_failure(msg, exc, store=self.store, clock=self.clock,
+                                 dlq=dlq_subject("decisions", tenant), log=log)

@@ -14,14 +14,14 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, redelivery_delay
+from actors.bus import Bus
 from actors.core import ServiceActor
-from actors.task_actor import DeliverMail
 from persistence.store import Store
 from protocol.clock import Clock
 from protocol.codec import decode_envelope
-from protocol.errors import InvalidMessage, RatchetError
+from protocol.errors import InvalidMessage
 from protocol.subjects import STREAM_EXTERNAL, dlq_subject
+from supervisors.routing import deliver, settle_failure
 from supervisors.tasks import TaskSupervision
 
 __all__ = ["ExternalRouter"]
@@ -62,29 +62,12 @@ class ExternalRouter(ServiceActor):
             if kind.startswith("action:"):
                 body.setdefault("key", kind.removeprefix("action:"))
             env = env.model_copy(update={"body": body})
-            ref = await self.tasks.ensure_running(task_id)
-            if ref is None:
-                await msg.nak(delay=redelivery_delay(msg))
+            outcome = await deliver(self.tasks, task_id, env, msg)
+            if outcome is None:
                 return
-            outcome = await ref.ask(DeliverMail(env), timeout=60.0,
-                                    correlation_id=env.correlation_id)
             log.info("confirmation delivered", task_id=task_id, correlation_id=cid,
                      outcome=outcome)
             await msg.ack()
-        except RatchetError as exc:
-            if exc.retryable:
-                await msg.nak(delay=redelivery_delay(msg))
-                return
-            log.warning("confirmation dead-lettered", subject=msg.subject, error=exc.message)
-            try:
-                await self.store.record_dead_letter(
-                    subject=msg.subject, raw=msg.data, error=exc.to_wire(),
-                    dlq_subject=dlq_subject("external", tenant), now=self.clock.now())
-            except Exception as store_exc:
-                log.error("dead-letter failed", error=repr(store_exc))
-                await msg.nak(delay=redelivery_delay(msg))
-                return
-            await msg.ack()
         except Exception as exc:
-            log.error("confirmation routing failed; will retry", error=repr(exc))
-            await msg.nak(delay=redelivery_delay(msg))
+            await settle_failure(msg, exc, store=self.store, clock=self.clock,
+                                 dlq=dlq_subject("external", tenant), log=log)

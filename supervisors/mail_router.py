@@ -15,15 +15,15 @@ from collections import OrderedDict
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, redelivery_delay
+from actors.bus import Bus
 from actors.core import ServiceActor
-from actors.task_actor import DeliverMail
 from persistence.store import Store
 from protocol.clock import Clock
 from protocol.codec import decode_envelope
-from protocol.errors import NotFound, RatchetError
+from protocol.errors import NotFound
 from protocol.subjects import STREAM_MAIL, dlq_subject
-from supervisors.tasks import TaskFinished, TaskSupervision
+from supervisors.routing import deliver, settle_failure
+from supervisors.tasks import TaskSupervision
 
 __all__ = ["MailRouter"]
 
@@ -68,32 +68,13 @@ class MailRouter(ServiceActor):
             if env.message_id in self._recent:
                 await msg.ack()
                 return
-            ref = await self.tasks.ensure_running(task_id)
-            if ref is None:
-                await msg.nak(delay=redelivery_delay(msg))  # between restarts: try again shortly
-                return
-            outcome = await ref.ask(DeliverMail(env), timeout=60.0,
-                                    correlation_id=env.correlation_id)
+            outcome = await deliver(self.tasks, task_id, env, msg)
+            if outcome is None:
+                return  # between restarts: NAK'ed, tried again shortly
             self._seen(env.message_id)
             log.debug("mail delivered", task_id=task_id, outcome=outcome,
                       message_id=env.message_id)
             await msg.ack()
-        except TaskFinished:
-            await msg.ack()  # late mail for a finished task: nothing to do
-        except RatchetError as exc:
-            if exc.retryable:
-                await msg.nak(delay=redelivery_delay(msg))
-                return
-            log.warning("mail dead-lettered", subject=msg.subject, error=exc.message)
-            try:
-                await self.store.record_dead_letter(
-                    subject=msg.subject, raw=msg.data, error=exc.to_wire(),
-                    dlq_subject=dlq_subject("mail", "_system"), now=self.clock.now())
-            except Exception as store_exc:
-                log.error("dead-letter failed", error=repr(store_exc))
-                await msg.nak(delay=redelivery_delay(msg))
-                return
-            await msg.ack()
         except Exception as exc:
-            log.error("mail routing failed; will retry", error=repr(exc))
-            await msg.nak(delay=redelivery_delay(msg))
+            await settle_failure(msg, exc, store=self.store, clock=self.clock,
+                                 dlq=dlq_subject("mail", "_system"), log=log)

@@ -1,0 +1,57 @@
+"""What the JetStream routers (actor mail, confirmations, decisions) share: delivering a
+message to its task's actor, and settling a message that could not be delivered.
+
+A message is acked only once its effect is committed (the actor answered). Failures:
+mail for a finished task is acked and dropped; a retryable error is NAK'ed with a delay
+that doubles per delivery; anything else that names a real problem with the message is
+dead-lettered with its error and acked; an unexpected error is NAK'ed for a retry — one bad
+message never stops a router.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from actors.bus import redelivery_delay
+from actors.task_actor import DeliverMail
+from persistence.store import Store
+from protocol.clock import Clock
+from protocol.errors import RatchetError
+from protocol.messages import Envelope
+from supervisors.tasks import TaskFinished, TaskSupervision
+
+__all__ = ["deliver", "settle_failure"]
+
+
+async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg) -> Any | None:
+    """Activate the task if needed and hand it ``env``; the actor's answer, or None when
+    the message was NAK'ed for later (the task is between restarts)."""
+    ref = await tasks.ensure_running(task_id)
+    if ref is None:
+        await msg.nak(delay=redelivery_delay(msg))
+        return None
+    return await ref.ask(DeliverMail(env), timeout=60.0, correlation_id=env.correlation_id)
+
+
+async def settle_failure(msg: Msg, exc: Exception, *, store: Store, clock: Clock, dlq: str,
+                         log: Any) -> None:
+    """Ack, NAK or dead-letter a message whose delivery raised ``exc``."""
+    if isinstance(exc, TaskFinished):
+        await msg.ack()
+        return
+    if isinstance(exc, RatchetError) and not exc.retryable:
+        log.warning("message dead-lettered", subject=msg.subject, error=exc.message)
+        try:
+            await store.record_dead_letter(subject=msg.subject, raw=msg.data,
+                                           error=exc.to_wire(), dlq_subject=dlq, now=clock.now())
+        except Exception as store_exc:  # not recorded: keep it in the stream for later
+            log.error("dead-letter failed", error=repr(store_exc))
+            await msg.nak(delay=redelivery_delay(msg))
+            return
+        await msg.ack()
+        return
+    if not isinstance(exc, RatchetError):
+        log.error("routing failed; will retry", subject=msg.subject, error=repr(exc))
+    await msg.nak(delay=redelivery_delay(msg))
