@@ -20,9 +20,9 @@ import tempfile
 import threading
 from pathlib import Path
 from types import TracebackType
-from typing import IO, NoReturn
+from typing import IO, NoReturn, Self
 
-__all__ = ["FinanceSimulatorProcess", "SimulatorStartError"]
+__all__ = ["FinanceSimulatorProcess", "SimulatorProcess", "SimulatorStartError"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
@@ -38,11 +38,15 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class FinanceSimulatorProcess:
-    """One ``python -m simulators.finance`` child on a free loopback port.
+class SimulatorProcess:
+    """One ``python -m <module>`` simulator child on a free loopback port.
 
-    :meth:`start` returns the URL; :meth:`stop` is idempotent; also a context manager.
+    :meth:`start` returns the URL it announces; :meth:`stop` is idempotent; also a context
+    manager. Subclasses name the module (and add their test controls).
     """
+
+    module = ""
+    label = "simulator"
 
     def __init__(self, host: str = "127.0.0.1", *, verbose: bool = False) -> None:
         self.host = host
@@ -55,7 +59,7 @@ class FinanceSimulatorProcess:
     def url(self) -> str:
         """The simulator's base URL; only valid while started."""
         if self._url is None:
-            raise RuntimeError("the finance simulator is not running; call start() first")
+            raise RuntimeError(f"the {self.label} is not running; call start() first")
         return self._url
 
     @property
@@ -69,7 +73,7 @@ class FinanceSimulatorProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
-        command = [sys.executable, "-m", "simulators.finance", "--host", self.host, "--port", "0"]
+        command = [sys.executable, "-m", self.module, "--host", self.host, "--port", "0"]
         if self.verbose:
             command.append("--verbose")
         # stderr goes to a file, not a pipe: nobody drains it, and a full pipe would block.
@@ -88,7 +92,7 @@ class FinanceSimulatorProcess:
             announced = json.loads(line)
             url = str(announced["url"])
         except (ValueError, KeyError, TypeError):
-            self._fail(f"the finance simulator announced something unexpected: {line!r}")
+            self._fail(f"the {self.label} announced something unexpected: {line!r}")
         self._url = url
         return url
 
@@ -109,7 +113,7 @@ class FinanceSimulatorProcess:
             self._stderr.close()
             self._stderr = None
 
-    def __enter__(self) -> FinanceSimulatorProcess:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -132,11 +136,11 @@ class FinanceSimulatorProcess:
         try:
             line = lines.get(timeout=timeout)
         except queue.Empty:
-            self._fail(f"the finance simulator did not announce its URL within {timeout} s")
+            self._fail(f"the {self.label} did not announce its URL within {timeout} s")
         if not line:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._proc.wait(timeout=5)
-            self._fail(f"the finance simulator exited with code {self._proc.returncode}")
+            self._fail(f"the {self.label} exited with code {self._proc.returncode}")
         return line.decode(errors="replace").strip()
 
     def _fail(self, why: str) -> NoReturn:
@@ -148,4 +152,12 @@ class FinanceSimulatorProcess:
                 errors = self._stderr.read()[-4000:]
         self.stop()
         detail = errors.decode(errors="replace").strip()
-        raise SimulatorStartError(f"{why}\n--- simulator stderr ---\n{detail}" if detail else why)
+        raise SimulatorStartError(f"{why}\n--- {self.label} stderr ---\n{detail}" if detail
+                                  else why)
+
+
+class FinanceSimulatorProcess(SimulatorProcess):
+    """The finance-system simulator (:mod:`simulators.finance`) as a child process."""
+
+    module = "simulators.finance"
+    label = "finance simulator"
