@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from actors.actions import ActionFailed
+from actors.actions import ActionFailed, TaskSuspended
 from actors.loop_detect import LoopPolicy, TurnRecord, detect
 from actors.models import Message, Model, ModelRequest, ToolSpec
 from actors.nodes import FAIL, AgentNode
@@ -172,7 +172,7 @@ def _exhausted(actor: TaskActor, spent: dict[str, float]) -> str | None:
 async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     """Run one turn; True when the task can go on (another turn, or the next node)."""
     assert actor.record is not None and actor.workflow is not None
-    from actors.task_waits import fail_with_saga
+    from actors.task_waits import fail_with_saga, suspend
 
     model: Model = node.model if not isinstance(node.model, str) else \
         actor.deps.registry.resources[node.model]
@@ -199,18 +199,30 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     specs, specs_digest = _specs(node)
     runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
     visit = actor.visits.get(node.name, 0)
-    request = ModelRequest(messages=[Message.from_dict(m) for m in conv.messages],
-                           tools=specs, params=dict(node.params))
-    asked = ModelCall(
-        key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
-        messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
-        model=f"{model.name}:{model.version}")
-    answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
-    record = _record(asked, answer, node, actor.next_step)
-    spend: dict[str, float] = {"tokens": answer.prompt_tokens + answer.completion_tokens,
-                               "model_calls": 1, "money": answer.cost}
-    proposed = Message.from_dict(answer.message)
-    conv.add(answer.message)
+    last = conv.messages[-1]
+    record: ActionWrite | None = None
+    spend: dict[str, float] = {}
+    upto = 0
+    if last["role"] == "assistant" and last.get("tool_calls"):
+        # The proposal was recorded before the task parked on one of its calls (an accepted
+        # write, a handoff): run the calls again — the ledger answers for what already
+        # happened — and do not ask the model again.
+        proposed, answered_by, version = Message.from_dict(last), "", ""
+    else:
+        request = ModelRequest(messages=[Message.from_dict(m) for m in conv.messages],
+                               tools=specs, params=dict(node.params))
+        asked = ModelCall(
+            key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
+            messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
+            model=f"{model.name}:{model.version}")
+        answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
+        record = _record(asked, answer, node, actor.next_step)
+        spend = {"tokens": answer.prompt_tokens + answer.completion_tokens,
+                 "model_calls": 1, "money": answer.cost}
+        proposed, answered_by, version = Message.from_dict(answer.message), answer.model, \
+            answer.version
+        conv.add(answer.message)
+        upto = len(conv.pending)
     events: list[tuple[str, dict[str, Any]]] = []
 
     if not proposed.tool_calls:
@@ -224,7 +236,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
                                      node=node.name, problems=str(exc)[:500])
                 await actor.move(node.name, node.name, [("agent.turn", {
                     "node": node.name, "turn": turn, "outcome": "invalid answer"})],
-                    spend=spend, agent_log=conv.flush(), action=record)
+                    spend=spend, agent_log=conv.flush(), action=record, count_visit=False)
                 await fail_with_saga(actor, error, "agent answer invalid")
                 return False
             conv.add(Message("user", "Your answer did not validate against the required "
@@ -237,18 +249,29 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
             conv.set("turn", turn + 1)
             actor.spent = _add(spent, spend)
             await actor.move(node.name, node.next, [("agent.answered", {
-                "node": node.name, "turn": turn, "model": answer.model,
-                "version": answer.version, "tokens": spend["tokens"]})], spend=spend,
+                "node": node.name, "turn": turn, "model": answered_by,
+                "version": version, "tokens": spend.get("tokens", 0)})], spend=spend,
                 agent_log=conv.flush(), action=record)
             return True
     else:
         new_artifacts = False
         result: Any = None
-        for call in proposed.tool_calls:
-            result = await _execute(actor, runner, tools, call.name, call.arguments, spent, spend)
-            new_artifacts = conv.see(_digest(result)) or new_artifacts
-            conv.add(Message("tool", json.dumps(result, default=str), tool_call_id=call.id,
-                             name=call.name).to_dict())
+        try:
+            for call in proposed.tool_calls:
+                result = await _execute(actor, runner, tools, call.name, call.arguments, spent,
+                                        spend)
+                new_artifacts = conv.see(_digest(result)) or new_artifacts
+                conv.add(Message("tool", json.dumps(result, default=str), tool_call_id=call.id,
+                                 name=call.name).to_dict())
+        except TaskSuspended as signal:
+            # Keep the proposal (and what it cost) before parking, so the model is not asked
+            # this turn again; the calls run again on resume, answered by the ledger.
+            await actor.commit(agent_log=conv.pending[:upto], action=record, spend=spend or None,
+                               events=[("agent.turn", {"node": node.name, "turn": turn,
+                                                       "outcome": "parked"})])
+            actor.conversations.pop(node.name, None)
+            await suspend(actor, signal)
+            return False
         policy = node.loop or LoopPolicy()
         conv.add_turn(TurnRecord(
             _digest([(c.name, c.arguments) for c in proposed.tool_calls]),
@@ -264,7 +287,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
                 conv.set("turn", turn + 1)
                 await actor.move(node.name, node.name, [("agent.turn", {
                     "node": node.name, "turn": turn, "outcome": "loop"})], spend=spend,
-                    agent_log=conv.flush(), action=record)
+                    agent_log=conv.flush(), action=record, count_visit=False)
                 actor.spent = _add(spent, spend)
                 return await _stop(actor, node, node.on_loop, "agent.loop_detected", evidence,
                                    LoopDetected(f"loop detected: {found.pattern}",
@@ -272,13 +295,13 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
             conv.set("intervened", True)
             conv.add(Message("user", f"You are repeating yourself ({found.pattern}). Change"
                              " approach, or give your final answer now.").to_dict())
-            events.append(("agent.intervention", evidence))
+            events.append(("agent.intervention", {"node": node.name, **evidence}))
     conv.set("turn", turn + 1)
     events.insert(0, ("agent.turn", {
-        "node": node.name, "turn": turn, "model": answer.model, "version": answer.version,
-        "tool_calls": [c.name for c in proposed.tool_calls], "tokens": spend["tokens"]}))
+        "node": node.name, "turn": turn, "model": answered_by, "version": version,
+        "tool_calls": [c.name for c in proposed.tool_calls], "tokens": spend.get("tokens", 0)}))
     await actor.move(node.name, node.name, events, spend=spend, agent_log=conv.flush(),
-                     action=record)
+                     action=record, count_visit=False)
     actor.spent = _add(spent, spend)
     return True
 

@@ -116,6 +116,16 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
     join = actor.workflow.node(node.join)
     assert isinstance(join, JoinNode)
     names = list(node.branches)
+    # Evaluated before anything is recorded: a raising branch_input leaves no branch rows.
+    inputs: dict[str, dict[str, Any]] = {}
+    try:
+        for b in names:
+            inputs[b] = node.branch_input(actor.state, b) if node.branch_input else {}
+    except Exception as exc:
+        from actors.task_waits import fail_with_saga
+
+        await fail_with_saga(actor, exc, f"branch_input of {node.name} raised")
+        return
     rows = await actor.deps.store.branches(actor.task_id, key)
     now = actor.deps.clock.now()
     if not rows:
@@ -135,15 +145,6 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
     specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
         task_id=actor.task_id, key=key, node=node.name, policy=join.policy, branches=names,
         store=actor.deps.store, tell_task=actor.deps.tell_task, timer_fired=fired), 5.0)]
-    inputs: dict[str, dict[str, Any]] = {}
-    try:
-        for b in names:
-            inputs[b] = node.branch_input(actor.state, b) if node.branch_input else {}
-    except Exception as exc:
-        from actors.task_waits import fail_with_saga
-
-        await fail_with_saga(actor, exc, f"branch_input of {node.name} raised")
-        return
     for b in names:
         if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
             continue  # finished before a crash: never run again

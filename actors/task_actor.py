@@ -250,7 +250,7 @@ class TaskActor(Actor):
                                      or node.kind in ("fanout", "join", "wait", "approval"))
 
     async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
-                   **kwargs: Any) -> None:
+                   count_visit: bool = True, **kwargs: Any) -> None:
         """Commit leaving ``node`` for ``to`` as a checkpoint (with whatever state changed)."""
         delta = self.tracker.diff(self.state)
         for _, payload in events:
@@ -259,7 +259,7 @@ class TaskActor(Actor):
         # Visits are counted only where something reads them (loop bounds, per-visit keys of
         # fan-outs and waits): a 1,000-step sequence must not rewrite a 1,000-entry map
         # at every step.
-        counted = self._counts_visits(node)
+        counted = count_visit and self._counts_visits(node)  # an agent's turns are one visit
         visits = {**self.visits, node: self.visits.get(node, 0) + 1} if counted else None
         await self._commit(self._change(
             events=events,

@@ -126,7 +126,7 @@ async def handle_wait_mail(actor: TaskActor, env: Envelope) -> str:
     resolved = {"status_event": TaskEvent.EXTERNAL_RESOLVED, "resolve_waits": [cid],
                 "cancel_timers": [_timer_id(actor.task_id, cid)],
                 "inbox_message_id": env.message_id}
-    if body.get("outcome") == "completed":
+    if body.get("outcome", "completed") == "completed":  # as for wait nodes
         try:
             result = tool.result.model_validate(body.get("result") or {})
         except Exception as exc:  # a malformed confirmation: keep waiting, say why

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import ratchet
 from actors.tools import Tool
@@ -457,3 +458,39 @@ async def test_branches_draw_on_the_tasks_remaining_budget_together(
     failed = [e.payload for e in events if e.type == "branch.failed"]
     assert len(failed) == 1 and failed[0]["error"]["type"] == "BudgetExhausted"
     assert sum(finance.effects().values()) == 2  # three branches, two calls allowed in all
+
+
+async def test_an_agent_whose_write_is_accepted_parks_and_resumes_without_asking_again(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    import json as _json
+
+    from actors.scripted_model import ScriptedModel, reply
+    from examples.expense import refund_claim, submit_claim
+
+    claim = {"report_id": "ag1", "employee": "e", "amount": 12.0}
+    model = ScriptedModel([reply(tool_calls=[("submit_claim", claim)]),
+                           reply(_json.dumps({"filed": True}))])
+
+    class Filed(BaseModel):
+        filed: bool
+
+    wf = ratchet.Workflow("agent.files")
+    wf.agent("clerk", model=model, tools=[submit_claim], output=Filed,
+             prompt=lambda s, i: "file the claim", max_visits=1)
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    await start_node(registry)
+    finance.add_faults([{"op": "claims", "mode": "accept"}])
+    task_id = await client.submit("agent.files", {}, key="ag1")
+    events = await wait_terminal_or_parked(client, task_id)
+    assert events[-1].type == "task.waiting_external"
+    confirmed = finance.confirm("claim:ag1:all:submit")
+    env = Envelope(type="external.resolved", message_id="c-ag1", correlation_id="c-ag1",
+                   body={"correlation_id": "claim:ag1:all:submit", "outcome": "completed",
+                         "result": confirmed})
+    await client.js.publish(external_subject("acme"), encode(env))
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"  # max_visits=1: three turns are one visit
+    assert model.calls == 2  # the parked turn was not asked again
+    assert finance.effects() == {"claim:ag1:all:submit": 1}
