@@ -68,9 +68,10 @@ class Client:
         return task_id_for(self.tenant, key)
 
     async def request(self, verb: str, type_: str, body: dict[str, Any],
-                      timeout: float = 10.0) -> dict[str, Any]:
+                      timeout: float = 10.0, subject: str | None = None) -> dict[str, Any]:
         env = self._envelope(type_, body)
-        msg = await self.nc.request(api_subject(self.tenant, verb), encode(env), timeout=timeout)
+        msg = await self.nc.request(subject or api_subject(self.tenant, verb), encode(env),
+                                    timeout=timeout)
         reply = Reply.model_validate(decode_map(msg.data))
         if not reply.ok:
             err = reply.error
@@ -84,6 +85,11 @@ class Client:
         body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
                           idempotency_key=key)
         return await self.request("submit", "task.submit", body.model_dump())
+
+    async def request_admin(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
+        """An admin command (``body`` is an AdminCommand); raises RemoteError on errors."""
+        return await self.request(verb, f"admin.{verb}", body,
+                                  subject=f"ratchet.admin.{self.tenant}.{verb}")
 
     async def get(self, task_id: str) -> TaskSnapshot:
         result = await self.request("get", "task.get", GetTask(task_id=task_id).model_dump())

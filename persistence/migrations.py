@@ -259,6 +259,37 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE actions ADD COLUMN next_attempt_at REAL;
         """,
     ),
+    (
+        6,
+        "admin: audit log (hash chain) and command ids",
+        """
+        -- Every admin command lands here before it takes effect, then with its outcome.
+        -- Each entry's hash covers the previous one: editing history breaks the chain.
+        CREATE TABLE audit (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            tenant TEXT NOT NULL,
+            at REAL NOT NULL,
+            principal TEXT NOT NULL,
+            verb TEXT NOT NULL,
+            command_id TEXT NOT NULL,
+            task_id TEXT,
+            outcome TEXT NOT NULL,
+            detail BLOB NOT NULL,
+            prev_hash TEXT NOT NULL,
+            hash TEXT NOT NULL
+        );
+        -- Repeating a command id returns the first answer.
+        CREATE TABLE admin_commands (
+            tenant TEXT NOT NULL,
+            command_id TEXT NOT NULL,
+            verb TEXT NOT NULL,
+            request_hash TEXT NOT NULL,
+            reply BLOB,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (tenant, command_id)
+        ) WITHOUT ROWID;
+        """,
+    ),
 ]
 
 

@@ -15,7 +15,7 @@ import msgpack
 
 from persistence.checkpoints import decode_value
 from persistence.migrations import migrate
-from persistence.store_rows import RowReads
+from persistence.store_rows import AdminRows, RowReads
 from persistence.txns import (
     AcceptResult,
     ChangeResult,
@@ -141,7 +141,7 @@ def _record(row: tuple[Any, ...]) -> TaskRecord:
     )
 
 
-class Store(RowReads):
+class Store(RowReads, AdminRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:

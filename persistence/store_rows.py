@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from persistence.store import ActionRecord
     from persistence.writer import Writer
 
-__all__ = ["RowReads"]
+__all__ = ["AdminRows", "RowReads"]
 
 
 def _unpack(data: bytes | None) -> Any:
@@ -189,3 +189,83 @@ def _action_record(row: Any) -> ActionRecord:
     from persistence.store import action_record
 
     return action_record(row)
+
+
+class AdminRows:
+    """Store methods of the admin service (a mixin of :class:`Store`)."""
+
+    _writer: Writer
+
+    @property
+    def _db(self) -> aiosqlite.Connection:
+        raise NotImplementedError
+
+    async def claim_command(self, tenant: str, command_id: str, verb: str, request_hash: str,
+                            now: float) -> tuple[str, Any]:
+        from persistence.admin_rows import claim_command_txn
+
+        result: tuple[str, Any] = await self._writer.submit(
+            lambda c: claim_command_txn(c, tenant, command_id, verb, request_hash, now))
+        return result
+
+    async def store_command_reply(self, tenant: str, command_id: str,
+                                  reply: dict[str, Any]) -> None:
+        from persistence.admin_rows import store_reply_txn
+
+        await self._writer.submit(lambda c: store_reply_txn(c, tenant, command_id, reply))
+
+    async def audit(self, entry: Any) -> int:
+        """Append one audit entry (hash-chained); returns its sequence number."""
+        from persistence.admin_rows import append_audit_txn
+
+        seq: int = await self._writer.submit(lambda c: append_audit_txn(c, entry))
+        return seq
+
+    async def audit_log(self, tenant: str | None = None, after: int = 0,
+                        limit: int = 500) -> list[dict[str, Any]]:
+        where, args = ("WHERE seq > ?", [after]) if tenant is None else \
+            ("WHERE seq > ? AND tenant = ?", [after, tenant])
+        async with self._db.execute(
+            "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
+            f" hash FROM audit {where} ORDER BY seq LIMIT ?", (*args, limit)) as cur:
+            rows = await cur.fetchall()
+        return [{"seq": r[0], "tenant": r[1], "at": r[2], "principal": r[3], "verb": r[4],
+                 "command_id": r[5], "task_id": r[6], "outcome": r[7], "detail": _unpack(r[8]),
+                 "hash": r[9]} for r in rows]
+
+    async def verify_audit(self) -> int | None:
+        """None when the whole chain verifies, else the first broken entry's seq."""
+        from persistence.admin_rows import verify_audit_rows
+
+        async with self._db.execute(
+            "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
+            " prev_hash, hash FROM audit ORDER BY seq") as cur:
+            rows = await cur.fetchall()
+        return verify_audit_rows([tuple(r) for r in rows])
+
+    async def list_tasks(self, tenant: str, *, status: str | None = None,
+                         workflow: str | None = None, limit: int = 100,
+                         cursor: str | None = None) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of the tenant's tasks, newest first; returns (rows, next cursor)."""
+        clauses, args = ["tenant = ?"], [tenant]
+        if status:
+            clauses.append("status = ?")
+            args.append(status)
+        if workflow:
+            clauses.append("workflow = ?")
+            args.append(workflow)
+        if cursor:
+            created_text, _, task_id = cursor.partition("/")
+            created = float(created_text)
+            clauses.append("(created_at < ? OR (created_at = ? AND task_id < ?))")
+            args += [created, created, task_id]  # type: ignore[list-item]
+        async with self._db.execute(
+            "SELECT task_id, workflow, workflow_version, status, version, created_at,"
+            f" updated_at FROM tasks WHERE {' AND '.join(clauses)}"
+            " ORDER BY created_at DESC, task_id DESC LIMIT ?", (*args, limit + 1)) as cur:
+            rows = list(await cur.fetchall())
+        page = [{"task_id": r[0], "workflow": r[1], "workflow_version": r[2], "status": r[3],
+                 "version": r[4], "created_at": r[5], "updated_at": r[6]} for r in rows[:limit]]
+        more = len(rows) > limit
+        next_cursor = f"{page[-1]['created_at']!r}/{page[-1]['task_id']}" if more else None
+        return page, next_cursor

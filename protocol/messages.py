@@ -20,6 +20,8 @@ __all__ = [
     "StartTask",
     "ApprovalDecision",
     "Budget",
+    "Principal",
+    "AdminCommand",
 ]
 
 SCHEMA_VERSION: Literal[1] = 1
@@ -138,6 +140,33 @@ class ApprovalDecision(BaseModel):
     decided_by: str = Field(min_length=1, max_length=200)
     reason: str | None = Field(default=None, max_length=2000)
     request_hash: str | None = None
+
+
+class Principal(BaseModel):
+    """Who sends an admin command, and the roles a deployment granted them (see
+    docs/operations.md: NATS user permissions decide who may publish on a tenant's admin
+    subjects at all; the runtime checks the role each verb needs)."""
+
+    model_config = _STRICT
+
+    name: str = Field(min_length=1, max_length=200)
+    roles: list[Literal["viewer", "operator", "approver"]] = Field(default_factory=list)
+
+
+class AdminCommand(BaseModel):
+    """Body of ``type: "admin.<verb>"`` on ``ratchet.admin.<tenant>.<verb>``.
+
+    ``command_id``: repeating it returns the first answer (one effect). ``expected_version``:
+    for verbs that change a task, a mismatch is CONFLICT.
+    """
+
+    model_config = _STRICT
+
+    command_id: str = Field(min_length=1, max_length=128)
+    principal: Principal
+    task_id: str | None = Field(default=None, max_length=128)
+    args: dict[str, Any] = Field(default_factory=dict)
+    expected_version: int | None = Field(default=None, ge=1)
 
 
 class Event(BaseModel):

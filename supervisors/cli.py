@@ -156,6 +156,25 @@ def _graph(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _admin(args: argparse.Namespace) -> int:
+    from protocol.ids import new_id
+
+    client = await Client.connect(_nats_url(args), args.tenant)
+    try:
+        verb_args: dict[str, Any] = {}
+        for item in args.arg:
+            key, _, value = item.partition("=")
+            verb_args[key] = int(value) if value.isdigit() else value
+        body = {"command_id": args.command_id or new_id("cmd"),
+                "principal": {"name": args.principal,
+                              "roles": [r for r in args.roles.split(",") if r]},
+                "task_id": args.task_id, "args": verb_args}
+        _print(await client.request_admin(args.verb, body))
+    finally:
+        await client.close()
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
     p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: .ratchet")
@@ -189,6 +208,16 @@ def _parser() -> argparse.ArgumentParser:
     s = with_nats(sub.add_parser("status", help="print a task's snapshot"))
     s.add_argument("task_id")
 
+    s = with_nats(sub.add_parser("admin", help="an admin command (get, history, list, tree,"
+                                             " handoff)"))
+    s.add_argument("verb", choices=["get", "history", "list", "tree", "handoff"])
+    s.add_argument("task_id", nargs="?", default=None)
+    s.add_argument("--as", dest="principal", default=os.environ.get("USER", "operator"))
+    s.add_argument("--roles", default="viewer", help="comma-separated: viewer,operator,approver")
+    s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="verb arguments, e.g. --arg after=5 --arg status=RUNNING")
+    s.add_argument("--command-id", default=None, help="repeat one to get its first answer")
+
     s = sub.add_parser("graph", help="print a workflow's transition table and Mermaid diagram")
     s.add_argument("workflow")
     s.add_argument("--app", required=True, help="module:object registering workflows")
@@ -203,7 +232,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
-    handlers = {"serve": _serve, "submit": _submit, "watch": _watch, "status": _status}
+    handlers = {"serve": _serve, "submit": _submit, "watch": _watch, "status": _status,
+                "admin": _admin}
     try:
         if args.command == "graph":
             return _graph(args)

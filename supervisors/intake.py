@@ -27,14 +27,11 @@ from protocol.errors import InvalidMessage, RatchetError, RequestConflict
 from protocol.ids import new_id, request_hash, task_id_for
 from protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
 from protocol.subjects import STREAM_SUBMIT, check_token, dlq_subject, mail_subject
+from supervisors.request_service import error_reply
 
-__all__ = ["Acceptor", "IntakeActor", "error_reply"]
+__all__ = ["Acceptor", "IntakeActor"]
 
 log = structlog.get_logger("ratchet.intake")
-
-
-def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
-    return Reply(ok=False, correlation_id=correlation_id, error=exc.to_wire())  # type: ignore[arg-type]
 
 
 class Acceptor:

@@ -26,6 +26,7 @@ from actors.workflow import Registry
 from persistence.store import Store
 from protocol.clock import Clock, SystemClock
 from protocol.subjects import DEFAULT_PARTITIONS
+from supervisors.admin import AdminActor
 from supervisors.api import ApiActor
 from supervisors.decisions import DecisionRouter
 from supervisors.embedded_nats import EmbeddedNats
@@ -128,6 +129,8 @@ class Node:
             ChildSpec("outbox", relay, Restart.PERMANENT, shutdown_timeout=10.0),
             tasks.root_spec(),
             ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
+            ChildSpec("admin", lambda _: AdminActor(bus, store, self.system, self.clock,
+                                                    cfg.node_id), Restart.PERMANENT),
             ChildSpec("mail", lambda _: MailRouter(bus, tasks, store, self.clock), Restart.PERMANENT),
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),
@@ -184,7 +187,7 @@ class Node:
         root = self.root
         if root is not None and root.is_alive:
             for child in ("intake", "decisions", "external", "recovery", "timers", "mail",
-                          "api"):
+                          "admin", "api"):
                 await root.ask(StopChild(child), timeout=self.config.drain_timeout)
             await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
             if self.relay is not None:

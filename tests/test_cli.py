@@ -79,3 +79,28 @@ def test_graph_prints_the_transition_table_and_a_mermaid_diagram(tmp_path: Path)
     assert out.returncode == 0, out.stderr
     assert "manager   approval  no decision in 3600s  director" in out.stdout
     assert "flowchart TD" in out.stdout
+
+
+def test_admin_verbs_are_wrapped_by_the_cli(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    serve = subprocess.Popen(
+        [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state), "--log-level",
+         "warning", "serve", "--app", "examples.report:app"],
+        cwd=ROOT, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        assert serve.stdout is not None
+        json.loads(serve.stdout.readline())
+        listed = _ratchet(state, "admin", "list", "--as", "ops", "--roles", "operator")
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout) == {"tasks": [], "next_cursor": None}
+        denied = _ratchet(state, "admin", "tree", "--roles", "")
+        assert denied.returncode == 2
+        assert json.loads(denied.stdout)["error"]["code"] == "PERMISSION_DENIED"
+        serve.send_signal(signal.SIGINT)
+        assert serve.wait(timeout=30) == 0
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+            serve.wait()

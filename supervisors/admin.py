@@ -1,0 +1,166 @@
+"""The admin service: operators' commands on ``ratchet.admin.<tenant>.<verb>``.
+
+Built so far: the read verbs ``get``, ``history``, ``list``, ``tree`` and ``handoff``, with
+the contract every verb follows: a typed reply; the role the verb needs, taken from the
+command's principal (PERMISSION_DENIED otherwise); the tenant of the subject (a task of
+another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
+answer, the same id with another request is CONFLICT); and an audit entry, hash-chained,
+written before the command takes effect and again with its outcome.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+
+from actors.bus import Bus
+from actors.core import ActorSystem
+from persistence.admin_rows import AuditEntry
+from persistence.store import Store
+from protocol.clock import Clock
+from protocol.codec import canonical, parse_body
+from protocol.errors import ErrorCode, InvalidMessage, NotFound, RatchetError
+from protocol.ids import request_hash
+from protocol.messages import AdminCommand, Envelope
+from supervisors.request_service import RequestService
+from supervisors.supervisor import WhichChildren
+
+__all__ = ["AdminActor", "VERB_ROLES"]
+
+log = structlog.get_logger("ratchet.admin")
+
+#: The role each verb needs.
+VERB_ROLES: dict[str, str] = {
+    "get": "viewer", "history": "viewer", "list": "viewer", "tree": "viewer",
+    "handoff": "viewer",
+}
+#: Roles that include others (an operator may also view).
+_IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
+
+
+class PermissionDenied(RatchetError):
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class CommandConflict(RatchetError):
+    code = ErrorCode.CONFLICT
+
+
+class AdminActor(RequestService):
+    subject = "ratchet.admin.*.*"
+    queue = "ratchet-admin"
+
+    def __init__(self, bus: Bus, store: Store, system: ActorSystem, clock: Clock,
+                 node_id: str) -> None:
+        super().__init__(bus)
+        self.store = store
+        self.system = system
+        self.clock = clock
+        self.node_id = node_id
+
+    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
+        if verb not in VERB_ROLES or env.type != f"admin.{verb}":
+            raise InvalidMessage(f"unknown admin verb {verb!r} (type {env.type!r})", verb=verb)
+        cmd = parse_body(env, AdminCommand)
+        who = cmd.principal.name
+        needed = VERB_ROLES[verb]
+        granted = set(cmd.principal.roles).union(*(_IMPLIES.get(r, set())
+                                                   for r in cmd.principal.roles))
+        digest = request_hash(canonical({"verb": verb, "body": cmd.model_dump()}))
+        state, stored = await self.store.claim_command(tenant, cmd.command_id, verb, digest,
+                                                       self.clock.now())
+        if state == "conflict":
+            raise CommandConflict("command id already used for another request",
+                                  command_id=cmd.command_id)
+        if state == "repeat" and stored is not None:
+            return self._replay(stored)
+        await self._audit(tenant, who, verb, cmd, "requested", {"args": cmd.args})
+        try:
+            if needed not in granted:
+                raise PermissionDenied(f"{verb} needs the {needed} role", verb=verb,
+                                       principal=who)
+            result: dict[str, Any] = await getattr(self, f"_{verb}")(tenant, cmd)
+        except RatchetError as exc:
+            await self._audit(tenant, who, verb, cmd, exc.code.value, {"error": exc.message})
+            await self.store.store_command_reply(tenant, cmd.command_id,
+                                                 {"ok": False, "error": exc.to_wire()})
+            raise
+        await self._audit(tenant, who, verb, cmd, "ok", {})
+        await self.store.store_command_reply(tenant, cmd.command_id, {"ok": True,
+                                                                      "result": result})
+        return result
+
+    def _replay(self, stored: dict[str, Any]) -> dict[str, Any]:
+        if stored.get("ok"):
+            return dict(stored["result"])
+        error = stored["error"]
+        replayed = RatchetError(error["message"], retryable=error.get("retryable", False),
+                                **error.get("details", {}))
+        replayed.code = ErrorCode(error["code"])
+        raise replayed
+
+    async def _audit(self, tenant: str, who: str, verb: str, cmd: AdminCommand, outcome: str,
+                     detail: dict[str, Any]) -> None:
+        await self.store.audit(AuditEntry(tenant, self.clock.now(), who, verb, cmd.command_id,
+                                          cmd.task_id, outcome, detail))
+
+    async def _task(self, tenant: str, cmd: AdminCommand) -> Any:
+        if not cmd.task_id:
+            raise InvalidMessage("this verb needs task_id")
+        record = await self.store.load_task(cmd.task_id)
+        if record.tenant != tenant:
+            raise NotFound("no such task", task_id=cmd.task_id)  # no existence leak
+        return record
+
+    # -- verbs -------------------------------------------------------------------------------
+
+    async def _get(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        snapshot = (await self.store.snapshot(tenant, rec.task_id)).model_dump()
+        return {**snapshot, "current_node": rec.current_node, "owner": self.node_id,
+                "live": self.system.lookup(f"node/tasks/{rec.task_id}/actor") is not None,
+                "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
+
+    async def _history(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        after = int(cmd.args.get("after", 0))
+        limit = max(1, min(int(cmd.args.get("limit", 500)), 5000))
+        events = (await self.store.events(rec.task_id, after))[:limit]
+        return {"task_id": rec.task_id, "events": events,
+                "next_after": events[-1]["sequence"] if len(events) == limit else None}
+
+    async def _list(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        limit = max(1, min(int(cmd.args.get("limit", 100)), 1000))
+        page, cursor = await self.store.list_tasks(
+            tenant, status=cmd.args.get("status"), workflow=cmd.args.get("workflow"),
+            limit=limit, cursor=cmd.args.get("cursor"))
+        return {"tasks": page, "next_cursor": cursor}
+
+    async def _handoff(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        return {"task_id": rec.task_id, "handoffs": await self.store.handoffs(rec.task_id)}
+
+    async def _tree(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        mine = {t for t, ten, _ in await self.store.active_tasks() if ten == tenant}
+
+        async def node(name: str) -> dict[str, Any]:
+            ref = self.system.lookup(name)
+            out: dict[str, Any] = {"name": name, "alive": ref is not None}
+            if ref is None or not hasattr(ref._actor, "_children"):  # not a supervisor
+                return out
+            try:
+                children = await ref.ask(WhichChildren(), timeout=5.0)
+            except RatchetError:
+                return out
+            kids = []
+            for child in children:
+                if name == "node/tasks" and child["id"] not in mine:
+                    continue  # another tenant's task: not shown
+                sub = await node(f"{name}/{child['id']}")
+                kids.append({**sub, "restarts": child["restarts"], "restart": child["restart"]})
+            out["children"] = kids
+            return out
+
+        return {"node": self.node_id, "tree": await node("node")}

@@ -1,0 +1,87 @@
+"""Request/reply services on core NATS (queue groups): the API and the admin service.
+
+Each request runs in its own task (subscription callbacks run one at a time), bounded by
+``max_in_flight``. Every answer is a :class:`Reply`: ``{ok: true, result}`` or ``{ok: false,
+error: {code, message, retryable, details}}``. One bad request never stops the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+
+from actors.bus import Bus
+from actors.core import ServiceActor
+from protocol.codec import decode_envelope, encode
+from protocol.errors import RatchetError
+from protocol.messages import Envelope, Reply
+
+__all__ = ["RequestService", "error_reply"]
+
+log = structlog.get_logger("ratchet.requests")
+
+
+def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
+    return Reply(ok=False, correlation_id=correlation_id, error=exc.to_wire())  # type: ignore[arg-type]
+
+
+class RequestService(ServiceActor):
+    """Subclasses set ``subject``/``queue`` and implement :meth:`answer`."""
+
+    subject = ""
+    queue = ""
+
+    def __init__(self, bus: Bus, max_in_flight: int = 256) -> None:
+        self.bus = bus
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
+        """The ``result`` of a request; raise a RatchetError for a typed error reply."""
+        raise NotImplementedError
+
+    async def on_error(self, msg: Msg, tenant: str, exc: RatchetError) -> None:
+        """Called with every typed error (e.g. to dead-letter malformed requests)."""
+
+    async def serve(self) -> None:
+        sub = await self.bus.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await sub.unsubscribe()
+            for task in list(self._tasks):
+                task.cancel()
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self._slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._handle(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        parts = msg.subject.split(".", 3)
+        tenant, verb = (parts[2], parts[3]) if len(parts) == 4 else ("", "")
+        env: Envelope | None = None
+        try:
+            env = decode_envelope(msg.data)
+            result = await self.answer(tenant, verb, env, msg)
+            reply = Reply(ok=True, correlation_id=env.correlation_id, result=result)
+        except RatchetError as exc:
+            await self.on_error(msg, tenant, exc)
+            reply = error_reply(exc, env.correlation_id if env else None)
+        except Exception as exc:  # never let one request stop the service
+            log.error("request failed", subject=msg.subject, error=repr(exc))
+            reply = error_reply(RatchetError(f"internal error: {type(exc).__name__}"),
+                                env.correlation_id if env else None)
+        if msg.reply:
+            try:
+                await msg.respond(encode(reply))
+            except Exception as exc:
+                log.warning("reply failed", subject=msg.subject, error=repr(exc))

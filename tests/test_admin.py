@@ -1,0 +1,94 @@
+"""The admin service's read verbs over NATS, with roles, tenancy, command ids and audit."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import pytest
+
+import ratchet
+from protocol.codec import encode
+from protocol.messages import Envelope, Reply
+from tests.conftest import NodeFactory, wait_terminal
+
+VIEWER = {"name": "vic", "roles": ["viewer"]}
+
+
+async def admin(client: ratchet.Client, verb: str, *, command_id: str,
+                principal: dict[str, Any] | None = None, tenant: str = "acme",
+                **body: Any) -> Reply:
+    env = Envelope(type=f"admin.{verb}", message_id=command_id, correlation_id=command_id,
+                   body={"command_id": command_id, "principal": principal or VIEWER, **body})
+    msg = await client.nc.request(f"ratchet.admin.{tenant}.{verb}", encode(env), timeout=10)
+    return Reply.model_validate(msgpack.unpackb(msg.data))
+
+
+@pytest.fixture
+async def done_task(start_node: NodeFactory, client: ratchet.Client) -> str:
+    await start_node()
+    task_id = await client.submit("three", {}, key="admin-1")
+    await wait_terminal(client, task_id)
+    return task_id
+
+
+async def test_get_history_and_list_answer_for_the_tenants_tasks(
+    client: ratchet.Client, done_task: str
+) -> None:
+    got = await admin(client, "get", command_id="c1", task_id=done_task)
+    assert got.ok and got.result is not None
+    assert got.result["status"] == "SUCCEEDED" and got.result["current_node"] == "END"
+    history = await admin(client, "history", command_id="c2", task_id=done_task,
+                          args={"after": 2, "limit": 2})
+    assert history.result is not None
+    assert [e["sequence"] for e in history.result["events"]] == [3, 4]
+    assert history.result["next_after"] == 4
+    listed = await admin(client, "list", command_id="c3", args={"status": "SUCCEEDED"})
+    assert listed.result is not None
+    assert [t["task_id"] for t in listed.result["tasks"]] == [done_task]
+
+
+async def test_another_tenants_task_is_not_found_and_roles_are_checked(
+    client: ratchet.Client, done_task: str
+) -> None:
+    stranger = await admin(client, "get", command_id="c4", task_id=done_task, tenant="other")
+    assert not stranger.ok and stranger.error is not None
+    assert stranger.error.code == "NOT_FOUND"
+    nobody = await admin(client, "get", command_id="c5", task_id=done_task,
+                         principal={"name": "eve", "roles": []})
+    assert nobody.error is not None and nobody.error.code == "PERMISSION_DENIED"
+
+
+async def test_a_repeated_command_id_returns_the_first_answer_and_a_reuse_conflicts(
+    client: ratchet.Client, done_task: str
+) -> None:
+    first = await admin(client, "get", command_id="same", task_id=done_task)
+    again = await admin(client, "get", command_id="same", task_id=done_task)
+    assert first.result == again.result
+    reused = await admin(client, "history", command_id="same", task_id=done_task)
+    assert reused.error is not None and reused.error.code == "CONFLICT"
+
+
+async def test_every_command_is_audited_in_a_hash_chain(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    await admin(client, "list", command_id="a1")
+    await admin(client, "get", command_id="a2", task_id="tsk_missing")
+    assert node.store is not None
+    log = await node.store.audit_log("acme")
+    assert [(e["command_id"], e["outcome"]) for e in log] == [
+        ("a1", "requested"), ("a1", "ok"), ("a2", "requested"), ("a2", "NOT_FOUND")]
+    assert await node.store.verify_audit() is None
+
+
+async def test_tree_shows_the_supervision_tree_without_other_tenants_tasks(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node()
+    tree = await admin(client, "tree", command_id="t1")
+    assert tree.result is not None
+    root = tree.result["tree"]
+    assert root["name"] == "node"
+    names = {c["name"] for c in root["children"]}
+    assert {"node/tasks", "node/intake", "node/admin"} <= names
