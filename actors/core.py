@@ -133,6 +133,12 @@ class ActorRef(Generic[A]):
                 f"no answer from {self.name} within {timeout}s", actor=self.name, correlation_id=cid
             ) from None
 
+    def interrupt(self) -> bool:
+        """Out of band, in the caller's task: ask the actor to abandon the work in progress
+        (its ``interrupt()`` hook, if it has one, cancels only that work). True if it did."""
+        hook = getattr(self._actor, "interrupt", None)
+        return bool(hook()) if callable(hook) and self.is_alive else False
+
     def stop(self) -> None:
         """Stop after the message being handled (a safe point); later mail is refused."""
         if self._stopping:
@@ -177,7 +183,9 @@ class ActorRef(Generic[A]):
                     continue
                 try:
                     result = await self._actor.receive(letter.message)
-                except Exception as exc:
+                except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as exc:  # a control signal nobody handled is a crash too
                     if letter.reply is not None and not letter.reply.done():
                         crash = ActorCrashed(f"{self.name} crashed: {exc!r}", actor=self.name,
                                              correlation_id=letter.correlation_id)
@@ -186,10 +194,10 @@ class ActorRef(Generic[A]):
                     raise
                 if letter.reply is not None and not letter.reply.done():
                     letter.reply.set_result(result)
-        except asyncio.CancelledError as exc:
+        except (asyncio.CancelledError, KeyboardInterrupt, SystemExit) as exc:
             reason = exc
             raise
-        except Exception as exc:
+        except BaseException as exc:
             reason = exc
             log.warning("actor crashed", actor=self.name, error=repr(exc))
         finally:

@@ -49,7 +49,8 @@ _BRANCH_KINDS = ("step", "choice", "route")
 class Workflow:
     """A named, versioned graph of nodes; the first node declared is where a task starts."""
 
-    def __init__(self, name: str, version: int = 1, description: str = "") -> None:
+    def __init__(self, name: str, version: int = 1, description: str = "", *,
+                 compensate_on_cancel: bool = False) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(f"workflow name {name!r} must match {_NAME.pattern}")
         if not isinstance(version, int) or version < 1:
@@ -57,6 +58,8 @@ class Workflow:
         self.name = name
         self.version = version
         self.description = description
+        #: Run the saga (undo completed side effects) when an operator cancels the task.
+        self.compensate_on_cancel = compensate_on_cancel
         self.nodes: dict[str, Node] = {}
         self._implicit_next: set[str] = set()
         self._validated = False

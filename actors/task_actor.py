@@ -27,7 +27,7 @@ from typing import Any
 
 import structlog
 
-from actors import graph_runtime, task_waits
+from actors import graph_runtime, task_control, task_waits
 from actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
 from actors.core import Actor, ActorRef
 from actors.nodes import END, StepContext, StepNode
@@ -92,6 +92,8 @@ class TaskActor(Actor):
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
         self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
+        self._step_task: asyncio.Future[Any] | None = None
+        self._interrupted = False
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -126,8 +128,20 @@ class TaskActor(Actor):
         if self.status is TaskStatus.RUNNING:
             # Either our supervisor restarted us or a node is recovering the task.
             self._recovered_from = "actor_restart" if self.restarts else "node_recovery"
+        if rec.control and await task_control.apply_pending_control(self):
+            return
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.ref.tell(Advance())
+
+    def interrupt(self) -> bool:
+        """Cancel the step in progress, if any (called from outside for an operator's
+        cancel; the step is not committed and the control mail is handled next)."""
+        task = self._step_task
+        if task is None or task.done():
+            return False
+        self._interrupted = True
+        task.cancel()
+        return True
 
     async def on_stop(self) -> None:
         await graph_runtime.stop_fanout_children(self)
@@ -158,6 +172,8 @@ class TaskActor(Actor):
                     return "duplicate"
                 await self._dispatch(inbox_message_id=env.message_id)
                 return "processed"
+            if env.type == "task.control":
+                return await task_control.handle_control(self, env)
             if env.type == "approval.decision":
                 return await graph_runtime.on_decision(self, env)
             if env.type == "branch.done":
@@ -305,11 +321,22 @@ class TaskActor(Actor):
             runner=self.runner(index, step.timeout),
         )
         started = asyncio.get_running_loop().time()
+        coro = step.fn(ctx)
+        self._step_task = asyncio.ensure_future(
+            asyncio.wait_for(coro, step.timeout) if step.timeout is not None else coro)
         try:
-            if step.timeout is not None:
-                update = await asyncio.wait_for(step.fn(ctx), step.timeout)
-            else:
-                update = await step.fn(ctx)
+            try:
+                update = await self._step_task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if not self._interrupted or (current is not None and current.cancelling()):
+                    raise  # a real cancellation (shutdown): never swallowed
+                self._interrupted = False
+                await self._commit(self._change(events=[("step.interrupted", {
+                    "step": step.name, "index": index})]))
+                return False  # the operator's request is handled next, at this safe point
+            finally:
+                self._step_task = None
             if update:
                 self.state.update(update)
         except TaskSuspended as signal:

@@ -290,6 +290,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        7,
+        "operator requests on a task (cancel, pause) recorded before they take effect",
+        """
+        ALTER TABLE tasks ADD COLUMN control BLOB;
+        """,
+    ),
 ]
 
 

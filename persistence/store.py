@@ -60,6 +60,7 @@ class TaskRecord:
     visits: dict[str, int]
     budget: dict[str, Any]
     spent: dict[str, float]
+    control: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +122,7 @@ class LoadedState:
 _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
-    " error, output, step_failures, current_node, visits, budget, spent"
+    " error, output, step_failures, current_node, visits, budget, spent, control"
 )
 
 
@@ -138,6 +139,7 @@ def _record(row: tuple[Any, ...]) -> TaskRecord:
         error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
         current_node=row[17], visits=dict(_unpack(row[18]) or {}),
         budget=dict(_unpack(row[19]) or {}), spent=dict(_unpack(row[20]) or {}),
+        control=dict(_unpack(row[21]) or {}),
     )
 
 

@@ -106,6 +106,7 @@ class TaskChange:
     approval: ApprovalWrite | None = None
     spend: dict[str, float] | None = None  # added to the task's spent budget, atomically
     enforce_budget: bool = False  # refuse (BudgetExhausted) a spend past the task's budget
+    control: dict[str, Any] | None = None  # operator requests pending on the task ({} clears)
     agent_log: list[tuple[str, int, str, dict[str, Any]]] = field(default_factory=list)
 
 
@@ -285,6 +286,9 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
                                       dimension=dim, budget=budget[dim])
         sets.append("spent = ?")
         args.append(msgpack.packb(spent))
+    if change.control is not None:
+        sets.append("control = ?")
+        args.append(msgpack.packb(change.control, use_bin_type=True) if change.control else None)
     if change.error is not None:
         sets.append("error = ?")
         args.append(msgpack.packb(change.error, use_bin_type=True))

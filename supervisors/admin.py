@@ -1,6 +1,7 @@
 """The admin service: operators' commands on ``ratchet.admin.<tenant>.<verb>``.
 
-Built so far: the read verbs ``get``, ``history``, ``list``, ``tree`` and ``handoff``, with
+Built so far: the read verbs ``get``, ``history``, ``list``, ``tree`` and ``handoff``, and
+the control verbs ``cancel``, ``pause`` and ``resume`` (see actors/task_control.py), with
 the contract every verb follows: a typed reply; the role the verb needs, taken from the
 command's principal (PERMISSION_DENIED otherwise); the tenant of the subject (a task of
 another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
@@ -17,15 +18,26 @@ from nats.aio.msg import Msg
 
 from actors.bus import Bus
 from actors.core import ActorSystem
+from actors.task_actor import DeliverMail
 from persistence.admin_rows import AuditEntry
 from persistence.store import Store
+from persistence.txns import TaskChange
 from protocol.clock import Clock
 from protocol.codec import canonical, parse_body
-from protocol.errors import ErrorCode, InvalidMessage, NotFound, RatchetError
-from protocol.ids import request_hash
+from protocol.errors import (
+    ErrorCode,
+    IllegalTransition,
+    InvalidMessage,
+    NotFound,
+    RatchetError,
+    Unavailable,
+)
+from protocol.ids import new_id, request_hash
 from protocol.messages import AdminCommand, Envelope
+from protocol.states import TaskStatus, is_terminal
 from supervisors.request_service import RequestService
 from supervisors.supervisor import WhichChildren
+from supervisors.tasks import TaskFinished, TaskSupervision
 
 __all__ = ["AdminActor", "VERB_ROLES"]
 
@@ -34,7 +46,7 @@ log = structlog.get_logger("ratchet.admin")
 #: The role each verb needs.
 VERB_ROLES: dict[str, str] = {
     "get": "viewer", "history": "viewer", "list": "viewer", "tree": "viewer",
-    "handoff": "viewer",
+    "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
 }
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
@@ -53,9 +65,10 @@ class AdminActor(RequestService):
     queue = "ratchet-admin"
 
     def __init__(self, bus: Bus, store: Store, system: ActorSystem, clock: Clock,
-                 node_id: str) -> None:
+                 node_id: str, tasks: TaskSupervision) -> None:
         super().__init__(bus)
         self.store = store
+        self.tasks = tasks
         self.system = system
         self.clock = clock
         self.node_id = node_id
@@ -114,7 +127,68 @@ class AdminActor(RequestService):
             raise NotFound("no such task", task_id=cmd.task_id)  # no existence leak
         return record
 
+    def _check_version(self, rec: Any, cmd: AdminCommand) -> None:
+        if cmd.expected_version is not None and cmd.expected_version != rec.version:
+            raise CommandConflict("the task moved on", expected=cmd.expected_version,
+                                  actual=rec.version)
+
+    async def _request(self, rec: Any, cmd: AdminCommand, action: str) -> dict[str, Any]:
+        """Record the operator's request on the task (before it takes effect), then tell its
+        actor, activating it if it is parked. Answers at once: the effect follows at the
+        task's next safe point."""
+        request = {"by": cmd.principal.name, "reason": cmd.args.get("reason"),
+                   "at": self.clock.now(), "command_id": cmd.command_id}
+        await self.store.apply(TaskChange(
+            task_id=rec.task_id, expected_version=None, producer=self.node_id,
+            now=self.clock.now(), control={**rec.control, action: request},
+            events=[(f"task.{action}_requested", request)]))
+        if action == "cancel":
+            live = self.system.lookup(f"node/tasks/{rec.task_id}/actor")
+            if live is not None:
+                live.interrupt()  # a running step is abandoned, not waited for
+        try:
+            ref = await self.tasks.ensure_running(rec.task_id)
+        except TaskFinished:
+            return {"task_id": rec.task_id, "status": f"{action} requested", "effect": "none:"
+                    " the task finished first"}
+        if ref is not None:
+            ref.tell(DeliverMail(Envelope(type="task.control", message_id=new_id("msg"),
+                                          correlation_id=cmd.command_id,
+                                          body={"action": action, "request": request})))
+        return {"task_id": rec.task_id, "status": f"{action} requested",
+                "effect": "at the task's next safe point (between steps)"}
+
     # -- verbs -------------------------------------------------------------------------------
+
+    async def _cancel(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        if is_terminal(TaskStatus(rec.status)):
+            raise IllegalTransition(f"cannot cancel a {rec.status} task", status=rec.status)
+        return await self._request(rec, cmd, "cancel")
+
+    async def _pause(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        if rec.status not in ("QUEUED", "RUNNING"):
+            raise IllegalTransition(f"cannot pause a {rec.status} task", status=rec.status)
+        return await self._request(rec, cmd, "pause")
+
+    async def _resume(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        if rec.status != "PAUSED":
+            raise IllegalTransition(f"cannot resume a {rec.status} task", status=rec.status)
+        ref = await self.tasks.ensure_running(rec.task_id)
+        if ref is None:
+            raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
+        outcome = await ref.ask(DeliverMail(Envelope(
+            type="task.control", message_id=new_id("msg"), correlation_id=cmd.command_id,
+            body={"action": "resume", "request": {"by": cmd.principal.name}})), timeout=30.0)
+        if str(outcome).startswith("refused"):
+            raise IllegalTransition(str(outcome), task_id=rec.task_id)
+        return {"task_id": rec.task_id, "status": outcome}
+
 
     async def _get(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         rec = await self._task(tenant, cmd)

@@ -130,7 +130,7 @@ class Node:
             tasks.root_spec(),
             ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
             ChildSpec("admin", lambda _: AdminActor(bus, store, self.system, self.clock,
-                                                    cfg.node_id), Restart.PERMANENT),
+                                                    cfg.node_id, tasks), Restart.PERMANENT),
             ChildSpec("mail", lambda _: MailRouter(bus, tasks, store, self.clock), Restart.PERMANENT),
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),

@@ -130,10 +130,15 @@ class TaskSupervision:
         ref.tell(message)
         return True
 
-    async def stop_children(self, task_id: str, child_ids: list[str]) -> None:
+    async def stop_children(self, task_id: str, child_ids: list[str] | None) -> None:
+        """Stop those children of the task's supervisor (None: all but the task actor)."""
         sup = self.system.lookup(task_supervisor_name(task_id))
-        if sup is not None:
-            await sup.ask(StopChildren(child_ids), timeout=60.0)
+        if sup is None:
+            return
+        if child_ids is None:
+            children = await sup.ask(WhichChildren(), timeout=60.0)
+            child_ids = [c["id"] for c in children if c["id"] != "actor"]
+        await sup.ask(StopChildren(child_ids), timeout=60.0)
 
     async def ensure_running(self, task_id: str, timeout: float = 30.0) -> ActorRef[Any] | None:
         """The live task actor, activating it if needed; None while it awaits a restart.

@@ -92,3 +92,77 @@ async def test_tree_shows_the_supervision_tree_without_other_tenants_tasks(
     assert root["name"] == "node"
     names = {c["name"] for c in root["children"]}
     assert {"node/tasks", "node/intake", "node/admin"} <= names
+
+
+OPERATOR = {"name": "olga", "roles": ["operator"]}
+
+
+async def test_cancel_interrupts_a_running_step_and_ends_cancelled_not_failed(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node()
+    task_id = await client.submit("ten", {"sleep": 30}, key="long")
+    async for event in client.watch(task_id):
+        if event.type == "task.started":
+            break
+    reply = await admin(client, "cancel", command_id="k1", principal=OPERATOR,
+                        task_id=task_id, args={"reason": "wrong report"})
+    assert reply.ok and reply.result is not None
+    assert reply.result["status"] == "cancel requested"
+    events = await wait_terminal(client, task_id, timeout=10)
+    types = [e.type for e in events]
+    assert types[-1] == "task.cancelled" and "task.failed" not in types
+    assert "step.interrupted" in types and "task.cancel_requested" in types
+    assert events[-1].payload["by"] == "olga" and events[-1].payload["reason"] == "wrong report"
+    assert (await client.get(task_id)).status == "CANCELLED"
+    again = await admin(client, "cancel", command_id="k2", principal=OPERATOR, task_id=task_id)
+    assert again.error is not None and again.error.code == "ILLEGAL_TRANSITION"
+
+
+async def test_cancel_during_a_fanout_stops_every_branch(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.graph_apps import app as graph_app
+
+    node = await start_node(graph_app)
+    task_id = await client.submit("fan.all", {"hang": ["a", "b", "c"]}, key="fan")
+    async for event in client.watch(task_id):
+        if event.type == "fanout.started":
+            break
+    await admin(client, "cancel", command_id="k3", principal=OPERATOR, task_id=task_id)
+    events = await wait_terminal(client, task_id, timeout=10)
+    assert events[-1].type == "task.cancelled"
+    assert not [n for n in node.system.live() if n.startswith(f"node/tasks/{task_id}")]
+
+
+async def test_pause_takes_effect_at_a_step_boundary_and_resume_continues(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.apps import RUNS
+
+    node = await start_node()
+    task_id = await client.submit("ten", {"sleep": 0.05}, key="pause")
+    async for event in client.watch(task_id):
+        if event.type == "step.completed":
+            break
+    paused = await admin(client, "pause", command_id="p1", principal=OPERATOR, task_id=task_id)
+    assert paused.result is not None and "next safe point" in paused.result["effect"]
+    async for event in client.watch(task_id, after=event.sequence):
+        if event.type == "task.paused":
+            break
+    assert (await client.get(task_id)).status == "PAUSED"
+    assert node.system.lookup(f"node/tasks/{task_id}/actor") is None  # parked
+    stale = await admin(client, "resume", command_id="r0", principal=OPERATOR,
+                        task_id=task_id, expected_version=1)
+    assert stale.error is not None and stale.error.code == "CONFLICT"
+    resumed = await admin(client, "resume", command_id="r1", principal=OPERATOR,
+                          task_id=task_id)
+    assert resumed.result == {"task_id": task_id, "status": "resumed"}
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert all(RUNS[f"{task_id}:s{i}"] == 1 for i in range(10))
+
+
+async def test_a_viewer_cannot_cancel(client: ratchet.Client, done_task: str) -> None:
+    denied = await admin(client, "cancel", command_id="v1", task_id=done_task)
+    assert denied.error is not None and denied.error.code == "PERMISSION_DENIED"
