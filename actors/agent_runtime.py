@@ -112,10 +112,10 @@ class _Conversation:
     """An agent node's messages and turn records: kept in memory by the task actor, appended
     to the agent log in the turn's own transaction, read back from it after a restart."""
 
-    def __init__(self, actor: TaskActor, node: AgentNode, log: list[tuple[str, dict[str, Any]]]):
+    def __init__(self, actor: TaskActor, scope: str, log: list[tuple[str, dict[str, Any]]]):
         self.state = actor.state
-        self.p = f"agent.{node.name}."
-        self.node = node.name
+        self.p = f"agent.{scope}."
+        self.node = scope
         self.messages: list[dict[str, Any]] = [b for k, b in log if k == "message"]
         self.turns = [TurnRecord.from_dict(b) for k, b in log if k == "turn"]
         self.seq = len(log)
@@ -176,11 +176,12 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
 
     model: Model = node.model if not isinstance(node.model, str) else \
         actor.deps.registry.resources[node.model]
-    conv = actor.conversations.get(node.name)
+    # Each visit of the node is its own conversation (a bounded loop may come back to it).
+    scope = f"{node.name}#{actor.visits.get(node.name, 0)}"
+    conv = actor.conversations.get(scope)
     if conv is None:
-        conv = _Conversation(actor, node,
-                             await actor.deps.store.agent_log(actor.task_id, node.name))
-        actor.conversations[node.name] = conv
+        conv = _Conversation(actor, scope, await actor.deps.store.agent_log(actor.task_id, scope))
+        actor.conversations[scope] = conv
     if not conv.messages:
         if node.system:
             conv.add(Message("system", node.system).to_dict())
@@ -266,10 +267,12 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
         except TaskSuspended as signal:
             # Keep the proposal (and what it cost) before parking, so the model is not asked
             # this turn again; the calls run again on resume, answered by the ledger.
-            await actor.commit(agent_log=conv.pending[:upto], action=record, spend=spend or None,
+            # Tool calls are counted when the turn completes (they run again on resume).
+            parked = {k: v for k, v in spend.items() if k != "tool_calls"}
+            await actor.commit(agent_log=conv.pending[:upto], action=record, spend=parked or None,
                                events=[("agent.turn", {"node": node.name, "turn": turn,
                                                        "outcome": "parked"})])
-            actor.conversations.pop(node.name, None)
+            actor.conversations.pop(scope, None)
             await suspend(actor, signal)
             return False
         policy = node.loop or LoopPolicy()
@@ -337,7 +340,8 @@ async def _stop(actor: TaskActor, node: AgentNode, route: str, event: str,
                 evidence: dict[str, Any], error: RatchetError) -> bool:
     from actors.task_waits import fail_with_saga
 
-    conv = actor.conversations.get(node.name)
+    scope = f"{node.name}#{actor.visits.get(node.name, 0)}"
+    conv = actor.conversations.get(scope)
     pending = conv.flush() if conv is not None else []
     if route == FAIL:
         await actor.commit(events=[(event, {"node": node.name, **evidence})], agent_log=pending)

@@ -57,12 +57,12 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
     if isinstance(node, RouteNode):
         try:
             key = node.key(actor.state)
+            target = node.table.get(key)  # an unhashable key raises here, inside the guard
         except Exception as exc:
             from actors.task_waits import fail_with_saga
 
             await fail_with_saga(actor, exc, f"routing key of {node.name} raised")
             return False
-        target = node.table.get(key)
         used_default = target is None
         await actor.move(node.name, target or node.default or "", [("route.taken", {
             "node": node.name, "key": repr(key)[:200], "to": target or node.default,
@@ -120,7 +120,10 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
     inputs: dict[str, dict[str, Any]] = {}
     try:
         for b in names:
-            inputs[b] = node.branch_input(actor.state, b) if node.branch_input else {}
+            value = node.branch_input(actor.state, b) if node.branch_input else {}
+            if not isinstance(value, dict):
+                raise TypeError(f"branch_input must return a dict, got {type(value).__name__}")
+            inputs[b] = value
     except Exception as exc:
         from actors.task_waits import fail_with_saga
 
@@ -348,7 +351,11 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
 
     kind, payload = env.body.get("kind"), dict(env.body.get("payload") or {})
     assert actor.workflow is not None and actor.record is not None
+    if kind in ("branch_timeout", "join_timeout") and "key" not in payload:
+        return "ignored"  # not a timer of ours
     if kind == "branch_timeout":
+        if "branch" not in payload or "node" not in payload:
+            return "ignored"
         key, branch = str(payload["key"]), str(payload["branch"])
         change = branch_done_change(actor.task_id, actor.record.tenant, key,
                                     str(payload["node"]), branch, "TIMED_OUT",
@@ -389,6 +396,8 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
     if kind == "wait_timeout":
         if actor.status is not TaskStatus.WAITING_EXTERNAL or not isinstance(node, WaitNode):
             return "late"
+        if env.body.get("timer_id") != _wait_timer(actor, node.name):
+            return "late"  # an earlier wait's (or visit's) timer: not this wait's business
         cid = str(payload.get("correlation_id"))
         if node.on_timeout == FAIL:
             # Back to RUNNING first: the saga may need to hand a failed undo to a human.

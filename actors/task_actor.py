@@ -263,7 +263,8 @@ class TaskActor(Actor):
         assert self.workflow is not None
         node = self.workflow.nodes.get(name)
         return node is not None and (node.max_visits is not None
-                                     or node.kind in ("fanout", "join", "wait", "approval"))
+                                     or node.kind in ("fanout", "join", "wait", "approval",
+                                                      "agent"))
 
     async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
                    count_visit: bool = True, **kwargs: Any) -> None:

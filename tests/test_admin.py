@@ -147,8 +147,9 @@ async def test_pause_takes_effect_at_a_step_boundary_and_resume_continues(
             break
     paused = await admin(client, "pause", command_id="p1", principal=OPERATOR, task_id=task_id)
     assert paused.result is not None and "next safe point" in paused.result["effect"]
-    async for event in client.watch(task_id, after=event.sequence):
-        if event.type == "task.paused":
+    seen = event.sequence
+    async for later in client.watch(task_id, after=seen):
+        if later.type == "task.paused":
             break
     assert (await client.get(task_id)).status == "PAUSED"
     assert node.system.lookup(f"node/tasks/{task_id}/actor") is None  # parked

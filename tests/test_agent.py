@@ -52,7 +52,7 @@ async def test_unknown_tools_and_bad_arguments_are_fed_back_not_raised(
     node = await start_node(app)
     events = await run(client, "agent.sloppy", "sloppy")
     assert events[-1].type == "task.succeeded"
-    log = await node.store.agent_log(events[0].task_id, "assistant")  # type: ignore[union-attr]
+    log = await node.store.agent_log(events[0].task_id, "assistant#0")  # type: ignore[union-attr]
     tool_replies = [m["content"] for kind, m in log if kind == "message" and m["role"] == "tool"]
     assert "unknown tool 'delete_everything'" in tool_replies[0]
     assert "invalid arguments for lookup_policy" in tool_replies[1]

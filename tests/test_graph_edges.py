@@ -40,7 +40,14 @@ def _registry() -> ratchet.Registry:
     timed = ratchet.Workflow("timed")
     timed.fanout("f", {"slow": _branch(timeout=0.1)}, join="j")
     timed.join("j", of="f", policy=JoinPolicy("all"))
-    return ratchet.Registry([looping, broken, waiting, timed])
+
+    unhashable = ratchet.Workflow("unhashable")
+    unhashable.route("r", key=lambda s: ["eu"], table={"eu": END}, default=END)
+
+    bad_input = ratchet.Workflow("bad_input")
+    bad_input.fanout("f", {"x": _branch()}, join="j", branch_input=lambda s, b: None)  # type: ignore[arg-type,return-value]
+    bad_input.join("j", of="f")
+    return ratchet.Registry([looping, broken, waiting, timed, unhashable, bad_input])
 
 
 async def test_a_loop_bounded_on_its_join_stops_at_the_bound(
@@ -87,3 +94,44 @@ async def test_a_branch_step_past_its_timeout_fails_the_branch(
     failed = next(e for e in events if e.type == "branch.failed")
     assert failed.payload["error"]["type"] == "TimeoutError"
     assert events[-1].type == "task.failed"
+
+
+async def test_an_unhashable_routing_key_or_a_bad_branch_input_fails_the_task_once(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(_registry())
+    for workflow, reason in (("unhashable", "routing key of r raised"),
+                             ("bad_input", "branch_input of f raised")):
+        events = await wait_terminal(client, await client.submit(workflow, {}, key=workflow))
+        assert events[-1].type == "task.failed" and events[-1].payload["reason"] == reason
+        assert "task.recovered" not in [e.type for e in events]
+
+
+async def test_an_agent_node_visited_twice_starts_a_fresh_conversation(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    import json
+
+    from actors.scripted_model import ScriptedModel, reply
+    from tests.agent_apps import Verdict, lookup_policy
+
+    model = ScriptedModel([reply(json.dumps({"category": "x", "limit": 1.0}))])
+    wf = ratchet.Workflow("twice")
+    wf.agent("a", model=model, tools=[lookup_policy], output=Verdict, max_turns=1,
+             prompt=lambda s, i: f"round {s.get('round', 0) + 1}", max_visits=2, next="count")
+
+    @wf.step
+    async def count(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"round": ctx.state.get("round", 0) + 1}
+
+    wf.choice("again", guard=lambda s: "a" if s["round"] < 2 else "end", targets=["a", "end"])
+
+    @wf.step(next=END)
+    async def end(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"output": {"rounds": ctx.state["round"]}}
+
+    await start_node(ratchet.Registry([wf]))
+    events = await wait_terminal(client, await client.submit("twice", {}, key="twice"))
+    assert events[-1].type == "task.succeeded", events[-1]
+    assert [e.payload["turn"] for e in events if e.type == "agent.answered"] == [0, 0]
+    assert model.calls == 2
