@@ -36,7 +36,7 @@ from protocol.ids import new_id, request_hash
 from protocol.messages import AdminCommand, Envelope
 from protocol.states import TaskStatus, is_terminal
 from supervisors.request_service import RequestService
-from supervisors.supervisor import WhichChildren
+from supervisors.supervisor import RestartChild, WhichChildren
 from supervisors.tasks import TaskFinished, TaskSupervision
 
 __all__ = ["AdminActor", "VERB_ROLES"]
@@ -47,6 +47,7 @@ log = structlog.get_logger("ratchet.admin")
 VERB_ROLES: dict[str, str] = {
     "get": "viewer", "history": "viewer", "list": "viewer", "tree": "viewer",
     "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
+    "approve": "approver", "reject": "approver", "restart": "operator",
 }
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
@@ -159,6 +160,58 @@ class AdminActor(RequestService):
                 "effect": "at the task's next safe point (between steps)"}
 
     # -- verbs -------------------------------------------------------------------------------
+
+    async def _approve(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        return await self._decide(tenant, cmd, "approve")
+
+    async def _reject(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        return await self._decide(tenant, cmd, "reject")
+
+    async def _decide(self, tenant: str, cmd: AdminCommand, decision: str) -> dict[str, Any]:
+        """Wraps the approval decision message: the task re-validates the one-time id, the
+        expiry, the node and the request hash just before acting on it."""
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        approval_id = cmd.args.get("approval_id")
+        if not approval_id:
+            raise InvalidMessage(f"{decision} needs args.approval_id")
+        row = await self.store.approval(str(approval_id))
+        if row is None or row["task_id"] != rec.task_id:
+            raise NotFound("no such approval for this task", approval_id=approval_id)
+        if row["status"] != "PENDING":
+            raise IllegalTransition(f"approval already {row['status'].lower()}",
+                                    approval_id=approval_id)
+        if row["expires_at"] is not None and self.clock.now() > row["expires_at"]:
+            raise IllegalTransition("approval expired", approval_id=approval_id)
+        expected_hash = cmd.args.get("request_hash")
+        if expected_hash is not None and expected_hash != row["request_hash"]:
+            raise CommandConflict("the request changed since it was shown",
+                                  approval_id=approval_id)
+        ref = await self.tasks.ensure_running(rec.task_id)
+        if ref is None:
+            raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
+        outcome = await ref.ask(DeliverMail(Envelope(
+            type="approval.decision", message_id=new_id("msg"), correlation_id=cmd.command_id,
+            body={"task_id": rec.task_id, "approval_id": approval_id, "decision": decision,
+                  "decided_by": cmd.principal.name, "reason": cmd.args.get("reason"),
+                  "request_hash": row["request_hash"]})), timeout=30.0)
+        if outcome != "processed":
+            raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
+        return {"task_id": rec.task_id, "approval_id": approval_id, "decision": decision}
+
+    async def _restart(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Restart one task's actor through its supervisor (a fresh actor from the last
+        checkpoint); counts against the supervisor's restart intensity."""
+        rec = await self._task(tenant, cmd)
+        sup = self.system.lookup(f"node/tasks/{rec.task_id}")
+        if sup is None:
+            raise IllegalTransition("the task has no live actor to restart",
+                                    status=rec.status)
+        child = str(cmd.args.get("actor", "actor"))  # or a tool session, branch, join
+        result = await sup.ask(RestartChild(child), timeout=30.0)
+        if not result.get("restarted"):
+            raise NotFound(str(result.get("reason")), actor=child)
+        return {"task_id": rec.task_id, "actor": child, "restarts": result["restarts"]}
 
     async def _cancel(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         rec = await self._task(tenant, cmd)

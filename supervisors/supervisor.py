@@ -28,8 +28,8 @@ from supervisors.restart_policy import (
     should_restart,
 )
 
-__all__ = ["ChildSpec", "Supervisor", "Escalation", "StartChild", "StartChildren", "StopChild",
-           "StopChildren", "WhichChildren"]
+__all__ = ["ChildSpec", "Supervisor", "Escalation", "RestartChild", "StartChild",
+           "StartChildren", "StopChild", "StopChildren", "WhichChildren"]
 
 log = structlog.get_logger("ratchet.supervisor")
 
@@ -84,6 +84,14 @@ class StopChildren:
 @dataclass(slots=True)
 class WhichChildren:
     pass
+
+
+@dataclass(slots=True)
+class RestartChild:
+    """An operator's restart of one child: stop it, start a fresh one (counted as a
+    restart, within the supervisor's intensity)."""
+
+    id: str
 
 
 @dataclass(slots=True)
@@ -182,6 +190,17 @@ class Supervisor(Actor):
             child = self._children.pop(message.id, None)
             if child is not None and child.ref is not None:
                 await child.ref.stop_and_wait(child.spec.shutdown_timeout)
+        elif isinstance(message, RestartChild):
+            child = self._children.get(message.id)
+            if child is None:
+                return {"restarted": False, "reason": f"no child {message.id}"}
+            old, child.ref = child.ref, None  # its exit is then ignored: not a crash
+            if old is not None:
+                await old.stop_and_wait(child.spec.shutdown_timeout)
+            child.restarts += 1
+            child.restart_times.append(self.system.clock.monotonic())
+            self._spawn(child)
+            return {"restarted": True, "restarts": child.restarts}
         elif isinstance(message, WhichChildren):
             return [
                 {"id": c.spec.id, "alive": bool(c.ref and c.ref.is_alive), "restarts": c.restarts,

@@ -167,3 +167,59 @@ async def test_pause_takes_effect_at_a_step_boundary_and_resume_continues(
 async def test_a_viewer_cannot_cancel(client: ratchet.Client, done_task: str) -> None:
     denied = await admin(client, "cancel", command_id="v1", task_id=done_task)
     assert denied.error is not None and denied.error.code == "PERMISSION_DENIED"
+
+
+APPROVER = {"name": "ann", "roles": ["approver"]}
+
+
+async def test_approvals_are_one_time_bound_to_the_request_and_expire(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.graph_apps import app as graph_app
+
+    clock = ratchet.FakeClock()
+    await start_node(graph_app, clock=clock)
+    ids = []
+    for key in ("a1", "a2"):
+        task_id = await client.submit("approve", {"amount": 70}, key=key)
+        async for event in client.watch(task_id):
+            if event.type == "approval.requested":
+                ids.append((task_id, event.payload))
+                break
+    (t1, p1), (t2, p2) = ids
+    changed = await admin(client, "approve", command_id="x1", principal=APPROVER, task_id=t1,
+                          args={"approval_id": p1["approval_id"], "request_hash": "sha256:0"})
+    assert changed.error is not None and changed.error.code == "CONFLICT"
+    ok = await admin(client, "approve", command_id="x2", principal=APPROVER, task_id=t1,
+                     args={"approval_id": p1["approval_id"],
+                           "request_hash": p1["request_hash"]})
+    assert ok.ok, ok.error
+    twice = await admin(client, "approve", command_id="x3", principal=APPROVER, task_id=t1,
+                        args={"approval_id": p1["approval_id"]})
+    assert twice.error is not None and twice.error.code == "ILLEGAL_TRANSITION"
+    assert (await wait_terminal(client, t1))[-1].payload["output"] == {"paid": 70}
+    viewer = await admin(client, "approve", command_id="x4", task_id=t2,
+                         args={"approval_id": p2["approval_id"]})
+    assert viewer.error is not None and viewer.error.code == "PERMISSION_DENIED"
+    clock.advance(3599.0)  # a second before its expiry: still valid
+    late = await admin(client, "reject", command_id="x5", principal=APPROVER, task_id=t2,
+                       args={"approval_id": p2["approval_id"]})
+    assert late.ok
+    assert (await wait_terminal(client, t2))[-1].payload["output"] == {"paid": 0}
+
+
+async def test_restart_gives_a_task_a_fresh_actor_from_its_checkpoint(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node()
+    task_id = await client.submit("ten", {"sleep": 0.05}, key="restart")
+    async for event in client.watch(task_id):
+        if event.type == "step.completed":
+            break
+    reply = await admin(client, "restart", command_id="rs1", principal=OPERATOR,
+                        task_id=task_id)
+    assert reply.result is not None and reply.result["restarts"] == 1
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    recovered = [e for e in events if e.type == "task.recovered"]
+    assert recovered and recovered[0].payload["reason"] == "actor_restart"
