@@ -200,6 +200,17 @@ class AdminRows:
     def _db(self) -> aiosqlite.Connection:
         raise NotImplementedError
 
+    async def fork(self, request: Any) -> dict[str, Any]:
+        """Create a fork (see persistence/fork.py); its start mail goes out via the outbox."""
+        from persistence.fork import fork_txn
+
+        result: dict[str, Any] = await self._writer.submit(lambda c: fork_txn(c, request))
+        self._announce(result.pop("outbox"))
+        return result
+
+    def _announce(self, rows: list[OutboxRow]) -> None:
+        raise NotImplementedError
+
     async def claim_command(self, tenant: str, command_id: str, verb: str, request_hash: str,
                             now: float) -> tuple[str, Any]:
         from persistence.admin_rows import claim_command_txn

@@ -47,7 +47,7 @@ log = structlog.get_logger("ratchet.admin")
 VERB_ROLES: dict[str, str] = {
     "get": "viewer", "history": "viewer", "list": "viewer", "tree": "viewer",
     "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
-    "approve": "approver", "reject": "approver", "restart": "operator",
+    "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
 }
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
@@ -198,6 +198,35 @@ class AdminActor(RequestService):
         if outcome != "processed":
             raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
         return {"task_id": rec.task_id, "approval_id": approval_id, "decision": decision}
+
+    async def _fork(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Retry from a historical checkpoint as a new task (``fork_of`` the original),
+        optionally with changed input; the original's history is untouched."""
+        from persistence.fork import ForkRequest
+        from persistence.txns import NewTask
+        from protocol.codec import encode
+        from protocol.messages import StartTask
+        from protocol.subjects import mail_subject
+
+        rec = await self._task(tenant, cmd)
+        new_input = cmd.args.get("input", rec.input)
+        if not isinstance(new_input, dict):
+            raise InvalidMessage("args.input must be a map")
+        task_id, now = new_id("tsk"), self.clock.now()
+        start = Envelope(type="task.start", message_id=new_id("msg"),
+                         correlation_id=cmd.command_id, sent_at=now,
+                         body=StartTask(task_id=task_id, tenant=tenant).model_dump())
+        checkpoint = cmd.args.get("checkpoint")
+        new = NewTask(
+            task_id=task_id, tenant=tenant, workflow=rec.workflow,
+            workflow_version=rec.workflow_version, idempotency_key=f"fork:{task_id}",
+            request_hash=request_hash(canonical({"fork_of": rec.task_id, "input": new_input,
+                                                 "checkpoint": checkpoint})),
+            input=canonical(new_input), steps_total=rec.steps_total, deadline_at=None,
+            now=now, producer=self.node_id, message_id=cmd.command_id,
+            start_mail=(mail_subject(task_id, "task"), start.message_id, encode(start)))
+        return await self.store.fork(ForkRequest(
+            rec.task_id, None if checkpoint is None else int(checkpoint), new))
 
     async def _restart(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Restart one task's actor through its supervisor (a fresh actor from the last

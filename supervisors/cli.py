@@ -211,7 +211,8 @@ def _parser() -> argparse.ArgumentParser:
     s = with_nats(sub.add_parser("admin", help="an admin command (get, history, list, tree,"
                                              " handoff)"))
     s.add_argument("verb", choices=["get", "history", "list", "tree", "handoff", "cancel",
-                                    "pause", "resume", "approve", "reject", "restart"])
+                                    "pause", "resume", "approve", "reject", "restart",
+                                    "fork"])
     s.add_argument("task_id", nargs="?", default=None)
     s.add_argument("--as", dest="principal", default=os.environ.get("USER", "operator"))
     s.add_argument("--roles", default="viewer", help="comma-separated: viewer,operator,approver")

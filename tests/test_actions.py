@@ -15,6 +15,7 @@ from actors.tools import Tool
 from examples.expense import ClaimArgs, ClaimResult, _submit_claim
 from examples.expense import app as expense_app
 from protocol.codec import encode
+from protocol.ids import task_id_for
 from protocol.messages import Envelope
 from protocol.subjects import external_subject
 from simulators import FinanceClient, FinanceSimulatorProcess
@@ -494,3 +495,20 @@ async def test_an_agent_whose_write_is_accepted_parks_and_resumes_without_asking
     assert events[-1].type == "task.succeeded"  # max_visits=1: three turns are one visit
     assert model.calls == 2  # the parked turn was not asked again
     assert finance.effects() == {"claim:ag1:all:submit": 1}
+
+
+async def test_a_fork_reuses_the_side_effects_completed_before_its_fork_point(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from tests.test_admin import OPERATOR, admin
+
+    await start_node(expense_app)
+    report = {"report_id": "fk", "employee": "e", "travel": 10, "hotel": 20}
+    await run(client, "expense.split", report, "fk")
+    reply = await admin(client, "fork", command_id="fk1", principal=OPERATOR,
+                        task_id=task_id_for("acme", "fk"), args={"checkpoint": 1})
+    assert reply.ok and reply.result is not None
+    events = await wait_terminal(client, reply.result["task_id"])
+    assert events[-1].type == "task.succeeded"
+    assert "action.reused" in types(events)  # the hotel claim is found, not made again
+    assert finance.effects() == {"claim:fk:travel:submit": 1, "claim:fk:hotel:submit": 1}

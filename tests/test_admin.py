@@ -223,3 +223,27 @@ async def test_restart_gives_a_task_a_fresh_actor_from_its_checkpoint(
     assert events[-1].type == "task.succeeded"
     recovered = [e for e in events if e.type == "task.recovered"]
     assert recovered and recovered[0].payload["reason"] == "actor_restart"
+
+
+async def test_fork_from_checkpoint_3_runs_from_there_and_leaves_the_original_alone(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.apps import RUNS
+
+    node = await start_node()
+    original = await client.submit("ten", {}, key="orig")
+    before = await wait_terminal(client, original)
+    reply = await admin(client, "fork", command_id="f1", principal=OPERATOR, task_id=original,
+                        args={"checkpoint": 3})
+    assert reply.ok, reply.error
+    assert reply.result is not None and reply.result["next_node"] == "s3"
+    forked = reply.result["task_id"]
+    events = await wait_terminal(client, forked)
+    assert events[-1].payload["output"] == {"count": 10}  # 3 carried over + 7 run here
+    assert [RUNS[f"{forked}:s{i}"] for i in range(10)] == [0, 0, 0] + [1] * 7
+    assert await node.store.events(original) == [  # type: ignore[union-attr]
+        {"sequence": e.sequence, "event_id": e.event_id, "type": e.type,
+         "aggregate_version": e.aggregate_version, "occurred_at": e.occurred_at,
+         "payload": e.payload} for e in before]
+    got = await admin(client, "get", command_id="f2", task_id=forked)
+    assert got.result is not None and got.result["status"] == "SUCCEEDED"
