@@ -97,6 +97,7 @@ class CallEnv:
     #: when spent). Off for agent turns (they count their own) and for compensations (an
     #: undo must never be refused for want of budget).
     count_tool_calls: bool = True
+    switches: Any = None  # actors.switches.Switches: disabled tools are refused
 
 
 def _hash(tool: Tool[Any, Any], args: BaseModel) -> str:
@@ -127,6 +128,12 @@ class ActionRunner:
             except ValidationError as exc:
                 raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
                                    tool=tool.name) from None
+        if self.env.switches is not None and tool.name in self.env.switches.disabled_tools \
+                and compensates is None:
+            failure = ActionFailed(f"tool {tool.name} is disabled (kill switch)", tool=tool.name,
+                                   retryable=True)
+            failure.code = ErrorCode.UNAVAILABLE
+            raise failure
         if tool.kind == "read":
             return await self._read(tool, args)
         assert tool.key is not None

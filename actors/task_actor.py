@@ -59,6 +59,7 @@ class TaskDeps:
     spawn_children: Any = None
     stop_children: Any = None
     tell_task: Any = None
+    switches: Any = None  # actors.switches.Switches (kill switches), shared by the node
     rng: random.Random = field(default_factory=random.Random)
 
 
@@ -170,6 +171,8 @@ class TaskActor(Actor):
             if env.type == "task.start":
                 if self.status is not TaskStatus.QUEUED:
                     return "duplicate"
+                if self._frozen():
+                    return "frozen"  # dispatched when thawed
                 await self._dispatch(inbox_message_id=env.message_id)
                 return "processed"
             if env.type == "task.control":
@@ -218,10 +221,15 @@ class TaskActor(Actor):
 
     # -- execution ----------------------------------------------------------------------
 
+    def _frozen(self) -> bool:
+        return self.deps.switches is not None and bool(self.deps.switches.frozen)
+
     async def _advance(self) -> None:
         if is_terminal(self.status) or self.workflow is None:
             self.ref.stop()
             return
+        if self._frozen():
+            return  # dispatch frozen: wait at this safe point until thawed
         if self.status is TaskStatus.QUEUED:
             await self._dispatch()
         if self.status is not TaskStatus.RUNNING:
@@ -308,7 +316,7 @@ class TaskActor(Actor):
             task_id=self.task_id, tenant=self.record.tenant, step_index=step_index,
             store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
             deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
-            count_tool_calls=count_tool_calls))
+            count_tool_calls=count_tool_calls, switches=self.deps.switches))
 
     async def run_step(self, step: StepNode) -> bool:
         """Run one step node; True when it committed and the task can go on."""

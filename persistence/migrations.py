@@ -297,6 +297,20 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ALTER TABLE tasks ADD COLUMN control BLOB;
         """,
     ),
+    (
+        8,
+        "kill switches for incidents (disabled tools, frozen dispatch), persisted",
+        """
+        CREATE TABLE switches (
+            kind TEXT NOT NULL,
+            name TEXT NOT NULL,
+            by TEXT NOT NULL,
+            reason TEXT,
+            at REAL NOT NULL,
+            PRIMARY KEY (kind, name)
+        ) WITHOUT ROWID;
+        """,
+    ),
 ]
 
 

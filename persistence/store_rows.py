@@ -211,6 +211,21 @@ class AdminRows:
     def _announce(self, rows: list[OutboxRow]) -> None:
         raise NotImplementedError
 
+    async def switches(self) -> list[tuple[str, str]]:
+        async with self._db.execute("SELECT kind, name FROM switches") as cur:
+            return [(r[0], r[1]) for r in await cur.fetchall()]
+
+    async def set_switch(self, kind: str, name: str, on: bool, by: str, reason: str | None,
+                         now: float) -> None:
+        def txn(conn: sqlite3.Connection) -> None:
+            if on:
+                conn.execute("INSERT OR REPLACE INTO switches(kind, name, by, reason, at)"
+                             " VALUES (?,?,?,?,?)", (kind, name, by, reason, now))
+            else:
+                conn.execute("DELETE FROM switches WHERE kind = ? AND name = ?", (kind, name))
+
+        await self._writer.submit(txn)
+
     async def claim_command(self, tenant: str, command_id: str, verb: str, request_hash: str,
                             now: float) -> tuple[str, Any]:
         from persistence.admin_rows import claim_command_txn

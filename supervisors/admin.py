@@ -48,6 +48,8 @@ VERB_ROLES: dict[str, str] = {
     "get": "viewer", "history": "viewer", "list": "viewer", "tree": "viewer",
     "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
     "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
+    "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
+    "thaw": "operator",
 }
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
@@ -66,10 +68,11 @@ class AdminActor(RequestService):
     queue = "ratchet-admin"
 
     def __init__(self, bus: Bus, store: Store, system: ActorSystem, clock: Clock,
-                 node_id: str, tasks: TaskSupervision) -> None:
+                 node_id: str, tasks: TaskSupervision, switches: Any = None) -> None:
         super().__init__(bus)
         self.store = store
         self.tasks = tasks
+        self.switches = switches
         self.system = system
         self.clock = clock
         self.node_id = node_id
@@ -95,7 +98,8 @@ class AdminActor(RequestService):
             if needed not in granted:
                 raise PermissionDenied(f"{verb} needs the {needed} role", verb=verb,
                                        principal=who)
-            result: dict[str, Any] = await getattr(self, f"_{verb}")(tenant, cmd)
+            result: dict[str, Any] = await getattr(self, f"_{verb.replace('-', '_')}")(tenant,
+                                                                                       cmd)
         except RatchetError as exc:
             await self._audit(tenant, who, verb, cmd, exc.code.value, {"error": exc.message})
             await self.store.store_command_reply(tenant, cmd.command_id,
@@ -198,6 +202,46 @@ class AdminActor(RequestService):
         if outcome != "processed":
             raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
         return {"task_id": rec.task_id, "approval_id": approval_id, "decision": decision}
+
+    # Kill switches act on the whole node ("anywhere"), are persisted before they take
+    # effect and, like every command, audited.
+
+    async def _disable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        tool = str(cmd.args.get("tool") or "")
+        if not tool:
+            raise InvalidMessage("disable-tool needs args.tool")
+        await self.store.set_switch("tool", tool, True, cmd.principal.name,
+                                    cmd.args.get("reason"), self.clock.now())
+        self.switches.disabled_tools.add(tool)
+        return {"disabled": sorted(self.switches.disabled_tools)}
+
+    async def _enable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        tool = str(cmd.args.get("tool") or "")
+        await self.store.set_switch("tool", tool, False, cmd.principal.name, None,
+                                    self.clock.now())
+        self.switches.disabled_tools.discard(tool)
+        return {"disabled": sorted(self.switches.disabled_tools)}
+
+    async def _freeze(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        await self.store.set_switch("freeze", "dispatch", True, cmd.principal.name,
+                                    cmd.args.get("reason"), self.clock.now())
+        self.switches.frozen = True
+        return {"frozen": True, "effect": "running steps finish; no new step starts"}
+
+    async def _thaw(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        from actors.task_actor import Advance
+
+        await self.store.set_switch("freeze", "dispatch", False, cmd.principal.name, None,
+                                    self.clock.now())
+        self.switches.frozen = False
+        woken = 0
+        for name in self.system.live():  # tasks waiting at their safe point go on
+            if name.startswith("node/tasks/") and name.endswith("/actor"):
+                ref = self.system.lookup(name)
+                if ref is not None:
+                    ref.tell(Advance())
+                    woken += 1
+        return {"frozen": False, "woken": woken}
 
     async def _fork(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Retry from a historical checkpoint as a new task (``fork_of`` the original),

@@ -21,6 +21,7 @@ import structlog
 
 from actors.bus import Bus
 from actors.core import ActorRef, ActorSystem
+from actors.switches import Switches
 from actors.task_actor import TaskDeps
 from actors.workflow import Registry
 from persistence.store import Store
@@ -113,8 +114,10 @@ class Node:
         except BaseException:
             await self.stop()
             raise
+        self.switches = Switches()
+        self.switches.load(await self._store.switches())
         deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
-                        max_step_attempts=cfg.max_step_attempts)
+                        max_step_attempts=cfg.max_step_attempts, switches=self.switches)
         self.tasks = TaskSupervision(
             self.system, deps, max_restarts=cfg.task_max_restarts, period=cfg.task_restart_period,
             backoff_base=cfg.task_backoff_base, backoff_cap=cfg.task_backoff_cap)
@@ -130,7 +133,8 @@ class Node:
             tasks.root_spec(),
             ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
             ChildSpec("admin", lambda _: AdminActor(bus, store, self.system, self.clock,
-                                                    cfg.node_id, tasks), Restart.PERMANENT),
+                                                    cfg.node_id, tasks, self.switches),
+                      Restart.PERMANENT),
             ChildSpec("mail", lambda _: MailRouter(bus, tasks, store, self.clock), Restart.PERMANENT),
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),

@@ -247,3 +247,29 @@ async def test_fork_from_checkpoint_3_runs_from_there_and_leaves_the_original_al
          "payload": e.payload} for e in before]
     got = await admin(client, "get", command_id="f2", task_id=forked)
     assert got.result is not None and got.result["status"] == "SUCCEEDED"
+
+
+async def test_a_disabled_tool_is_refused_and_freeze_holds_new_steps_until_thawed(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.apps import RUNS
+
+    node = await start_node()
+    frozen = await admin(client, "freeze", command_id="z1", principal=OPERATOR)
+    assert frozen.result is not None and frozen.result["frozen"] is True
+    task_id = await client.submit("three", {}, key="frozen")
+    async for event in client.watch(task_id):
+        if event.type == "task.queued":
+            break
+    assert (await client.get(task_id)).status == "QUEUED"
+    assert RUNS[f"{task_id}:s0"] == 0
+    thawed = await admin(client, "thaw", command_id="z2", principal=OPERATOR)
+    assert thawed.result is not None and thawed.result["frozen"] is False
+    assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+    assert node.store is not None and await node.store.switches() == []
+    disabled = await admin(client, "disable-tool", command_id="z3", principal=OPERATOR,
+                           args={"tool": "submit_claim", "reason": "provider incident"})
+    assert disabled.result == {"disabled": ["submit_claim"]}
+    assert await node.store.switches() == [("tool", "submit_claim")]
+    log = await node.store.audit_log("acme")
+    assert ("z3", "ok") in [(e["command_id"], e["outcome"]) for e in log]
