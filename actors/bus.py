@@ -178,4 +178,7 @@ class Bus:
                 await self.nc.drain()
             except Exception as exc:
                 log.warning("nats drain failed", error=repr(exc))
-                await self.nc.close()
+                try:
+                    await self.nc.close()
+                except Exception as close_exc:  # the server is gone: nothing left to close
+                    log.debug("nats close failed", error=repr(close_exc))

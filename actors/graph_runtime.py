@@ -374,7 +374,7 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
     if kind == "approval_timeout":
         if actor.status is not TaskStatus.WAITING_APPROVAL or not isinstance(node, ApprovalNode):
             return "late"
-        row = await actor.deps.store.approval(str(payload["approval_id"]))
+        row = await actor.deps.store.approval(str(payload.get("approval_id", "")))
         if row is None or row["status"] != "PENDING":
             return "late"
         settle = ApprovalWrite(row["approval_id"], "TIMED_OUT", reason="no decision in time")

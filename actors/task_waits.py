@@ -81,7 +81,25 @@ async def handoff_package(actor: TaskActor, signal: HandoffRequired) -> dict[str
     }
 
 async def fail_with_saga(actor: TaskActor, cause: BaseException, reason: str) -> None:
-    """Compensate completed side effects in reverse order, then end FAILED."""
+    """Compensate completed side effects in reverse order, then end FAILED.
+
+    A write whose outcome is not known (IN_FLIGHT or UNKNOWN: the step gave up while it was
+    in flight) must not be forgotten by a FAILED: the task goes UNKNOWN with a handoff
+    naming it instead — a human decides, nothing is compensated or resent blindly."""
+    unresolved = [a for a in await actor.deps.store.task_actions(actor.task_id)
+                  if a.status in ("IN_FLIGHT", "UNKNOWN") and not a.accepted]
+    if unresolved:
+        from actors.task_actor import error_of
+
+        await suspend(actor, HandoffRequired("the task failed with side effects of unknown"
+                                             " outcome", {
+            "why": "unresolved actions at failure", "failure": error_of(cause, reason),
+            "key": unresolved[0].key,
+            "unresolved": [{"key": a.key, "tool": a.tool, "status": a.status}
+                           for a in unresolved],
+            "options": ["reconcile each action with the provider, then fail the task",
+                        "mark them done and resume"]}))
+        return
     runner = actor.runner(actor.next_step, None, task_deadline=False, count_tool_calls=False)
     try:
         compensated = await compensate_task(runner, actor.deps.store, actor.deps.registry,

@@ -51,6 +51,10 @@ __all__ = [
 ]
 
 
+#: Event payloads larger than this are published truncated (stored whole).
+MAX_EVENT_PAYLOAD = 256 * 1024
+
+
 class DuplicateMessage(Exception):
     """The inbound message id was already processed; the change was not applied."""
 
@@ -156,6 +160,10 @@ def _append_events(
             " occurred_at, payload) VALUES (?,?,?,?,?,?,?)",
             (task_id, seq, event_id, event_type, version, now, packed_payload),
         )
+        published = payload
+        if len(packed_payload) > MAX_EVENT_PAYLOAD:
+            # The stream (NATS max payload) cannot carry it; the events table keeps it whole.
+            published = {"truncated": True, "bytes": len(packed_payload)}
         wire = msgpack.packb(
             {
                 "schema_version": SCHEMA_VERSION,
@@ -167,7 +175,7 @@ def _append_events(
                 "aggregate_version": version,
                 "occurred_at": now,
                 "producer": producer,
-                "payload": payload,
+                "payload": published,
             },
             use_bin_type=True,
         )

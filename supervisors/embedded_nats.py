@@ -120,6 +120,9 @@ class EmbeddedNats:
             stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
+            # Its own session: a Ctrl-C in the terminal reaches the node, which drains and
+            # then stops the server — not both at once.
+            start_new_session=True,
         )
         self.pid_file.write_text(str(self._proc.pid))
         assert self._proc.stdout is not None

@@ -14,7 +14,7 @@ import asyncio
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
+from actors.bus import Bus, redelivery_delay
 from actors.core import ServiceActor
 from persistence.store import Store
 from protocol.clock import Clock
@@ -24,7 +24,18 @@ from protocol.subjects import STREAM_EXTERNAL, dlq_subject
 from supervisors.routing import deliver, settle_failure
 from supervisors.tasks import TaskSupervision
 
-__all__ = ["ExternalRouter"]
+__all__ = ["ExternalRouter", "EARLY_RETRIES"]
+
+#: How many deliveries a confirmation gets while no wait for it is open (backing off
+#: 0.5 s, 1 s, 2 s, ...), before it is dead-lettered.
+EARLY_RETRIES = 5
+
+
+def _deliveries(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:  # not a JetStream message
+        return 1
 
 log = structlog.get_logger("ratchet.external")
 
@@ -54,6 +65,10 @@ class ExternalRouter(ServiceActor):
                 raise InvalidMessage("external.resolved needs a correlation_id")
             wait = await self.store.find_wait(tenant, cid)
             if wait is None:
+                if _deliveries(msg) < EARLY_RETRIES:
+                    # A webhook may overtake the 202 that makes the task record its wait.
+                    await msg.nak(delay=redelivery_delay(msg))
+                    return
                 raise InvalidMessage("no open wait for this correlation id",
                                      correlation_id=cid, tenant=tenant)
             task_id, kind = wait

@@ -188,21 +188,30 @@ class Node:
         if self._stopped:
             return
         self._stopped = True
+        # Each stage runs even if an earlier one failed (NATS gone, a child stuck): the store
+        # must close (its threads would keep the process alive) and the server must stop.
         root = self.root
         if root is not None and root.is_alive:
-            for child in ("intake", "decisions", "external", "recovery", "timers", "mail",
-                          "admin", "api"):
-                await root.ask(StopChild(child), timeout=self.config.drain_timeout)
-            await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
-            if self.relay is not None:
-                await self.relay.flush(timeout=5.0)
+            try:
+                for child in ("intake", "decisions", "external", "recovery", "timers", "mail",
+                              "admin", "api"):
+                    await root.ask(StopChild(child), timeout=self.config.drain_timeout)
+                await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
+                if self.relay is not None:
+                    await self.relay.flush(timeout=5.0)
+            except Exception as exc:
+                log.warning("drain incomplete", error=repr(exc))
             await root.stop_and_wait(timeout=15.0)
-        if self.bus is not None:
-            await self.bus.close()
-        if self.store is not None:
-            await self.store.close()
-        if self.embedded is not None:
-            await self.embedded.stop()
+        for stage, close in (("nats", self.bus.close if self.bus else None),
+                             ("store", self.store.close if self.store else None),
+                             ("embedded nats-server", self.embedded.stop if self.embedded
+                              else None)):
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception as exc:
+                log.warning("shutdown stage failed", stage=stage, error=repr(exc))
         log.info("node stopped", node=self.config.node_id)
 
     async def __aenter__(self) -> Node:

@@ -18,6 +18,7 @@ import contextlib
 from collections import OrderedDict
 
 import structlog
+from nats.errors import MaxPayloadError
 
 from actors.bus import Bus
 from actors.core import ServiceActor
@@ -111,10 +112,20 @@ class OutboxRelay(ServiceActor):
         rows = [self._pending[i] for i in ids]
         try:
             futures = []
-            for row in rows:
+            for row in list(rows):
                 headers = {"Nats-Msg-Id": row.msg_id, **(row.headers or {})}
-                futures.append(await self.bus.js.publish_async(row.subject, row.payload,
-                                                               headers=headers))
+                try:
+                    futures.append(await self.bus.js.publish_async(row.subject, row.payload,
+                                                                   headers=headers))
+                except MaxPayloadError:
+                    # This row can never be published: drop it from the batch (the store
+                    # keeps events whole) instead of stalling every task behind it.
+                    log.error("outbox row too large for NATS; dropped from the stream",
+                              subject=row.subject, bytes=len(row.payload))
+                    rows.remove(row)
+                    await self.store.delete_outbox([row.id])
+                    self._pending.pop(row.id, None)
+                    ids.remove(row.id)
             await asyncio.wait_for(asyncio.gather(*futures), self.publish_timeout)
         except asyncio.CancelledError:
             raise

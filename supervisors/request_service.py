@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
+from nats.errors import MaxPayloadError
 
 from actors.bus import Bus
 from actors.core import ServiceActor
@@ -83,5 +84,9 @@ class RequestService(ServiceActor):
         if msg.reply:
             try:
                 await msg.respond(encode(reply))
+            except MaxPayloadError:
+                too_big = RatchetError("the answer is larger than NATS can carry; ask for less"
+                                       " (e.g. history with a smaller limit)")
+                await msg.respond(encode(error_reply(too_big, reply.correlation_id)))
             except Exception as exc:
                 log.warning("reply failed", subject=msg.subject, error=repr(exc))

@@ -15,14 +15,25 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from actors.bus import redelivery_delay
+from actors.core import ActorCrashed
 from actors.task_actor import DeliverMail
 from persistence.store import Store
 from protocol.clock import Clock
-from protocol.errors import RatchetError
+from protocol.errors import InvalidMessage, RatchetError
 from protocol.messages import Envelope
 from supervisors.tasks import TaskFinished, TaskSupervision
 
-__all__ = ["deliver", "settle_failure"]
+__all__ = ["deliver", "settle_failure", "POISON_AFTER"]
+
+#: Deliveries that crashed the receiving actor before a message counts as poison.
+POISON_AFTER = 2
+
+
+def _deliveries(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:  # not a JetStream message
+        return 1
 
 
 async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg) -> Any | None:
@@ -41,6 +52,11 @@ async def settle_failure(msg: Msg, exc: Exception, *, store: Store, clock: Clock
     if isinstance(exc, TaskFinished):
         await msg.ack()
         return
+    if isinstance(exc, ActorCrashed) and _deliveries(msg) >= POISON_AFTER:
+        # The actor crashed on this message every time: a poison message, not a transient
+        # failure. Dead-letter it before it uses up the task's restart intensity.
+        exc = InvalidMessage(f"message crashed its actor {POISON_AFTER} times: "
+                             f"{exc.__cause__!r}", subject=msg.subject)
     if isinstance(exc, RatchetError) and not exc.retryable:
         log.warning("message dead-lettered", subject=msg.subject, error=exc.message)
         try:

@@ -512,3 +512,24 @@ async def test_a_fork_reuses_the_side_effects_completed_before_its_fork_point(
     assert events[-1].type == "task.succeeded"
     assert "action.reused" in types(events)  # the hotel claim is found, not made again
     assert finance.effects() == {"claim:fk:travel:submit": 1, "claim:fk:hotel:submit": 1}
+
+
+async def test_a_task_that_fails_with_a_write_in_flight_goes_to_a_human_not_failed(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from examples.expense import refund_claim, submit_claim
+
+    wf = ratchet.Workflow("hasty")
+
+    @wf.step(timeout=0.3)
+    async def go(ctx: ratchet.StepContext) -> None:
+        await ctx.call(submit_claim, ClaimArgs(report_id="h1", employee="e", amount=1.0))
+
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    node = await start_node(registry, max_step_attempts=1)
+    finance.add_faults([{"op": "claims", "mode": "slow", "delay": 1.0}])
+    events = await run(client, "hasty", {}, "h1")
+    assert events[-1].type == "task.unknown"  # not FAILED: the claim may have happened
+    [handoff] = await node.store.handoffs(events[0].task_id)  # type: ignore[union-attr]
+    assert handoff["package"]["unresolved"][0]["key"] == "claim:h1:all:submit"

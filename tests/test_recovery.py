@@ -90,3 +90,37 @@ async def test_a_parked_task_stays_passivated_when_its_node_restarts(
     again = await start_node(graph_app)
     assert (await client.get(task_id)).status == "WAITING_APPROVAL"
     assert again.system.lookup(f"node/tasks/{task_id}/actor") is None
+
+
+async def test_a_malformed_timer_mail_does_not_hurt_a_running_task(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node()
+    task_id = await client.submit("ten", {"sleep": 0.02}, key="poison")
+    for kind in ("branch_timeout", "join_timeout", "approval_timeout", "wait_timeout"):
+        env = Envelope(type="timer.fired", message_id=f"bad-{kind}", correlation_id="x",
+                       body={"kind": kind, "payload": {}})
+        await client.js.publish(mail_subject(task_id, "task"), encode(env))
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert "task.recovered" not in [e.type for e in events]
+
+
+async def test_an_event_too_large_for_nats_does_not_stall_other_tasks(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    wf = ratchet.Workflow("huge")
+
+    @wf.step
+    async def big(ctx: ratchet.StepContext) -> dict[str, object]:
+        return {"output": {"blob": "x" * 1_500_000}}
+
+    from tests.apps import three
+
+    node = await start_node(ratchet.Registry([wf, three]))
+    huge = await client.submit("huge", {}, key="huge")
+    events = await wait_terminal(client, huge)
+    assert events[-1].payload == {"truncated": True, "bytes": events[-1].payload["bytes"]}
+    small = await client.submit("three", {}, key="small")
+    assert (await wait_terminal(client, small))[-1].type == "task.succeeded"
+    assert node.store is not None and (await node.store.load_task(huge)).status == "SUCCEEDED"
