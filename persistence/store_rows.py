@@ -211,6 +211,46 @@ class AdminRows:
     def _announce(self, rows: list[OutboxRow]) -> None:
         raise NotImplementedError
 
+    async def purge_task(self, task_id: str) -> dict[str, int]:
+        """Remove a finished task's rows and the blobs nothing references any more.
+
+        The action ledger is kept: it is what stops a business action from happening twice,
+        whatever happens to the task that made it."""
+        from protocol.states import TERMINAL
+
+        def txn(conn: sqlite3.Connection) -> dict[str, int]:
+            row = conn.execute("SELECT status, tenant, idempotency_key FROM tasks"
+                               " WHERE task_id = ?", (task_id,)).fetchone()
+            if row is None or row[0] not in {s.value for s in TERMINAL}:
+                raise ValueError(f"task {task_id} is not finished")
+            removed: dict[str, int] = {}
+            for table in ("events", "checkpoints", "checkpoint_values", "agent_log", "branches",
+                          "approvals", "tool_sessions", "timers", "waits", "inbox", "handoffs"):
+                removed[table] = conn.execute(f"DELETE FROM {table} WHERE task_id = ?",
+                                              (task_id,)).rowcount
+            conn.execute("DELETE FROM requests WHERE tenant = ? AND idempotency_key = ?",
+                         (row[1], row[2]))
+            conn.execute("DELETE FROM tasks WHERE task_id = ?", (task_id,))
+            removed["blobs"] = conn.execute(
+                "DELETE FROM blobs WHERE digest NOT IN (SELECT blob FROM checkpoint_values"
+                " WHERE blob IS NOT NULL)").rowcount
+            return removed
+
+        result: dict[str, int] = await self._writer.submit(txn)
+        return result
+
+    async def expired_tasks(self, tenant: str | None, finished_before: float,
+                            limit: int = 500) -> list[str]:
+        """Finished tasks (of ``tenant``, or any) last updated before ``finished_before``."""
+        where, args = "status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < ?", \
+            [finished_before]
+        if tenant is not None:
+            where += " AND tenant = ?"
+            args.append(tenant)  # type: ignore[arg-type]
+        async with self._db.execute(f"SELECT task_id FROM tasks WHERE {where} LIMIT ?",
+                                    (*args, limit)) as cur:
+            return [r[0] for r in await cur.fetchall()]
+
     async def switches(self) -> list[tuple[str, str]]:
         async with self._db.execute("SELECT kind, name FROM switches") as cur:
             return [(r[0], r[1]) for r in await cur.fetchall()]

@@ -49,7 +49,7 @@ VERB_ROLES: dict[str, str] = {
     "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
     "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
-    "thaw": "operator",
+    "thaw": "operator", "purge": "operator",
 }
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
@@ -242,6 +242,14 @@ class AdminActor(RequestService):
                     ref.tell(Advance())
                     woken += 1
         return {"frozen": False, "woken": woken}
+
+    async def _purge(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Remove one finished task (events, checkpoints, unreferenced blobs) on demand."""
+        rec = await self._task(tenant, cmd)
+        if not is_terminal(TaskStatus(rec.status)):
+            raise IllegalTransition(f"only a finished task can be purged, not {rec.status}",
+                                    status=rec.status)
+        return {"task_id": rec.task_id, "removed": await self.store.purge_task(rec.task_id)}
 
     async def _fork(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Retry from a historical checkpoint as a new task (``fork_of`` the original),

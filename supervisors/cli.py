@@ -212,7 +212,8 @@ def _parser() -> argparse.ArgumentParser:
                                              " handoff)"))
     s.add_argument("verb", choices=["get", "history", "list", "tree", "handoff", "cancel",
                                     "pause", "resume", "approve", "reject", "restart",
-                                    "fork", "disable-tool", "enable-tool", "freeze", "thaw"])
+                                    "fork", "disable-tool", "enable-tool", "freeze", "thaw",
+                                    "purge"])
     s.add_argument("task_id", nargs="?", default=None)
     s.add_argument("--as", dest="principal", default=os.environ.get("USER", "operator"))
     s.add_argument("--roles", default="viewer", help="comma-separated: viewer,operator,approver")

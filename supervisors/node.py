@@ -37,6 +37,7 @@ from supervisors.mail_router import MailRouter
 from supervisors.outbox_relay import OutboxRelay
 from supervisors.recovery import RecoverySweeper
 from supervisors.restart_policy import Restart
+from supervisors.retention import RetentionSweeper
 from supervisors.supervisor import ChildSpec, StopChild, Supervisor
 from supervisors.tasks import TaskSupervision
 from supervisors.timers import TimerService
@@ -68,6 +69,8 @@ class NodeConfig:
     task_backoff_base: float = 0.05
     task_backoff_cap: float = 5.0
     max_step_attempts: int = 3
+    #: tenant → seconds to keep finished tasks (``"*"``: every other tenant); empty: forever
+    retention: dict[str, float] = field(default_factory=dict)
     drain_timeout: float = 30.0
 
     @property
@@ -139,6 +142,8 @@ class Node:
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),
                       Restart.PERMANENT),
+            ChildSpec("retention", lambda _: RetentionSweeper(store, self.clock, cfg.retention),
+                      Restart.PERMANENT),
             ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock),
                       Restart.PERMANENT),
             ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock),
@@ -193,8 +198,8 @@ class Node:
         root = self.root
         if root is not None and root.is_alive:
             try:
-                for child in ("intake", "decisions", "external", "recovery", "timers", "mail",
-                              "admin", "api"):
+                for child in ("intake", "decisions", "external", "recovery", "retention", "timers",
+                              "mail", "admin", "api"):
                     await root.ask(StopChild(child), timeout=self.config.drain_timeout)
                 await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
                 if self.relay is not None:

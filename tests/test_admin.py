@@ -273,3 +273,35 @@ async def test_a_disabled_tool_is_refused_and_freeze_holds_new_steps_until_thawe
     assert await node.store.switches() == [("tool", "submit_claim")]
     log = await node.store.audit_log("acme")
     assert ("z3", "ok") in [(e["command_id"], e["outcome"]) for e in log]
+
+
+async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from supervisors.retention import RetentionSweeper
+
+    wf = ratchet.Workflow("bulky")
+
+    @wf.step
+    async def big(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"doc": "y" * 10_000, "output": {"n": ctx.input.get("n")}}
+
+    node = await start_node(ratchet.Registry([wf]))
+    store = node.store
+    assert store is not None
+    running_ids = []
+    for n in (1, 2):
+        task_id = await client.submit("bulky", {"n": n}, key=f"bulk-{n}")
+        await wait_terminal(client, task_id)
+        running_ids.append(task_id)
+    assert await store.count("blobs") == 1  # one document, stored once for both tasks
+    busy = await admin(client, "purge", command_id="pg0", principal=OPERATOR,
+                       task_id="tsk_unknown")
+    assert busy.error is not None and busy.error.code == "NOT_FOUND"
+    purged = await admin(client, "purge", command_id="pg1", principal=OPERATOR,
+                         task_id=running_ids[0])
+    assert purged.result is not None and purged.result["removed"]["blobs"] == 0  # still used
+    sweeper = RetentionSweeper(store, node.clock, {"acme": 0.0})
+    assert await sweeper.sweep() == 1
+    assert await store.count("tasks") == 0 and await store.count("blobs") == 0
+    assert await store.count("events") == 0 and await store.count("checkpoint_values") == 0

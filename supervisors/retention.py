@@ -1,0 +1,51 @@
+"""Retention: finished tasks' events, checkpoints and blobs expire, per tenant.
+
+Every ``interval`` (on the injected clock) the sweeper purges the finished tasks of each
+tenant whose retention period has passed since they last changed; blobs go by reference
+(a blob still referenced by another checkpoint stays). The action ledger is kept: it guards
+against repeating a business action. The store does not grow without bound.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from actors.core import ServiceActor
+from persistence.store import Store
+from protocol.clock import Clock
+
+__all__ = ["RetentionSweeper"]
+
+log = structlog.get_logger("ratchet.retention")
+
+
+class RetentionSweeper(ServiceActor):
+    def __init__(self, store: Store, clock: Clock, retention: dict[str, float],
+                 interval: float = 600.0) -> None:
+        """``retention``: tenant → seconds to keep finished tasks; key ``"*"`` for any
+        tenant not named. A tenant with no entry (and no ``"*"``) keeps them for ever."""
+        self.store = store
+        self.clock = clock
+        self.retention = retention
+        self.interval = interval
+
+    async def serve(self) -> None:
+        while True:
+            await self.clock.sleep(self.interval)
+            await self.sweep()
+
+    async def sweep(self) -> int:
+        now = self.clock.now()
+        purged = 0
+        for tenant, seconds in self.retention.items():
+            expired = await self.store.expired_tasks(None if tenant == "*" else tenant,
+                                                     now - seconds)
+            for task_id in expired:
+                record = await self.store.load_task(task_id)
+                if tenant == "*" and record.tenant in self.retention:
+                    continue  # that tenant has its own period
+                await self.store.purge_task(task_id)
+                purged += 1
+        if purged:
+            log.info("finished tasks purged", count=purged)
+        return purged
