@@ -74,11 +74,13 @@ def _is_nats_server(pid: int) -> bool:
 class EmbeddedNats:
     """Start with :meth:`start` (returns the URL); stop with :meth:`stop` (idempotent)."""
 
-    def __init__(self, state_dir: Path, host: str = "127.0.0.1", port: int | None = None) -> None:
+    def __init__(self, state_dir: Path, host: str = "127.0.0.1", port: int | None = None,
+                 config_file: Path | None = None) -> None:
         self.state_dir = Path(state_dir)
         self.host = host
         self.port = port
         self.url: str | None = None
+        self.config_file = config_file  # e.g. an authorization block (docs/examples)
         self._proc: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
 
@@ -114,6 +116,8 @@ class EmbeddedNats:
         store_dir = self.state_dir / "jetstream"
         args = [find_nats_server(), "-a", self.host, "-p", str(port), "-js", "-sd", str(store_dir),
                 "-n", f"ratchet-embedded-{os.getpid()}"]
+        if self.config_file is not None:
+            args += ["-c", str(self.config_file)]
         self._proc = await asyncio.create_subprocess_exec(
             *args,
             stdout=asyncio.subprocess.PIPE,

@@ -533,3 +533,22 @@ async def test_a_task_that_fails_with_a_write_in_flight_goes_to_a_human_not_fail
     assert events[-1].type == "task.unknown"  # not FAILED: the claim may have happened
     [handoff] = await node.store.handoffs(events[0].task_id)  # type: ignore[union-attr]
     assert handoff["package"]["unresolved"][0]["key"] == "claim:h1:all:submit"
+
+
+async def test_cancel_during_a_tool_call_that_cannot_be_interrupted_marks_it_unknown(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from tests.test_admin import OPERATOR, admin
+
+    node = await start_node(expense_app)
+    finance.add_faults([{"op": "claims", "mode": "slow", "delay": 1.0}])
+    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    async for event in client.watch(task_id):
+        if event.type == "action.started":
+            break
+    await admin(client, "cancel", command_id="cx", principal=OPERATOR, task_id=task_id)
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.cancelled"
+    assert events[-1].payload["unknown_actions"] == [CLAIM_KEY]  # it may still happen
+    [action] = await node.store.task_actions(task_id)  # type: ignore[union-attr]
+    assert action.status == "UNKNOWN"
