@@ -43,4 +43,27 @@ async def pay(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"paid": ctx.state["amount"]}}
 
 
-app = ratchet.Registry([wide, parked])
+hang = ratchet.Workflow("hang100")
+_stuck = ratchet.Workflow("stuck-branch")
+
+
+@_stuck.step
+async def stuck(ctx: ratchet.StepContext) -> None:
+    import asyncio
+
+    await asyncio.Event().wait()  # never finishes: only a cancel ends it
+
+
+hang.fanout("spread", {f"b{i:03d}": _stuck for i in range(100)}, join="gather")
+hang.join("gather", of="spread", policy=JoinPolicy("all"), next=END)
+
+busy = ratchet.Workflow("busy")
+for _i in range(20):
+    async def _nap(ctx: ratchet.StepContext) -> None:
+        import asyncio
+
+        await asyncio.sleep(0.2)
+
+    busy.add_step(f"s{_i}", _nap)
+
+app = ratchet.Registry([wide, parked, hang, busy])

@@ -552,3 +552,33 @@ async def test_cancel_during_a_tool_call_that_cannot_be_interrupted_marks_it_unk
     assert events[-1].payload["unknown_actions"] == [CLAIM_KEY]  # it may still happen
     [action] = await node.store.task_actions(task_id)  # type: ignore[union-attr]
     assert action.status == "UNKNOWN"
+
+
+async def test_a_cancel_compensates_when_the_workflow_declares_it(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from examples.expense import refund_claim, submit_claim
+    from tests.test_admin import OPERATOR, admin
+
+    wf = ratchet.Workflow("undoable", compensate_on_cancel=True)
+
+    @wf.step
+    async def claim(ctx: ratchet.StepContext) -> None:
+        await ctx.call(submit_claim, ClaimArgs(report_id="u1", employee="e", amount=3.0))
+
+    @wf.step
+    async def wait_long(ctx: ratchet.StepContext) -> None:
+        await asyncio.sleep(30)
+
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    await start_node(registry)
+    task_id = await client.submit("undoable", {}, key="u1")
+    async for event in client.watch(task_id):
+        if event.type == "step.completed":
+            break
+    await admin(client, "cancel", command_id="u1c", principal=OPERATOR, task_id=task_id)
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.cancelled"
+    assert events[-1].payload["compensated"] == ["claim:u1:all:submit"]
+    assert finance.effects() == {"claim:u1:all:submit": 1, "refund:u1:all": 1}

@@ -305,3 +305,43 @@ async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
     assert await sweeper.sweep() == 1
     assert await store.count("tasks") == 0 and await store.count("blobs") == 0
     assert await store.count("events") == 0 and await store.count("checkpoint_values") == 0
+
+
+async def test_an_expired_approval_is_rejected(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.graph_apps import app as graph_app
+
+    clock = ratchet.FakeClock()
+    await start_node(graph_app, clock=clock)
+    task_id = await client.submit("approve", {"amount": 5}, key="exp")
+    async for event in client.watch(task_id):
+        if event.type == "approval.requested":
+            asked = event.payload
+            break
+    clock.advance(3601.0)
+    late = await admin(client, "approve", command_id="e1", principal=APPROVER,
+                       task_id=task_id, args={"approval_id": asked["approval_id"]})
+    assert late.error is not None and late.error.code == "ILLEGAL_TRANSITION"
+    assert "expired" in late.error.message or "timed_out" in late.error.message
+
+
+async def test_a_repeated_cancel_command_answers_once_and_acts_once(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    task_id = await client.submit("ten", {"sleep": 30}, key="twice")
+    async for event in client.watch(task_id):
+        if event.type == "task.started":
+            break
+    first = await admin(client, "cancel", command_id="once", principal=OPERATOR,
+                        task_id=task_id)
+    again = await admin(client, "cancel", command_id="once", principal=OPERATOR,
+                        task_id=task_id)
+    assert first.result == again.result
+    events = await wait_terminal(client, task_id)
+    assert [e.type for e in events].count("task.cancel_requested") == 1
+    assert node.store is not None
+    outcomes = [e["outcome"] for e in await node.store.audit_log("acme")
+                if e["command_id"] == "once"]
+    assert outcomes == ["requested", "ok"]

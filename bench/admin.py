@@ -1,0 +1,100 @@
+"""Admin figures of one node. Prints one JSON object (last line).
+
+- admin_get_p50_ms / _p99_ms: round trip of ``admin get`` (200 sequential requests) while
+  500 tasks run (all started; 20 steps of 200 ms each, so they are mid-run throughout);
+- cancel_100_branches_s: ``admin cancel`` → ``task.cancelled`` for a task with 100 live
+  branches that would never finish on their own.
+
+The node is a real ``ratchet serve`` subprocess joined to a real nats-server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import ratchet
+from bench.steps import NodeProc
+from protocol.codec import encode
+from protocol.ids import new_id, task_id_for
+from protocol.messages import Envelope, SubmitTask
+from supervisors.cli import configure_logging
+from supervisors.embedded_nats import EmbeddedNats
+
+OPERATOR = {"name": "bench", "roles": ["operator"]}
+
+
+async def admin(client: ratchet.Client, verb: str, task_id: str) -> dict[str, Any]:
+    return await client.request_admin(verb, {"command_id": new_id("cmd"), "principal": OPERATOR,
+                                             "task_id": task_id})
+
+
+async def main() -> None:
+    configure_logging("warning")
+    with tempfile.TemporaryDirectory(prefix="ratchet-admin-") as tmp:
+        server = EmbeddedNats(Path(tmp) / "nats")
+        url = await server.start()
+        node = NodeProc(Path(tmp) / "node", url, app="bench.graph_app:app")
+        node.start()
+        client = await ratchet.Client.connect(url, "bench")
+        try:
+            started_tasks: set[str] = set()
+            all_started = asyncio.Event()
+
+            async def on_started(msg: Any) -> None:
+                started_tasks.add(msg.subject.split(".")[3])
+                if len(started_tasks) >= 500:
+                    all_started.set()
+
+            sub = await client.nc.subscribe("ratchet.events.bench.*.task.started", cb=on_started)
+            futures = []
+            for i in range(500):
+                key = f"busy-{i}"
+                mid = new_id("msg")
+                env = Envelope(type="task.submit", message_id=mid, correlation_id=mid,
+                               body=SubmitTask(workflow="busy", idempotency_key=key).model_dump())
+                futures.append(await client.js.publish_async(
+                    "ratchet.submit.bench", encode(env), headers={"Nats-Msg-Id": f"bench:{key}"}))
+            await asyncio.gather(*futures)
+            target = task_id_for("bench", "busy-0")
+            await asyncio.wait_for(all_started.wait(), 120)  # all 500 are running now
+            await sub.unsubscribe()
+            rtts = []
+            for _ in range(200):
+                started = time.perf_counter()
+                await admin(client, "get", target)
+                rtts.append((time.perf_counter() - started) * 1000)
+            rtts.sort()
+
+            hang_id = await client.submit("hang100", {}, key="hang")
+            async for event in client.watch(hang_id, idle_timeout=60):
+                if event.type == "fanout.started":
+                    break
+            started = time.perf_counter()
+            await admin(client, "cancel", hang_id)
+            async for event in client.watch(hang_id, idle_timeout=60):
+                if event.type == "task.cancelled":
+                    break
+            cancel_s = time.perf_counter() - started
+        finally:
+            await client.close()
+            node.stop()
+            await server.stop()
+    print(json.dumps({
+        "admin_get_p50_ms": round(statistics.median(rtts), 2),
+        "admin_get_p99_ms": round(rtts[int(0.99 * (len(rtts) - 1))], 2),
+        "running_tasks": 500, "cancel_100_branches_s": round(cancel_s, 3),
+    }))
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
