@@ -77,8 +77,13 @@ async def _serve(args: argparse.Namespace) -> int:
     from supervisors.node import Node, NodeConfig
 
     registry = load_app(args.app)
+    retention = {}
+    for item in args.retention:
+        tenant, _, seconds = item.partition("=")
+        retention[tenant] = float(seconds)
     config = NodeConfig(state_dir=Path(args.state_dir), nats_url=args.nats_url,
-                        synchronous=args.synchronous, partitions=args.partitions)
+                        synchronous=args.synchronous, partitions=args.partitions,
+                        retention=retention)
     if args.node_id:
         config.node_id = args.node_id
     node = Node(config, registry)
@@ -192,6 +197,8 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
     s.add_argument("--partitions", type=int, default=16)
     s.add_argument("--node-id", default=None)
+    s.add_argument("--retention", action="append", default=[], metavar="TENANT=SECONDS",
+                   help="keep finished tasks this long (TENANT '*' for every other tenant)")
 
     s = with_nats(sub.add_parser("submit", help="publish a task request"))
     s.add_argument("workflow")

@@ -582,3 +582,27 @@ async def test_a_cancel_compensates_when_the_workflow_declares_it(
     assert events[-1].type == "task.cancelled"
     assert events[-1].payload["compensated"] == ["claim:u1:all:submit"]
     assert finance.effects() == {"claim:u1:all:submit": 1, "refund:u1:all": 1}
+
+
+async def test_a_disabled_tool_is_refused_everywhere_and_the_handoff_verb_shows_packages(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from tests.test_admin import OPERATOR, VIEWER, admin
+
+    await start_node(expense_app)
+    await admin(client, "disable-tool", command_id="d1", principal=OPERATOR,
+                args={"tool": "submit_claim", "reason": "finance incident"})
+    events = await run(client, "expense.agent", REPORT, "r-off")
+    assert events[-1].type == "task.failed"
+    assert events[-1].payload["error"]["code"] == "UNAVAILABLE"
+    assert finance.effects() == {}
+    await admin(client, "enable-tool", command_id="d2", principal=OPERATOR,
+                args={"tool": "submit_claim"})
+    finance.add_faults([{"op": "claims", "mode": "drop_after_commit"},
+                        {"op": "query", "mode": "status_500", "times": 50}])
+    unknown = await run(client, "expense.agent", REPORT, "r-on")
+    assert unknown[-1].type == "task.unknown"
+    shown = await admin(client, "handoff", command_id="d3", principal=VIEWER,
+                        task_id=unknown[0].task_id)
+    assert shown.result is not None
+    assert shown.result["handoffs"][0]["package"]["key"] == CLAIM_KEY

@@ -345,3 +345,20 @@ async def test_a_repeated_cancel_command_answers_once_and_acts_once(
     outcomes = [e["outcome"] for e in await node.store.audit_log("acme")
                 if e["command_id"] == "once"]
     assert outcomes == ["requested", "ok"]
+
+
+async def test_list_pages_through_the_tenants_tasks(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node()
+    for i in range(5):
+        await wait_terminal(client, await client.submit("three", {}, key=f"page-{i}"))
+    seen: list[str] = []
+    cursor = None
+    for n in range(3):
+        page = await admin(client, "list", command_id=f"pg-{n}",
+                           args={"limit": 2, **({"cursor": cursor} if cursor else {})})
+        assert page.result is not None
+        seen += [t["task_id"] for t in page.result["tasks"]]
+        cursor = page.result["next_cursor"]
+    assert len(seen) == len(set(seen)) == 5 and cursor is None
