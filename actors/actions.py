@@ -37,6 +37,7 @@ from protocol.ids import request_hash
 __all__ = [
     "ActionFailed",
     "ActionRunner",
+    "PauseRequested",
     "AwaitExternal",
     "CallEnv",
     "HandoffRequired",
@@ -69,6 +70,14 @@ class AwaitExternal(TaskSuspended):
         self.timeout = timeout
 
 
+class PauseRequested(TaskSuspended):
+    """An operator's pause, taken at the safe point before a tool call."""
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(tool)
+        self.tool = tool
+
+
 class ActionFailed(RatchetError):
     """The action failed for good (never-retried error, retries or deadline exhausted, or
     a key conflict). The step fails; the task compensates and ends FAILED."""
@@ -98,6 +107,7 @@ class CallEnv:
     #: undo must never be refused for want of budget).
     count_tool_calls: bool = True
     switches: Any = None  # actors.switches.Switches: disabled tools are refused
+    pause_requested: Callable[[], bool] | None = None  # checked before every call
 
 
 def _hash(tool: Tool[Any, Any], args: BaseModel) -> str:
@@ -128,6 +138,9 @@ class ActionRunner:
             except ValidationError as exc:
                 raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
                                    tool=tool.name) from None
+        if self.env.pause_requested is not None and self.env.pause_requested() \
+                and compensates is None:
+            raise PauseRequested(tool.name)  # a safe point: nothing of this call has started
         if self.env.switches is not None and tool.name in self.env.switches.disabled_tools \
                 and compensates is None:
             failure = ActionFailed(f"tool {tool.name} is disabled (kill switch)", tool=tool.name,

@@ -95,6 +95,7 @@ class TaskActor(Actor):
         self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
         self._step_task: asyncio.Future[Any] | None = None
         self._interrupted = False
+        self._pause_requested = False
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -133,6 +134,12 @@ class TaskActor(Actor):
             return
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.ref.tell(Advance())
+
+    def request_pause(self) -> None:
+        """Out of band: pause at the next safe point, which may be the next tool call of the
+        step in progress (the step then runs again on resume; its completed calls are
+        answered by the ledger)."""
+        self._pause_requested = True
 
     def interrupt(self) -> bool:
         """Cancel the step in progress, if any (called from outside for an operator's
@@ -316,7 +323,8 @@ class TaskActor(Actor):
             task_id=self.task_id, tenant=self.record.tenant, step_index=step_index,
             store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
             deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
-            count_tool_calls=count_tool_calls, switches=self.deps.switches))
+            count_tool_calls=count_tool_calls, switches=self.deps.switches,
+            pause_requested=lambda: self._pause_requested))
 
     async def run_step(self, step: StepNode) -> bool:
         """Run one step node; True when it committed and the task can go on."""

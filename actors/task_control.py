@@ -89,11 +89,13 @@ async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
     actor.ref.stop()
 
 
-async def pause(actor: TaskActor, request: dict[str, Any]) -> None:
+async def pause(actor: TaskActor, request: dict[str, Any], before_tool: str | None = None) -> None:
+    actor._pause_requested = False
     await actor.commit(status_event=TaskEvent.PAUSED, control={},
                        events=[("task.paused", {"by": request.get("by"),
                                                 "reason": request.get("reason"),
-                                                "at_node": actor.current})])
+                                                "at_node": actor.current,
+                                                "before_tool": before_tool})])
     actor.ref.stop()  # passivate until resumed
 
 

@@ -14,6 +14,7 @@ from actors.actions import (
     ActionRunner,
     AwaitExternal,
     HandoffRequired,
+    PauseRequested,
     TaskSuspended,
 )
 from actors.saga import compensate_task
@@ -38,6 +39,12 @@ def _timer_id(task_id: str, correlation_id: str) -> str:
 
 async def suspend(actor: TaskActor, signal: TaskSuspended) -> None:
     """Record why the task cannot go on, then passivate (stop this actor)."""
+    if isinstance(signal, PauseRequested):
+        from actors.task_control import pause
+
+        await pause(actor, dict(actor.record.control.get("pause") or {}) if actor.record else {},
+                    before_tool=signal.tool)
+        return
     if isinstance(signal, AwaitExternal):
         due = actor.deps.clock.now() + signal.timeout
         await actor.commit(

@@ -147,10 +147,13 @@ class AdminActor(RequestService):
             task_id=rec.task_id, expected_version=None, producer=self.node_id,
             now=self.clock.now(), control={**rec.control, action: request},
             events=[(f"task.{action}_requested", request)]))
-        if action == "cancel":
-            live = self.system.lookup(f"node/tasks/{rec.task_id}/actor")
-            if live is not None:
-                live.interrupt()  # a running step is abandoned, not waited for
+        live = self.system.lookup(f"node/tasks/{rec.task_id}/actor")
+        if live is not None and action == "cancel":
+            live.interrupt()  # a running step is abandoned, not waited for
+        elif live is not None and action == "pause":
+            hook = getattr(live._actor, "request_pause", None)  # the next tool call is a
+            if callable(hook):                                  # safe point too
+                hook()
         try:
             ref = await self.tasks.ensure_running(rec.task_id)
         except TaskFinished:
@@ -269,6 +272,8 @@ class AdminActor(RequestService):
                          correlation_id=cmd.command_id, sent_at=now,
                          body=StartTask(task_id=task_id, tenant=tenant).model_dump())
         checkpoint = cmd.args.get("checkpoint")
+        if checkpoint is not None:
+            checkpoint = self._int_arg(cmd, "checkpoint", 0)
         new = NewTask(
             task_id=task_id, tenant=tenant, workflow=rec.workflow,
             workflow_version=rec.workflow_version, idempotency_key=f"fork:{task_id}",
@@ -313,6 +318,11 @@ class AdminActor(RequestService):
         self._check_version(rec, cmd)
         if rec.status != "PAUSED":
             raise IllegalTransition(f"cannot resume a {rec.status} task", status=rec.status)
+        try:  # the workflow version it was running must still be served here
+            self.tasks.deps.registry.get(rec.workflow, rec.workflow_version)
+        except RatchetError:
+            raise IllegalTransition(f"workflow {rec.workflow} v{rec.workflow_version} is not"
+                                    " served by this node", task_id=rec.task_id) from None
         ref = await self.tasks.ensure_running(rec.task_id)
         if ref is None:
             raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
@@ -331,16 +341,26 @@ class AdminActor(RequestService):
                 "live": self.system.lookup(f"node/tasks/{rec.task_id}/actor") is not None,
                 "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
 
+    @staticmethod
+    def _int_arg(cmd: AdminCommand, name: str, default: int) -> int:
+        try:
+            return int(cmd.args.get(name, default))
+        except (TypeError, ValueError):
+            raise InvalidMessage(f"args.{name} must be an integer", field=name) from None
+
     async def _history(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         rec = await self._task(tenant, cmd)
-        after = int(cmd.args.get("after", 0))
-        limit = max(1, min(int(cmd.args.get("limit", 500)), 5000))
+        after = self._int_arg(cmd, "after", 0)
+        limit = max(1, min(self._int_arg(cmd, "limit", 500), 5000))
         events = (await self.store.events(rec.task_id, after))[:limit]
         return {"task_id": rec.task_id, "events": events,
                 "next_after": events[-1]["sequence"] if len(events) == limit else None}
 
     async def _list(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        limit = max(1, min(int(cmd.args.get("limit", 100)), 1000))
+        limit = max(1, min(self._int_arg(cmd, "limit", 100), 1000))
+        cursor_arg = cmd.args.get("cursor")
+        if cursor_arg is not None and (not isinstance(cursor_arg, str) or "/" not in cursor_arg):
+            raise InvalidMessage("args.cursor must be a cursor from a previous page")
         page, cursor = await self.store.list_tasks(
             tenant, status=cmd.args.get("status"), workflow=cmd.args.get("workflow"),
             limit=limit, cursor=cmd.args.get("cursor"))

@@ -606,3 +606,42 @@ async def test_a_disabled_tool_is_refused_everywhere_and_the_handoff_verb_shows_
                         task_id=unknown[0].task_id)
     assert shown.result is not None
     assert shown.result["handoffs"][0]["package"]["key"] == CLAIM_KEY
+
+
+async def test_a_pause_takes_effect_at_the_next_tool_call_inside_a_step(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from examples.expense import refund_claim, submit_claim
+    from tests.test_admin import OPERATOR, admin
+
+    wf = ratchet.Workflow("two_calls")
+
+    @wf.step
+    async def both(ctx: ratchet.StepContext) -> dict[str, Any]:
+        first = await ctx.call(submit_claim, ClaimArgs(report_id="pz", part="a", employee="e",
+                                                       amount=1.0))
+        second = await ctx.call(submit_claim, ClaimArgs(report_id="pz", part="b",
+                                                        employee="e", amount=2.0))
+        return {"output": {"ids": [first.provider_id, second.provider_id]}}
+
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    await start_node(registry)
+    finance.add_faults([{"op": "claims", "mode": "slow", "delay": 0.5,
+                         "key": "claim:pz:a:submit"}])
+    task_id = await client.submit("two_calls", {}, key="pz")
+    async for event in client.watch(task_id):
+        if event.type == "action.started":
+            break
+    await admin(client, "pause", command_id="pz1", principal=OPERATOR, task_id=task_id)
+    async for event in client.watch(task_id):
+        if event.type == "task.paused":
+            assert event.payload["before_tool"] == "submit_claim"
+            break
+    assert finance.effects() == {"claim:pz:a:submit": 1}  # the second call never started
+    resumed = await admin(client, "resume", command_id="pz2", principal=OPERATOR,
+                          task_id=task_id)
+    assert resumed.ok, resumed.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert finance.effects() == {"claim:pz:a:submit": 1, "claim:pz:b:submit": 1}

@@ -362,3 +362,30 @@ async def test_list_pages_through_the_tenants_tasks(
         seen += [t["task_id"] for t in page.result["tasks"]]
         cursor = page.result["next_cursor"]
     assert len(seen) == len(set(seen)) == 5 and cursor is None
+
+
+@pytest.mark.parametrize(
+    ("verb", "body", "code"),
+    [
+        ("history", {"task_id": "tsk_nope"}, "NOT_FOUND"),
+        ("history", {"task_id": "DONE", "args": {"after": "x"}}, "INVALID_ARGUMENT"),
+        ("list", {"args": {"cursor": 7}}, "INVALID_ARGUMENT"),
+        ("handoff", {"task_id": "tsk_nope"}, "NOT_FOUND"),
+        ("pause", {"task_id": "DONE"}, "ILLEGAL_TRANSITION"),
+        ("resume", {"task_id": "DONE"}, "ILLEGAL_TRANSITION"),
+        ("restart", {"task_id": "DONE"}, "ILLEGAL_TRANSITION"),
+        ("fork", {"task_id": "DONE", "args": {"checkpoint": 99}}, "NOT_FOUND"),
+        ("approve", {"task_id": "DONE"}, "INVALID_ARGUMENT"),
+        ("disable-tool", {}, "INVALID_ARGUMENT"),
+        ("nonsense", {}, "INVALID_ARGUMENT"),
+    ],
+)
+async def test_each_verb_answers_its_errors_typed(
+    client: ratchet.Client, done_task: str, verb: str, body: dict[str, Any], code: str
+) -> None:
+    if body.get("task_id") == "DONE":
+        body = {**body, "task_id": done_task}
+    roles = {"name": "root", "roles": ["operator", "approver", "viewer"]}
+    reply = await admin(client, verb, command_id=f"err-{verb}-{code}", principal=roles, **body)
+    assert not reply.ok and reply.error is not None
+    assert reply.error.code == code, reply.error
