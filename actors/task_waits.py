@@ -93,8 +93,10 @@ async def fail_with_saga(actor: TaskActor, cause: BaseException, reason: str) ->
     A write whose outcome is not known (IN_FLIGHT or UNKNOWN: the step gave up while it was
     in flight) must not be forgotten by a FAILED: the task goes UNKNOWN with a handoff
     naming it instead — a human decides, nothing is compensated or resent blindly."""
+    # Compensations in flight are not in doubt here: the saga below reconciles them.
     unresolved = [a for a in await actor.deps.store.task_actions(actor.task_id)
-                  if a.status in ("IN_FLIGHT", "UNKNOWN") and not a.accepted]
+                  if a.status in ("IN_FLIGHT", "UNKNOWN") and not a.accepted
+                  and a.compensates is None]
     if unresolved:
         from actors.task_actor import error_of
 
