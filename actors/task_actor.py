@@ -93,7 +93,7 @@ class TaskActor(Actor):
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
         self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
-        self._step_task: asyncio.Future[Any] | None = None
+        self._scope: asyncio.Timeout | None = None
         self._interrupted = False
         self._pause_requested = False
 
@@ -142,13 +142,13 @@ class TaskActor(Actor):
         self._pause_requested = True
 
     def interrupt(self) -> bool:
-        """Cancel the step in progress, if any (called from outside for an operator's
-        cancel; the step is not committed and the control mail is handled next)."""
-        task = self._step_task
-        if task is None or task.done():
+        """Abandon the step in progress, if any (called on the loop, from outside, for an
+        operator's cancel; the step is not committed and the control mail comes next)."""
+        scope = self._scope
+        if scope is None:
             return False
         self._interrupted = True
-        task.cancel()
+        scope.reschedule(asyncio.get_running_loop().time())
         return True
 
     async def on_stop(self) -> None:
@@ -338,22 +338,22 @@ class TaskActor(Actor):
             runner=self.runner(index, step.timeout),
         )
         started = asyncio.get_running_loop().time()
-        coro = step.fn(ctx)
-        self._step_task = asyncio.ensure_future(
-            asyncio.wait_for(coro, step.timeout) if step.timeout is not None else coro)
         try:
             try:
-                update = await self._step_task
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if not self._interrupted or (current is not None and current.cancelling()):
-                    raise  # a real cancellation (shutdown): never swallowed
+                # One cancel scope serves both the step's own timeout and an operator's
+                # interrupt (rescheduled to "now"), with no extra task per step.
+                async with asyncio.timeout(step.timeout) as scope:
+                    self._scope = scope
+                    update = await step.fn(ctx)
+            except TimeoutError:
+                if not self._interrupted:
+                    raise  # the step's own timeout: a step failure, handled below
                 self._interrupted = False
                 await self._commit(self._change(events=[("step.interrupted", {
                     "step": step.name, "index": index})]))
                 return False  # the operator's request is handled next, at this safe point
             finally:
-                self._step_task = None
+                self._scope = None
             if update:
                 self.state.update(update)
         except TaskSuspended as signal:
