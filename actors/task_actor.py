@@ -323,7 +323,9 @@ class TaskActor(Actor):
             task_id=self.task_id, tenant=self.record.tenant, step_index=step_index,
             store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
             deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
-            count_tool_calls=count_tool_calls, switches=self.deps.switches,
+            # Counting costs a read-modify-write per call: only for tasks with such a budget.
+            count_tool_calls=count_tool_calls and "tool_calls" in self.record.budget,
+            switches=self.deps.switches,
             pause_requested=lambda: self._pause_requested))
 
     async def run_step(self, step: StepNode) -> bool:
