@@ -44,8 +44,11 @@ class Client:
         self.tenant = tenant
 
     @classmethod
-    async def connect(cls, url: str, tenant: str = "default") -> Client:
-        return cls(await nats.connect(url, name="ratchet-client"), tenant)
+    async def connect(cls, url: str, tenant: str = "default",
+                      inbox_prefix: str | None = None) -> Client:
+        """``inbox_prefix``: replies on a tenant's own prefix (see the sample NATS config)."""
+        options: dict[str, Any] = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
+        return cls(await nats.connect(url, name="ratchet-client", **options), tenant)
 
     async def close(self) -> None:
         await self.nc.drain()

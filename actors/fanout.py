@@ -81,11 +81,13 @@ def branch_done_change(task_id: str, tenant: str, key: str, node: str, branch: s
 class BranchActor(Actor):
     def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
                  graph: Workflow, task_input: dict[str, Any], state: dict[str, Any],
-                 store: Store, clock: Clock, producer: str, session: Any) -> None:
+                 store: Store, clock: Clock, producer: str, session: Any,
+                 switches: Any = None) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
         self.state = state
         self.store, self.clock, self.producer, self.session = store, clock, producer, session
+        self.switches = switches
 
     async def on_start(self) -> None:
         self.ref.tell("run")
@@ -116,7 +118,7 @@ class BranchActor(Actor):
         runner = ActionRunner(CallEnv(
             task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
             clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
-            rng=random.Random()))
+            rng=random.Random(), switches=self.switches))
         while current != END:
             node = self.graph.node(current)
             visits[current] = visits.get(current, 0) + 1

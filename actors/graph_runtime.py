@@ -171,7 +171,8 @@ def _branch_factory(actor: TaskActor, key: str, node: FanoutNode, branch: str,
         return BranchActor(task_id=actor.task_id, tenant=tenant, key=key, node=node.name,
                            branch=branch, graph=node.branches[branch], task_input=task_input,
                            state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
-                           producer=actor.deps.producer, session=session)
+                           producer=actor.deps.producer, session=session,
+                           switches=actor.deps.switches)
 
     return make
 

@@ -132,6 +132,7 @@ class TaskActor(Actor):
             self._recovered_from = "actor_restart" if self.restarts else "node_recovery"
         if rec.control and await task_control.apply_pending_control(self):
             return
+        self._pause_requested = "pause" in rec.control  # parked meanwhile: at the next point
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.ref.tell(Advance())
 
@@ -241,6 +242,10 @@ class TaskActor(Actor):
             await self._dispatch()
         if self.status is not TaskStatus.RUNNING:
             return  # waiting or paused: a later message resumes it
+        if self._pause_requested:  # a pause that arrived while the task was parked
+            await task_control.pause(self, dict(self.record.control.get("pause") or {})
+                                     if self.record else {})
+            return
         if self._recovered_from is not None:
             await self._commit(self._change(events=[("task.recovered", {
                 "reason": self._recovered_from,
@@ -391,7 +396,7 @@ class TaskActor(Actor):
         await self._commit(self._change(
             status_event=TaskEvent.SUCCEEDED,
             events=[("task.succeeded", {"output": output})],
-            output=output,
+            output=output, control={},  # a request still pending has nothing left to act on
         ))
         self.log.info("task succeeded")
         self.ref.stop()

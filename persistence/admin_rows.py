@@ -15,6 +15,8 @@ __all__ = ["AuditEntry", "append_audit_txn", "claim_command_txn", "store_reply_t
            "verify_audit_rows", "entry_hash"]
 
 GENESIS = "sha256:" + "0" * 64
+#: A command claimed this long ago without an answer is taken as abandoned.
+STALE_CLAIM_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -51,8 +53,13 @@ def claim_command_txn(conn: sqlite3.Connection, tenant: str, command_id: str, ve
     """``("new", None)``, ``("repeat", stored reply)`` (None while the first is still
     running) or ``("conflict", None)`` when the id was used for another request."""
     row = conn.execute(
-        "SELECT request_hash, reply FROM admin_commands WHERE tenant = ? AND command_id = ?",
-        (tenant, command_id)).fetchone()
+        "SELECT request_hash, reply, created_at FROM admin_commands WHERE tenant = ?"
+        " AND command_id = ?", (tenant, command_id)).fetchone()
+    if row is not None and row[1] is None and now - row[2] > STALE_CLAIM_S:
+        # Claimed but never answered (the node died mid-command): run it again.
+        conn.execute("DELETE FROM admin_commands WHERE tenant = ? AND command_id = ?",
+                     (tenant, command_id))
+        row = None
     if row is None:
         conn.execute(
             "INSERT INTO admin_commands(tenant, command_id, verb, request_hash, created_at)"
@@ -61,6 +68,12 @@ def claim_command_txn(conn: sqlite3.Connection, tenant: str, command_id: str, ve
     if row[0] != request_hash:
         return ("conflict", None)
     return ("repeat", None if row[1] is None else msgpack.unpackb(row[1], raw=False))
+
+
+def release_command_txn(conn: sqlite3.Connection, tenant: str, command_id: str) -> None:
+    """Forget a claim whose answer must not be replayed (a retryable error)."""
+    conn.execute("DELETE FROM admin_commands WHERE tenant = ? AND command_id = ?",
+                 (tenant, command_id))
 
 
 def store_reply_txn(conn: sqlite3.Connection, tenant: str, command_id: str,

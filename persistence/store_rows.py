@@ -240,13 +240,16 @@ class AdminRows:
         return result
 
     async def expired_tasks(self, tenant: str | None, finished_before: float,
-                            limit: int = 500) -> list[str]:
+                            limit: int = 500, exclude: list[str] | None = None) -> list[str]:
         """Finished tasks (of ``tenant``, or any) last updated before ``finished_before``."""
         where, args = "status IN ('SUCCEEDED', 'FAILED', 'CANCELLED') AND updated_at < ?", \
             [finished_before]
         if tenant is not None:
             where += " AND tenant = ?"
             args.append(tenant)  # type: ignore[arg-type]
+        for other in exclude or []:  # tenants with a period of their own
+            where += " AND tenant != ?"
+            args.append(other)  # type: ignore[arg-type]
         async with self._db.execute(f"SELECT task_id FROM tasks WHERE {where} LIMIT ?",
                                     (*args, limit)) as cur:
             return [r[0] for r in await cur.fetchall()]
@@ -273,6 +276,11 @@ class AdminRows:
         result: tuple[str, Any] = await self._writer.submit(
             lambda c: claim_command_txn(c, tenant, command_id, verb, request_hash, now))
         return result
+
+    async def release_command(self, tenant: str, command_id: str) -> None:
+        from persistence.admin_rows import release_command_txn
+
+        await self._writer.submit(lambda c: release_command_txn(c, tenant, command_id))
 
     async def store_command_reply(self, tenant: str, command_id: str,
                                   reply: dict[str, Any]) -> None:

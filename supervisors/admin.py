@@ -1,7 +1,8 @@
 """The admin service: operators' commands on ``ratchet.admin.<tenant>.<verb>``.
 
-Built so far: the read verbs ``get``, ``history``, ``list``, ``tree`` and ``handoff``, and
-the control verbs ``cancel``, ``pause`` and ``resume`` (see actors/task_control.py), with
+Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``,
+``resume`` (actors/task_control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill
+switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw``; and ``purge``. Each with
 the contract every verb follows: a typed reply; the role the verb needs, taken from the
 command's principal (PERMISSION_DENIED otherwise); the tenant of the subject (a task of
 another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
@@ -93,6 +94,9 @@ class AdminActor(RequestService):
                                   command_id=cmd.command_id)
         if state == "repeat" and stored is not None:
             return self._replay(stored)
+        if state == "repeat":
+            raise Unavailable("a request with this command id is still running; retry",
+                              command_id=cmd.command_id)
         await self._audit(tenant, who, verb, cmd, "requested", {"args": cmd.args})
         try:
             if needed not in granted:
@@ -102,8 +106,15 @@ class AdminActor(RequestService):
                                                                                        cmd)
         except RatchetError as exc:
             await self._audit(tenant, who, verb, cmd, exc.code.value, {"error": exc.message})
-            await self.store.store_command_reply(tenant, cmd.command_id,
-                                                 {"ok": False, "error": exc.to_wire()})
+            if exc.retryable:  # a retry with the same id must run again, not replay this
+                await self.store.release_command(tenant, cmd.command_id)
+            else:
+                await self.store.store_command_reply(tenant, cmd.command_id,
+                                                     {"ok": False, "error": exc.to_wire()})
+            raise
+        except Exception as exc:
+            await self._audit(tenant, who, verb, cmd, "INTERNAL", {"error": repr(exc)[:500]})
+            await self.store.release_command(tenant, cmd.command_id)
             raise
         await self._audit(tenant, who, verb, cmd, "ok", {})
         await self.store.store_command_reply(tenant, cmd.command_id, {"ok": True,
@@ -220,6 +231,8 @@ class AdminActor(RequestService):
 
     async def _enable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         tool = str(cmd.args.get("tool") or "")
+        if not tool:
+            raise InvalidMessage("enable-tool needs args.tool")
         await self.store.set_switch("tool", tool, False, cmd.principal.name, None,
                                     self.clock.now())
         self.switches.disabled_tools.discard(tool)
@@ -359,8 +372,13 @@ class AdminActor(RequestService):
     async def _list(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         limit = max(1, min(self._int_arg(cmd, "limit", 100), 1000))
         cursor_arg = cmd.args.get("cursor")
-        if cursor_arg is not None and (not isinstance(cursor_arg, str) or "/" not in cursor_arg):
-            raise InvalidMessage("args.cursor must be a cursor from a previous page")
+        try:
+            if cursor_arg is not None:
+                float(str(cursor_arg).partition("/")[0])
+                if "/" not in str(cursor_arg):
+                    raise ValueError
+        except ValueError:
+            raise InvalidMessage("args.cursor must be a cursor from a previous page") from None
         page, cursor = await self.store.list_tasks(
             tenant, status=cmd.args.get("status"), workflow=cmd.args.get("workflow"),
             limit=limit, cursor=cmd.args.get("cursor"))

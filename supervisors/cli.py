@@ -215,8 +215,7 @@ def _parser() -> argparse.ArgumentParser:
     s = with_nats(sub.add_parser("status", help="print a task's snapshot"))
     s.add_argument("task_id")
 
-    s = with_nats(sub.add_parser("admin", help="an admin command (get, history, list, tree,"
-                                             " handoff)"))
+    s = with_nats(sub.add_parser("admin", help="an admin command (docs/admin.md)"))
     s.add_argument("verb", choices=["get", "history", "list", "tree", "handoff", "cancel",
                                     "pause", "resume", "approve", "reject", "restart",
                                     "fork", "disable-tool", "enable-tool", "freeze", "thaw",

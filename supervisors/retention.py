@@ -38,12 +38,10 @@ class RetentionSweeper(ServiceActor):
         now = self.clock.now()
         purged = 0
         for tenant, seconds in self.retention.items():
+            others = [t for t in self.retention if t != "*"] if tenant == "*" else []
             expired = await self.store.expired_tasks(None if tenant == "*" else tenant,
-                                                     now - seconds)
+                                                     now - seconds, exclude=others)
             for task_id in expired:
-                record = await self.store.load_task(task_id)
-                if tenant == "*" and record.tenant in self.retention:
-                    continue  # that tenant has its own period
                 await self.store.purge_task(task_id)
                 purged += 1
         if purged:

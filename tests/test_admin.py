@@ -389,3 +389,25 @@ async def test_each_verb_answers_its_errors_typed(
     reply = await admin(client, verb, command_id=f"err-{verb}-{code}", principal=roles, **body)
     assert not reply.ok and reply.error is not None
     assert reply.error.code == code, reply.error
+
+
+async def test_a_command_id_still_running_is_not_run_twice_and_retryable_errors_are_not_kept(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node()
+    assert node.store is not None
+    from protocol.codec import canonical
+    from protocol.ids import request_hash
+    from protocol.messages import AdminCommand
+
+    body = AdminCommand(command_id="busy-id", principal=VIEWER).model_dump()  # type: ignore[arg-type]
+    digest = request_hash(canonical({"verb": "list", "body": body}))
+    state, _ = await node.store.claim_command("acme", "busy-id", "list", digest,
+                                              node.clock.now())
+    assert state == "new"  # as if a first request with this id were still running
+    again = await admin(client, "list", command_id="busy-id")
+    assert again.error is not None and again.error.code == "UNAVAILABLE"
+    assert again.error.retryable
+    await node.store.release_command("acme", "busy-id")
+    ok = await admin(client, "list", command_id="busy-id")
+    assert ok.ok

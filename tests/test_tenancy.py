@@ -39,8 +39,10 @@ async def test_a_tenant_cannot_reach_another_tenants_subjects(
     secured: tuple[str, ratchet.Node],
 ) -> None:
     host, _ = secured
-    acme = await ratchet.Client.connect(f"nats://acme:acme-secret@{host}", tenant="acme")
-    globex = await ratchet.Client.connect(f"nats://globex:globex-secret@{host}", tenant="globex")
+    acme = await ratchet.Client.connect(f"nats://acme:acme-secret@{host}", tenant="acme",
+                                        inbox_prefix="_INBOX_acme")
+    globex = await ratchet.Client.connect(f"nats://globex:globex-secret@{host}",
+                                          tenant="globex", inbox_prefix="_INBOX_globex")
     try:
         # A tenant user follows its events with a core subscription (it may not create
         # JetStream consumers: see docs/operations.md).
@@ -68,3 +70,28 @@ async def test_a_tenant_cannot_reach_another_tenants_subjects(
     finally:
         await acme.close()
         await globex.close()
+
+
+async def test_a_tenant_cannot_listen_to_another_tenants_replies_or_events(
+    secured: tuple[str, ratchet.Node],
+) -> None:
+    import nats
+
+    host, _ = secured
+    errors: list[Exception] = []
+    three = asyncio.Event()
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+        if len(errors) >= 3:
+            three.set()
+
+    spy = await nats.connect(f"nats://globex:globex-secret@{host}", error_cb=on_error,
+                             inbox_prefix="_INBOX_globex")
+    try:
+        for subject in ("_INBOX_acme.>", "ratchet.events.acme.>", "ratchet.mail.>"):
+            await spy.subscribe(subject)
+        await asyncio.wait_for(three.wait(), 10)  # the server refuses each subscription
+        assert all("permissions violation" in repr(e).lower() for e in errors), errors
+    finally:
+        await spy.close()
