@@ -568,7 +568,7 @@ async def test_a_cancel_compensates_when_the_workflow_declares_it(
 
     @wf.step
     async def wait_long(ctx: ratchet.StepContext) -> None:
-        await asyncio.sleep(30)
+        await asyncio.Event().wait()  # only a cancel ends it
 
     registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
                                 resources=expense_app.resources)

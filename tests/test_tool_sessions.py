@@ -73,7 +73,7 @@ async def test_blocking_tool_code_runs_off_the_loop_and_the_cursor_survives_a_re
 async def test_a_blocking_call_past_its_timeout_is_an_unknown_outcome(tmp_path: Path) -> None:
     store = await Store.open(tmp_path / "s.db")
     system = ActorSystem()
-    slow = Tool("slow", lambda ctx, a: (time.sleep(0.5), Page(items=[], thread=""))[1],
+    slow = Tool("slow", lambda ctx, a: (threading.Event().wait(0.5), Page(items=[], thread=""))[1],
                 "write", PageArgs, Page, key=lambda a: "k", timeout=0.1)
     try:
         session = system.spawn(ToolSession("t2", "acme", "x", store, FakeClock(), {}), "s2")
