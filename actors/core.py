@@ -34,6 +34,7 @@ __all__ = [
     "ActorStopped",
     "AskTimeout",
     "ExitCallback",
+    "PeriodicService",
     "ServiceActor",
 ]
 
@@ -286,3 +287,18 @@ class ServiceActor(Actor):
             self._serve_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._serve_task
+
+
+class PeriodicService(ServiceActor):
+    """A service that runs :meth:`sweep` every ``interval`` seconds of its clock."""
+
+    clock: Clock
+    interval: float
+
+    async def serve(self) -> None:
+        while True:
+            await self.clock.sleep(self.interval)
+            await self.sweep()
+
+    async def sweep(self) -> int:
+        raise NotImplementedError

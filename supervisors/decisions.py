@@ -9,43 +9,27 @@ are dead-lettered; a decision for a finished task is acked and dropped.
 
 from __future__ import annotations
 
-import asyncio
-
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
-from actors.core import ServiceActor
-from persistence.store import Store
-from protocol.clock import Clock
 from protocol.codec import decode_envelope, parse_body
 from protocol.errors import InvalidMessage, NotFound
 from protocol.messages import ApprovalDecision
 from protocol.subjects import STREAM_DECISIONS, dlq_subject
-from supervisors.routing import deliver, settle_failure
-from supervisors.tasks import TaskSupervision
+from supervisors.routing import TaskRouter, deliver, settle_failure, subject_tenant
 
 __all__ = ["DecisionRouter"]
 
 log = structlog.get_logger("ratchet.decisions")
 
 
-class DecisionRouter(ServiceActor):
-    def __init__(self, bus: Bus, tasks: TaskSupervision, store: Store, clock: Clock) -> None:
-        self.bus = bus
-        self.tasks = tasks
-        self.store = store
-        self.clock = clock
+class DecisionRouter(TaskRouter):
+    stream = STREAM_DECISIONS
+    durable = "decision-router"
+    filter_subject = "ratchet.decisions.>"
 
-    async def serve(self) -> None:
-        await self.bus.pull_loop(STREAM_DECISIONS, "decision-router", "ratchet.decisions.>",
-                                 self._batch, batch=256)
-
-    async def _batch(self, msgs: list[Msg]) -> None:
-        await asyncio.gather(*(self._route(m) for m in msgs))
-
-    async def _route(self, msg: Msg) -> None:
-        tenant = msg.subject.split(".", 2)[2] if msg.subject.count(".") >= 2 else ""
+    async def route(self, msg: Msg) -> None:
+        tenant = subject_tenant(msg)
         try:
             env = decode_envelope(msg.data)
             if env.type != "approval.decision":

@@ -9,20 +9,14 @@ nobody waits for (unknown, or already resolved) is dead-lettered, never applied 
 
 from __future__ import annotations
 
-import asyncio
-
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, redelivery_delay
-from actors.core import ServiceActor
-from persistence.store import Store
-from protocol.clock import Clock
+from actors.bus import redelivery_delay
 from protocol.codec import decode_envelope
 from protocol.errors import InvalidMessage
 from protocol.subjects import STREAM_EXTERNAL, dlq_subject
-from supervisors.routing import deliver, settle_failure
-from supervisors.tasks import TaskSupervision
+from supervisors.routing import TaskRouter, deliver, deliveries, settle_failure, subject_tenant
 
 __all__ = ["ExternalRouter", "EARLY_RETRIES"]
 
@@ -31,31 +25,16 @@ __all__ = ["ExternalRouter", "EARLY_RETRIES"]
 EARLY_RETRIES = 5
 
 
-def _deliveries(msg: Msg) -> int:
-    try:
-        return int(msg.metadata.num_delivered)
-    except Exception:  # not a JetStream message
-        return 1
-
 log = structlog.get_logger("ratchet.external")
 
 
-class ExternalRouter(ServiceActor):
-    def __init__(self, bus: Bus, tasks: TaskSupervision, store: Store, clock: Clock) -> None:
-        self.bus = bus
-        self.tasks = tasks
-        self.store = store
-        self.clock = clock
+class ExternalRouter(TaskRouter):
+    stream = STREAM_EXTERNAL
+    durable = "external-router"
+    filter_subject = "ratchet.external.>"
 
-    async def serve(self) -> None:
-        await self.bus.pull_loop(STREAM_EXTERNAL, "external-router", "ratchet.external.>",
-                                 self._batch, batch=256)
-
-    async def _batch(self, msgs: list[Msg]) -> None:
-        await asyncio.gather(*(self._route(m) for m in msgs))
-
-    async def _route(self, msg: Msg) -> None:
-        tenant = msg.subject.split(".", 2)[2] if msg.subject.count(".") >= 2 else ""
+    async def route(self, msg: Msg) -> None:
+        tenant = subject_tenant(msg)
         try:
             env = decode_envelope(msg.data)
             if env.type != "external.resolved":
@@ -65,7 +44,7 @@ class ExternalRouter(ServiceActor):
                 raise InvalidMessage("external.resolved needs a correlation_id")
             wait = await self.store.find_wait(tenant, cid)
             if wait is None:
-                if _deliveries(msg) < EARLY_RETRIES:
+                if deliveries(msg) < EARLY_RETRIES:
                     # A webhook may overtake the 202 that makes the task record its wait.
                     await msg.nak(delay=redelivery_delay(msg))
                     return

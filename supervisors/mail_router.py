@@ -9,20 +9,18 @@ transaction) at the actor. Undeliverable mail is nak'ed with a delay and retried
 
 from __future__ import annotations
 
-import asyncio
 from collections import OrderedDict
 
 import structlog
 from nats.aio.msg import Msg
 
 from actors.bus import Bus
-from actors.core import ServiceActor
 from persistence.store import Store
 from protocol.clock import Clock
 from protocol.codec import decode_envelope
 from protocol.errors import NotFound
 from protocol.subjects import STREAM_MAIL, dlq_subject
-from supervisors.routing import deliver, settle_failure
+from supervisors.routing import TaskRouter, deliver, settle_failure
 from supervisors.tasks import TaskSupervision
 
 __all__ = ["MailRouter"]
@@ -30,25 +28,17 @@ __all__ = ["MailRouter"]
 log = structlog.get_logger("ratchet.mail")
 
 
-class MailRouter(ServiceActor):
+class MailRouter(TaskRouter):
+    stream = STREAM_MAIL
+    durable = "mail-router"
+    filter_subject = "ratchet.mail.>"
+    batch = 512
+
     def __init__(self, bus: Bus, tasks: TaskSupervision, store: Store, clock: Clock,
-                 filter_subject: str = "ratchet.mail.>", durable: str = "mail-router",
                  recent_window: int = 10_000) -> None:
-        self.bus = bus
-        self.tasks = tasks
-        self.store = store
-        self.clock = clock
-        self.filter_subject = filter_subject
-        self.durable = durable
+        super().__init__(bus, tasks, store, clock)
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._recent_window = recent_window
-
-    async def serve(self) -> None:
-        await self.bus.pull_loop(STREAM_MAIL, self.durable, self.filter_subject, self._batch,
-                                 batch=512)
-
-    async def _batch(self, msgs: list[Msg]) -> None:
-        await asyncio.gather(*(self._route(m) for m in msgs))
 
     def _seen(self, message_id: str) -> bool:
         if message_id in self._recent:
@@ -58,7 +48,7 @@ class MailRouter(ServiceActor):
             self._recent.popitem(last=False)
         return False
 
-    async def _route(self, msg: Msg) -> None:
+    async def route(self, msg: Msg) -> None:
         parts = msg.subject.split(".")
         try:
             env = decode_envelope(msg.data)

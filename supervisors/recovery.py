@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import structlog
 
-from actors.core import ServiceActor
+from actors.core import PeriodicService
 from persistence.store import Store
 from protocol.clock import Clock
 from supervisors.tasks import TaskSupervision, task_supervisor_name
@@ -21,18 +21,13 @@ __all__ = ["RecoverySweeper"]
 log = structlog.get_logger("ratchet.recovery")
 
 
-class RecoverySweeper(ServiceActor):
+class RecoverySweeper(PeriodicService):
     def __init__(self, store: Store, tasks: TaskSupervision, clock: Clock,
                  interval: float = 30.0) -> None:
         self.store = store
         self.tasks = tasks
         self.clock = clock
         self.interval = interval
-
-    async def serve(self) -> None:
-        while True:
-            await self.clock.sleep(self.interval)
-            await self.sweep()
 
     async def sweep(self) -> int:
         """Activate every QUEUED/RUNNING task without a live supervisor; returns how many."""

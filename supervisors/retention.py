@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import structlog
 
-from actors.core import ServiceActor
+from actors.core import PeriodicService
 from persistence.store import Store
 from protocol.clock import Clock
 
@@ -19,7 +19,7 @@ __all__ = ["RetentionSweeper"]
 log = structlog.get_logger("ratchet.retention")
 
 
-class RetentionSweeper(ServiceActor):
+class RetentionSweeper(PeriodicService):
     def __init__(self, store: Store, clock: Clock, retention: dict[str, float],
                  interval: float = 600.0) -> None:
         """``retention``: tenant → seconds to keep finished tasks; key ``"*"`` for any
@@ -28,11 +28,6 @@ class RetentionSweeper(ServiceActor):
         self.clock = clock
         self.retention = retention
         self.interval = interval
-
-    async def serve(self) -> None:
-        while True:
-            await self.clock.sleep(self.interval)
-            await self.sweep()
 
     async def sweep(self) -> int:
         now = self.clock.now()

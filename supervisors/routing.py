@@ -10,12 +10,13 @@ message never stops a router.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from nats.aio.msg import Msg
 
-from actors.bus import redelivery_delay
-from actors.core import ActorCrashed
+from actors.bus import Bus, redelivery_delay
+from actors.core import ActorCrashed, ServiceActor
 from actors.task_actor import DeliverMail
 from persistence.store import Store
 from protocol.clock import Clock
@@ -23,17 +24,50 @@ from protocol.errors import InvalidMessage, RatchetError
 from protocol.messages import Envelope
 from supervisors.tasks import TaskFinished, TaskSupervision
 
-__all__ = ["deliver", "settle_failure", "POISON_AFTER"]
+__all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure", "subject_tenant",
+           "POISON_AFTER"]
 
 #: Deliveries that crashed the receiving actor before a message counts as poison.
 POISON_AFTER = 2
 
 
-def _deliveries(msg: Msg) -> int:
+def deliveries(msg: Msg) -> int:
+    """How many times JetStream delivered this message (1 for a core message)."""
     try:
         return int(msg.metadata.num_delivered)
     except Exception:  # not a JetStream message
         return 1
+
+
+def subject_tenant(msg: Msg) -> str:
+    """The tenant token of ``ratchet.<kind>.<tenant>[...]`` ("" if there is none)."""
+    parts = msg.subject.split(".")
+    return parts[2] if len(parts) > 2 else ""
+
+
+class TaskRouter(ServiceActor):
+    """A JetStream consumer whose messages go to tasks (subclasses route one message)."""
+
+    stream = ""
+    durable = ""
+    filter_subject = ""
+    batch = 256
+
+    def __init__(self, bus: Bus, tasks: TaskSupervision, store: Store, clock: Clock) -> None:
+        self.bus = bus
+        self.tasks = tasks
+        self.store = store
+        self.clock = clock
+
+    async def serve(self) -> None:
+        await self.bus.pull_loop(self.stream, self.durable, self.filter_subject, self._batch,
+                                 batch=self.batch)
+
+    async def _batch(self, msgs: list[Msg]) -> None:
+        await asyncio.gather(*(self.route(m) for m in msgs))
+
+    async def route(self, msg: Msg) -> None:
+        raise NotImplementedError
 
 
 async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg) -> Any | None:
@@ -52,7 +86,7 @@ async def settle_failure(msg: Msg, exc: Exception, *, store: Store, clock: Clock
     if isinstance(exc, TaskFinished):
         await msg.ack()
         return
-    if isinstance(exc, ActorCrashed) and _deliveries(msg) >= POISON_AFTER:
+    if isinstance(exc, ActorCrashed) and deliveries(msg) >= POISON_AFTER:
         # The actor crashed on this message every time: a poison message, not a transient
         # failure. Dead-letter it before it uses up the task's restart intensity.
         exc = InvalidMessage(f"message crashed its actor {POISON_AFTER} times: "
