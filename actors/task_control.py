@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from actors.actions import HandoffRequired
 from persistence.ledger import ActionWrite
 from protocol.messages import Envelope
 from protocol.states import TaskEvent, TaskStatus, is_terminal
@@ -71,10 +72,14 @@ async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
         try:
             compensated = await compensate_task(runner, actor.deps.store, actor.deps.registry,
                                                 actor.task_id)
-        except BaseException as exc:
-            if isinstance(exc, KeyboardInterrupt | SystemExit):
-                raise
-            compensated = [f"incomplete: {exc}"]
+        except HandoffRequired as signal:  # an undo that failed for good: a human decides
+            from actors.task_waits import suspend
+
+            signal.package["cancel"] = request
+            await actor.commit(control={}, events=[("task.cancel_incomplete", {
+                "by": request.get("by"), "reason": signal.reason})])
+            await suspend(actor, signal)
+            return
     unknown = [a.key for a in await actor.deps.store.task_actions(actor.task_id)
                if a.status in ("IN_FLIGHT", "PENDING")]
     for key in unknown:  # calls that could not be interrupted: their outcome is not known

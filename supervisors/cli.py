@@ -166,7 +166,9 @@ async def _admin(args: argparse.Namespace) -> int:
 
     client = await Client.connect(_nats_url(args), args.tenant)
     try:
-        verb_args: dict[str, Any] = {}
+        verb_args: dict[str, Any] = json.loads(args.args_json) if args.args_json else {}
+        if not isinstance(verb_args, dict):
+            raise SystemExit("--args must be a JSON object")
         for item in args.arg:
             key, _, value = item.partition("=")
             verb_args[key] = int(value) if value.isdigit() else value
@@ -174,6 +176,8 @@ async def _admin(args: argparse.Namespace) -> int:
                 "principal": {"name": args.principal,
                               "roles": [r for r in args.roles.split(",") if r]},
                 "task_id": args.task_id, "args": verb_args}
+        if args.expected_version is not None:
+            body["expected_version"] = args.expected_version
         _print(await client.request_admin(args.verb, body))
     finally:
         await client.close()
@@ -226,6 +230,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                    help="verb arguments, e.g. --arg after=5 --arg status=RUNNING")
     s.add_argument("--command-id", default=None, help="repeat one to get its first answer")
+    s.add_argument("--expected-version", type=int, default=None,
+                   help="act only if the task is still at this version")
+    s.add_argument("--args", dest="args_json", default=None,
+                   help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'')
 
     s = sub.add_parser("graph", help="print a workflow's transition table and Mermaid diagram")
     s.add_argument("workflow")

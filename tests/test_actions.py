@@ -645,3 +645,33 @@ async def test_a_pause_takes_effect_at_the_next_tool_call_inside_a_step(
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert finance.effects() == {"claim:pz:a:submit": 1, "claim:pz:b:submit": 1}
+
+
+async def test_a_cancel_whose_undo_fails_goes_to_a_human(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    from examples.expense import refund_claim, submit_claim
+    from tests.test_admin import OPERATOR, admin
+
+    wf = ratchet.Workflow("undo_fails", compensate_on_cancel=True)
+
+    @wf.step
+    async def claim(ctx: ratchet.StepContext) -> None:
+        await ctx.call(submit_claim, ClaimArgs(report_id="uf", employee="e", amount=3.0))
+
+    @wf.step
+    async def wait_long(ctx: ratchet.StepContext) -> None:
+        await asyncio.Event().wait()  # only a cancel ends it
+
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    await start_node(registry)
+    finance.add_faults([{"op": "refunds", "mode": "status_500", "times": 100}])
+    task_id = await client.submit("undo_fails", {}, key="uf")
+    async for event in client.watch(task_id):
+        if event.type == "step.completed":
+            break
+    await admin(client, "cancel", command_id="ufc", principal=OPERATOR, task_id=task_id)
+    events = await wait_terminal_or_parked(client, task_id)
+    assert "task.cancel_incomplete" in types(events) and events[-1].type == "task.handoff"
+    assert (await client.get(task_id)).status == "WAITING_APPROVAL"
