@@ -178,7 +178,12 @@ def _branch_factory(actor: TaskActor, key: str, node: FanoutNode, branch: str,
 
 
 async def on_branch_done(actor: TaskActor, env: Envelope) -> str:
-    join = actor.joins.get(str(env.body.get("key")))
+    key = str(env.body.get("key"))
+    join = actor.joins.get(key)
+    if (join is None or not join.is_alive) and actor.deps.lookup_child is not None:
+        join = actor.deps.lookup_child(actor.task_id, f"join:{key}")  # restarted meanwhile
+        if join is not None:
+            actor.joins[key] = join
     if join is None or not join.is_alive:
         return "no join"  # a join that (re)starts recounts from the store
     join.tell(BranchDone(str(env.body.get("branch")), str(env.body.get("status"))))

@@ -59,6 +59,7 @@ class TaskDeps:
     spawn_children: Any = None
     stop_children: Any = None
     tell_task: Any = None
+    lookup_child: Any = None  # (task_id, child_id) → the live child of the task supervisor
     switches: Any = None  # actors.switches.Switches (kill switches), shared by the node
     rng: random.Random = field(default_factory=random.Random)
 

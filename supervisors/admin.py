@@ -125,8 +125,8 @@ class AdminActor(RequestService):
         if stored.get("ok"):
             return dict(stored["result"])
         error = stored["error"]
-        replayed = RatchetError(error["message"], retryable=error.get("retryable", False),
-                                **error.get("details", {}))
+        replayed = RatchetError(error["message"], retryable=error.get("retryable", False))
+        replayed.details = dict(error.get("details") or {})
         replayed.code = ErrorCode(error["code"])
         raise replayed
 
@@ -221,8 +221,8 @@ class AdminActor(RequestService):
     # effect and, like every command, audited.
 
     async def _disable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        tool = str(cmd.args.get("tool") or "")
-        if not tool:
+        tool = cmd.args.get("tool")
+        if not tool or not isinstance(tool, str):
             raise InvalidMessage("disable-tool needs args.tool")
         await self.store.set_switch("tool", tool, True, cmd.principal.name,
                                     cmd.args.get("reason"), self.clock.now())
@@ -230,8 +230,8 @@ class AdminActor(RequestService):
         return {"disabled": sorted(self.switches.disabled_tools)}
 
     async def _enable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        tool = str(cmd.args.get("tool") or "")
-        if not tool:
+        tool = cmd.args.get("tool")
+        if not tool or not isinstance(tool, str):
             raise InvalidMessage("enable-tool needs args.tool")
         await self.store.set_switch("tool", tool, False, cmd.principal.name, None,
                                     self.clock.now())
@@ -371,6 +371,9 @@ class AdminActor(RequestService):
 
     async def _list(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         limit = max(1, min(self._int_arg(cmd, "limit", 100), 1000))
+        for name in ("status", "workflow"):
+            if cmd.args.get(name) is not None and not isinstance(cmd.args[name], str):
+                raise InvalidMessage(f"args.{name} must be a string", field=name)
         cursor_arg = cmd.args.get("cursor")
         try:
             if cursor_arg is not None:

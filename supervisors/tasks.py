@@ -64,6 +64,8 @@ class TaskSupervision:
         deps.spawn_children = self.spawn_children
         deps.stop_children = self.stop_children
         deps.tell_task = self.tell_task
+        deps.lookup_child = lambda task_id, child: self.system.lookup(
+            f"{task_supervisor_name(task_id)}/{child}")
 
     def root_spec(self) -> ChildSpec:
         def make(_: int) -> Supervisor:
