@@ -411,3 +411,22 @@ async def test_a_command_id_still_running_is_not_run_twice_and_retryable_errors_
     await node.store.release_command("acme", "busy-id")
     ok = await admin(client, "list", command_id="busy-id")
     assert ok.ok
+
+
+async def test_a_join_restarted_mid_fanout_still_hears_the_later_branches(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.graph_apps import app as graph_app
+
+    await start_node(graph_app)
+    task_id = await client.submit("fan.all", {"slow": {"b": 0.3, "c": 0.3}}, key="join-rs")
+    async for event in client.watch(task_id):
+        if event.type == "branch.completed":  # a is done; b and c are still working
+            break
+    reply = await admin(client, "restart", command_id="rj1", principal=OPERATOR,
+                        task_id=task_id, args={"actor": "join:spread#0"})
+    assert reply.ok, reply.error
+    assert reply.result is not None and reply.result["restarts"] == 1
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert set(events[-1].payload["output"]["joined"]) == {"a", "b", "c"}
