@@ -370,10 +370,6 @@ class ActionRunner:
             return (False, ActionFailed(f"{tool.name} has no query", tool=tool.name))
         return await self._invoke(tool, args, key, 1, "query")
 
-    async def record_found(self, tool: Tool[Any, Any], key: str, value: Any, event: str) -> Any:
-        """Record a result learned outside a call (a confirmation, a reconciling query)."""
-        return await self._record_success(tool, key, value, event)
-
     async def _invoke(self, tool: Tool[Any, Any], args: BaseModel, key: str | None,
                       attempt: int, op: str) -> tuple[bool, Any]:
         timeout = tool.timeout

@@ -116,12 +116,15 @@ class _Conversation:
         self.state = actor.state
         self.p = f"agent.{scope}."
         self.node = scope
-        self.messages: list[dict[str, Any]] = [b for k, b in log if k == "message"]
+        # Kept as Message objects, so a turn does not rebuild the whole conversation.
+        self.messages: list[Message] = []
+        self.hash = ""
+        for k, b in log:
+            if k == "message":
+                self.messages.append(Message.from_dict(b))
+                self.hash = _digest([self.hash, b])
         self.turns = [TurnRecord.from_dict(b) for k, b in log if k == "turn"]
         self.seq = len(log)
-        self.hash = ""
-        for m in self.messages:
-            self.hash = _digest([self.hash, m])
         self.seen = {str(b.get("artifact")) for k, b in log if k == "artifact"}
         self.pending: list[tuple[str, int, str, dict[str, Any]]] = []
 
@@ -130,7 +133,7 @@ class _Conversation:
         self.seq += 1
 
     def add(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
+        self.messages.append(Message.from_dict(message))
         self.hash = _digest([self.hash, message])
         self._log("message", message)
 
@@ -177,7 +180,8 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     model: Model = node.model if not isinstance(node.model, str) else \
         actor.deps.registry.resources[node.model]
     # Each visit of the node is its own conversation (a bounded loop may come back to it).
-    scope = f"{node.name}#{actor.visits.get(node.name, 0)}"
+    visit = actor.visits.get(node.name, 0)
+    scope = f"{node.name}#{visit}"
     conv = actor.conversations.get(scope)
     if conv is None:
         conv = _Conversation(actor, scope, await actor.deps.store.agent_log(actor.task_id, scope))
@@ -191,7 +195,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     dim = _exhausted(actor, spent)
     if dim is not None or turn >= node.max_turns:
         reason = f"budget exhausted: {dim}" if dim else f"no answer in {node.max_turns} turns"
-        return await _stop(actor, node, node.on_budget_exhausted, "agent.budget_exhausted",
+        return await _stop(actor, node, conv, node.on_budget_exhausted, "agent.budget_exhausted",
                            {"dimension": dim or "turns", "spent": spent,
                             "budget": actor.record.budget},
                            BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
@@ -199,19 +203,18 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     tools = {t.name: t for t in node.tools}
     specs, specs_digest = _specs(node)
     runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
-    visit = actor.visits.get(node.name, 0)
     last = conv.messages[-1]
     record: ActionWrite | None = None
     spend: dict[str, float] = {}
     upto = 0
-    if last["role"] == "assistant" and last.get("tool_calls"):
+    if last.role == "assistant" and last.tool_calls:
         # The proposal was recorded before the task parked on one of its calls (an accepted
         # write, a handoff): run the calls again — the ledger answers for what already
         # happened — and do not ask the model again.
-        proposed, answered_by, version = Message.from_dict(last), "", ""
+        proposed, answered_by, version = last, "", ""
     else:
-        request = ModelRequest(messages=[Message.from_dict(m) for m in conv.messages],
-                               tools=specs, params=dict(node.params))
+        request = ModelRequest(messages=list(conv.messages), tools=specs,
+                               params=dict(node.params))
         asked = ModelCall(
             key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
             messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
@@ -220,9 +223,8 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
         record = _record(asked, answer, node, actor.next_step)
         spend = {"tokens": answer.prompt_tokens + answer.completion_tokens,
                  "model_calls": 1, "money": answer.cost}
-        proposed, answered_by, version = Message.from_dict(answer.message), answer.model, \
-            answer.version
         conv.add(answer.message)
+        proposed, answered_by, version = conv.messages[-1], answer.model, answer.version
         upto = len(conv.pending)
     events: list[tuple[str, dict[str, Any]]] = []
 
@@ -292,7 +294,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
                     "node": node.name, "turn": turn, "outcome": "loop"})], spend=spend,
                     agent_log=conv.flush(), action=record, count_visit=False)
                 actor.spent = _add(spent, spend)
-                return await _stop(actor, node, node.on_loop, "agent.loop_detected", evidence,
+                return await _stop(actor, node, conv, node.on_loop, "agent.loop_detected", evidence,
                                    LoopDetected(f"loop detected: {found.pattern}",
                                                 node=node.name, pattern=found.pattern))
             conv.set("intervened", True)
@@ -336,13 +338,11 @@ def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
 
 
-async def _stop(actor: TaskActor, node: AgentNode, route: str, event: str,
+async def _stop(actor: TaskActor, node: AgentNode, conv: _Conversation, route: str, event: str,
                 evidence: dict[str, Any], error: RatchetError) -> bool:
     from actors.task_waits import fail_with_saga
 
-    scope = f"{node.name}#{actor.visits.get(node.name, 0)}"
-    conv = actor.conversations.get(scope)
-    pending = conv.flush() if conv is not None else []
+    pending = conv.flush()
     if route == FAIL:
         await actor.commit(events=[(event, {"node": node.name, **evidence})], agent_log=pending)
         await fail_with_saga(actor, error, error.message)

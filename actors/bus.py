@@ -47,7 +47,7 @@ from protocol.subjects import (
     STREAM_SUBMIT,
 )
 
-__all__ = ["Bus", "stream_configs", "redelivery_delay"]
+__all__ = ["Bus", "deliveries", "stream_configs", "redelivery_delay"]
 
 log = structlog.get_logger("ratchet.bus")
 
@@ -72,14 +72,18 @@ def stream_configs(events_max_age: float = 7 * DAY, dlq_max_age: float = 30 * DA
     ]
 
 
+def deliveries(msg: Msg) -> int:
+    """How many times JetStream delivered this message (1 for a core message)."""
+    try:
+        return int(msg.metadata.num_delivered)
+    except Exception:  # not a JetStream message
+        return 1
+
+
 def redelivery_delay(msg: Msg, base: float = 0.5, cap: float = 60.0) -> float:
     """Delay for a NAK: doubles with each delivery of the message, so a message that keeps
     failing (a bug, a broken store) is retried ever more slowly instead of in a hot loop."""
-    try:
-        delivered = int(msg.metadata.num_delivered)
-    except Exception:  # not a JetStream message
-        delivered = 1
-    return float(min(cap, base * 2 ** max(0, min(delivered - 1, 16))))
+    return float(min(cap, base * 2 ** max(0, min(deliveries(msg) - 1, 16))))
 
 
 class Bus:

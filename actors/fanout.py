@@ -64,7 +64,7 @@ class JoinDone:
     results: dict[str, Any]
 
 
-def branch_done_change(task_id: str, tenant: str, key: str, node: str, branch: str, status: str,
+def branch_done_change(task_id: str, key: str, node: str, branch: str, status: str,
                        payload: dict[str, Any], producer: str, now: float) -> TaskChange:
     """The side-channel change settling a branch: its event, and the mail to its task."""
     env = Envelope(type="branch.done", message_id=new_id("msg"), correlation_id=task_id,
@@ -107,8 +107,8 @@ class BranchActor(Actor):
         payload: dict[str, Any] = {"key": self.key}
         if error is not None:
             payload["error"] = {k: v for k, v in error.items() if k != "trace"}
-        change = branch_done_change(self.task_id, self.tenant, self.key, self.node, self.branch,
-                                    status, payload, self.producer, self.clock.now())
+        change = branch_done_change(self.task_id, self.key, self.node, self.branch, status,
+                                    payload, self.producer, self.clock.now())
         await self.store.finish_branch(change, self.key, self.branch, status, result, error)
         self.ref.stop()
         return None
@@ -164,13 +164,10 @@ class JoinActor(Actor):
         self.branches, self.store, self.tell_task = branches, store, tell_task
         self.timed_out = timer_fired
         self.statuses: dict[str, str] = {}
-        self.decided = False
         self.verdict: JoinDone | None = None
 
     async def on_start(self) -> None:
-        rows = await self.store.branches(self.task_id, self.key)
-        self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
-        await self._evaluate()
+        await self._evaluate(await self._recount())
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, BranchDone):
@@ -184,10 +181,9 @@ class JoinActor(Actor):
         elif isinstance(message, JoinTimeout):
             # Decide on the store's view, not on notifications still in flight: a branch
             # that finished before the deadline must not count as late.
-            rows = await self.store.branches(self.task_id, self.key)
-            self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
+            rows = await self._recount()
             self.timed_out = True
-            await self._evaluate()
+            await self._evaluate(rows)
         elif isinstance(message, ResendVerdict):
             if self.verdict is not None:
                 self.tell_task(self.task_id, self.verdict)
@@ -195,14 +191,21 @@ class JoinActor(Actor):
             return await super().receive(message)
         return None
 
-    async def _evaluate(self) -> None:
-        if self.decided:
+    async def _recount(self) -> dict[str, dict[str, Any]]:
+        """Read the completion set from the store; returns the rows it was read from."""
+        rows = await self.store.branches(self.task_id, self.key)
+        self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
+        return rows
+
+    async def _evaluate(self, rows: dict[str, dict[str, Any]] | None = None) -> None:
+        """Decide once; ``rows``: the branch rows just read, if any (else read them here)."""
+        if self.verdict is not None:
             return
         verdict = decide(self.policy, self.statuses, self.timed_out)
         if verdict is None:
             return
-        self.decided = True
-        rows = await self.store.branches(self.task_id, self.key)
+        if rows is None:
+            rows = await self.store.branches(self.task_id, self.key)
         results = {b: r["result"] for b, r in rows.items() if r["status"] == "SUCCEEDED"}
         self.verdict = JoinDone(self.key, self.node, verdict, results)
         self.tell_task(self.task_id, self.verdict)

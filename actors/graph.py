@@ -17,6 +17,7 @@ A guard returning an undeclared target is an error at run time, never a jump.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -62,7 +63,6 @@ class Workflow:
         self.compensate_on_cancel = compensate_on_cancel
         self.nodes: dict[str, Node] = {}
         self._implicit_next: set[str] = set()
-        self._validated = False
 
     # -- building ----------------------------------------------------------------------
 
@@ -77,7 +77,6 @@ class Workflow:
         self.nodes[node.name] = node
         if implicit_next:
             self._implicit_next.add(node.name)
-        self._validated = False
         return node
 
     def step(self, fn: StepFn | None = None, *, name: str | None = None, next: str | None = None,
@@ -92,8 +91,6 @@ class Workflow:
 
     def add_step(self, name: str, fn: StepFn, *, next: str | None = None,
                  timeout: float | None = None, max_visits: int | None = None) -> None:
-        import inspect
-
         if not inspect.iscoroutinefunction(fn):
             raise WorkflowDefinitionError(
                 f"workflow {self.name}: step {name!r} must be an async function")
@@ -179,7 +176,6 @@ class Workflow:
             self._check_node(node, where, as_branch)
         self._check_reachable(where)
         self._check_cycles(where)
-        self._validated = True
 
     def _resolve_implicit_next(self) -> None:
         names = list(self.nodes)
@@ -200,12 +196,11 @@ class Workflow:
             raise WorkflowDefinitionError(f"{here}: a choice needs at least one target")
         if isinstance(node, RouteNode) and node.default is None:
             raise WorkflowDefinitionError(f"{here}: a routing table needs a default")
-        if isinstance(node, ApprovalNode | WaitNode) and (node.timeout is None
-                                                          or node.on_timeout is None):
-            raise WorkflowDefinitionError(f"{here}: a suspension needs a timeout and on_timeout")
-        if isinstance(node, ApprovalNode | WaitNode) and node.timeout is not None \
-                and node.timeout <= 0:
-            raise WorkflowDefinitionError(f"{here}: timeout must be > 0")
+        if isinstance(node, ApprovalNode | WaitNode):
+            if node.timeout is None or node.on_timeout is None:
+                raise WorkflowDefinitionError(f"{here}: a suspension needs a timeout and on_timeout")
+            if node.timeout <= 0:
+                raise WorkflowDefinitionError(f"{here}: timeout must be > 0")
         if isinstance(node, WaitNode) and node.on_timeout not in (FAIL, *self.nodes):
             raise WorkflowDefinitionError(f"{here}: on_timeout must be a node or {FAIL!r}")
         if isinstance(node, ApprovalNode) and node.on_timeout not in (CANCEL, *self.nodes):
@@ -283,7 +278,7 @@ class Workflow:
         """Rows ``(from, kind, condition, to)``; ``END`` finishes the task."""
         rows: list[tuple[str, str, str, str]] = []
         for node in self.nodes.values():
-            rows.extend((node.name, node.kind, cond, to) for cond, to in _edges(node, self))
+            rows.extend((node.name, node.kind, cond, to) for cond, to in _edges(node))
         return rows
 
     def mermaid(self) -> str:
@@ -307,7 +302,7 @@ class Workflow:
         return "\n".join(lines)
 
 
-def _edges(node: Node, wf: Workflow) -> list[tuple[str, str]]:
+def _edges(node: Node) -> list[tuple[str, str]]:
     if isinstance(node, StepNode):
         return [("done", node.next)]
     if isinstance(node, ChoiceNode):

@@ -105,14 +105,14 @@ async def _choose(actor: TaskActor, node: ChoiceNode) -> bool:
 
 # -- fan-out / fan-in ------------------------------------------------------------------------
 
-def _fanout_key(actor: TaskActor, node: FanoutNode) -> str:
+def _fanout_key(actor: TaskActor, node: str) -> str:
     # A fan-out inside a bounded loop runs once per visit: its branches are keyed by visit.
-    return f"{node.name}#{actor.visits.get(node.name, 0)}"
+    return f"{node}#{actor.visits.get(node, 0)}"
 
 
 async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
     assert actor.record is not None and actor.workflow is not None
-    key = _fanout_key(actor, node)
+    key = _fanout_key(actor, node.name)
     join = actor.workflow.node(node.join)
     assert isinstance(join, JoinNode)
     names = list(node.branches)
@@ -195,9 +195,9 @@ async def on_join_done(actor: TaskActor, done: JoinDone) -> None:
     from actors.task_waits import fail_with_saga
 
     assert actor.workflow is not None
-    fanout = actor.workflow.node(done.node)
-    if actor.current != done.node or _fanout_key(actor, fanout) != done.key:  # type: ignore[arg-type]
+    if actor.current != done.node or _fanout_key(actor, done.node) != done.key:
         return  # a stale verdict (the task moved on)
+    fanout = actor.workflow.node(done.node)
     assert isinstance(fanout, FanoutNode)
     join = actor.workflow.node(fanout.join)
     assert isinstance(join, JoinNode)
@@ -363,8 +363,7 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
         if "branch" not in payload or "node" not in payload:
             return "ignored"
         key, branch = str(payload["key"]), str(payload["branch"])
-        change = branch_done_change(actor.task_id, actor.record.tenant, key,
-                                    str(payload["node"]), branch, "TIMED_OUT",
+        change = branch_done_change(actor.task_id, key, str(payload["node"]), branch, "TIMED_OUT",
                                     {"key": key, "reason": "branch timeout"},
                                     actor.deps.producer, actor.deps.clock.now())
         if await actor.deps.store.finish_branch(change, key, branch, "TIMED_OUT", None,

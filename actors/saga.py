@@ -22,10 +22,14 @@ __all__ = ["compensate_task", "pending_compensations"]
 log = structlog.get_logger("ratchet.saga")
 
 
-async def pending_compensations(store: Store, registry: Registry, task_id: str) -> list[ActionRecord]:
-    """Succeeded writes of the task that declare a compensation, newest first."""
+async def pending_compensations(store: Store, registry: Registry, task_id: str,
+                                actions: list[ActionRecord] | None = None) -> list[ActionRecord]:
+    """Succeeded writes of the task that declare a compensation, newest first. ``actions``:
+    the task's ledger rows when the caller has just read them (saves a second read)."""
+    if actions is None:
+        actions = await store.task_actions(task_id)
     out = []
-    for action in reversed(await store.task_actions(task_id)):
+    for action in reversed(actions):
         if action.status != "SUCCEEDED" or action.compensates is not None:
             continue
         try:
@@ -39,14 +43,15 @@ async def pending_compensations(store: Store, registry: Registry, task_id: str) 
 
 
 async def compensate_task(runner: ActionRunner, store: Store, registry: Registry,
-                          task_id: str) -> list[str]:
+                          task_id: str, actions: list[ActionRecord] | None = None) -> list[str]:
     """Compensate every pending action in reverse order; returns the keys compensated.
+    ``actions``: as for :func:`pending_compensations`.
 
     Raises:
         HandoffRequired: a compensation failed for good or could not be reconciled.
     """
     done: list[str] = []
-    for action in await pending_compensations(store, registry, task_id):
+    for action in await pending_compensations(store, registry, task_id, actions):
         tool = registry.tool(action.tool)
         assert tool.compensate is not None
         original_args = tool.args.model_validate(action.args)

@@ -16,7 +16,6 @@ class Switches:
     def __init__(self) -> None:
         self.disabled_tools: set[str] = set()
         self.frozen = False
-        self._thaw_listeners: list[object] = []
 
     def load(self, rows: list[tuple[str, str]]) -> None:
         self.disabled_tools = {name for kind, name in rows if kind == "tool"}

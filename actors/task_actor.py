@@ -244,8 +244,7 @@ class TaskActor(Actor):
         if self.status is not TaskStatus.RUNNING:
             return  # waiting or paused: a later message resumes it
         if self._pause_requested:  # a pause that arrived while the task was parked
-            await task_control.pause(self, dict(self.record.control.get("pause") or {})
-                                     if self.record else {})
+            await task_control.pause(self)
             return
         if self._recovered_from is not None:
             await self._commit(self._change(events=[("task.recovered", {
@@ -419,20 +418,22 @@ async def fail_task(deps: TaskDeps, task_id: str, cause: BaseException | None, r
     a live actor, and the actor is what keeps crashing. No-op if already terminal."""
     from actors.saga import pending_compensations
 
+    error = error_of(cause, reason)
     for _ in range(5):
         rec = await deps.store.load_task(task_id)
         if is_terminal(TaskStatus(rec.status)):
             return
-        error = error_of(cause, reason)
-        pending = await pending_compensations(deps.store, deps.registry, task_id)
-        if pending and rec.status == TaskStatus.RUNNING.value:
+        pending = (await pending_compensations(deps.store, deps.registry, task_id)
+                   if rec.status == TaskStatus.RUNNING.value else [])
+        if pending:
+            keys = [a.key for a in pending]
             change = TaskChange(
                 task_id=task_id, expected_version=rec.version, producer=deps.producer,
                 now=deps.clock.now(), status_event=TaskEvent.WAITING_APPROVAL, error=error,
                 events=[("task.handoff", {"reason": reason, "error": error,
-                                          "pending_compensations": [a.key for a in pending]})],
+                                          "pending_compensations": keys})],
                 handoff=(reason, {"why": reason, "error": error,
-                                  "pending_compensations": [a.key for a in pending]}))
+                                  "pending_compensations": keys}))
         else:
             change = TaskChange(
                 task_id=task_id, expected_version=rec.version, producer=deps.producer,

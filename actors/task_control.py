@@ -94,7 +94,11 @@ async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
     actor.ref.stop()
 
 
-async def pause(actor: TaskActor, request: dict[str, Any], before_tool: str | None = None) -> None:
+async def pause(actor: TaskActor, request: dict[str, Any] | None = None,
+                before_tool: str | None = None) -> None:
+    """Pause now; ``request`` defaults to the one recorded on the task."""
+    if request is None:
+        request = dict(actor.record.control.get("pause") or {}) if actor.record else {}
     actor._pause_requested = False
     await actor.commit(status_event=TaskEvent.PAUSED, control={},
                        events=[("task.paused", {"by": request.get("by"),

@@ -42,8 +42,7 @@ async def suspend(actor: TaskActor, signal: TaskSuspended) -> None:
     if isinstance(signal, PauseRequested):
         from actors.task_control import pause
 
-        await pause(actor, dict(actor.record.control.get("pause") or {}) if actor.record else {},
-                    before_tool=signal.tool)
+        await pause(actor, before_tool=signal.tool)
         return
     if isinstance(signal, AwaitExternal):
         due = actor.deps.clock.now() + signal.timeout
@@ -93,13 +92,14 @@ async def fail_with_saga(actor: TaskActor, cause: BaseException, reason: str) ->
     A write whose outcome is not known (IN_FLIGHT or UNKNOWN: the step gave up while it was
     in flight) must not be forgotten by a FAILED: the task goes UNKNOWN with a handoff
     naming it instead — a human decides, nothing is compensated or resent blindly."""
+    from actors.task_actor import error_of
+
+    actions = await actor.deps.store.task_actions(actor.task_id)
     # Compensations in flight are not in doubt here: the saga below reconciles them.
-    unresolved = [a for a in await actor.deps.store.task_actions(actor.task_id)
+    unresolved = [a for a in actions
                   if a.status in ("IN_FLIGHT", "UNKNOWN") and not a.accepted
                   and a.compensates is None]
     if unresolved:
-        from actors.task_actor import error_of
-
         await suspend(actor, HandoffRequired("the task failed with side effects of unknown"
                                              " outcome", {
             "why": "unresolved actions at failure", "failure": error_of(cause, reason),
@@ -112,7 +112,7 @@ async def fail_with_saga(actor: TaskActor, cause: BaseException, reason: str) ->
     runner = actor.runner(actor.next_step, None, task_deadline=False, count_tool_calls=False)
     try:
         compensated = await compensate_task(runner, actor.deps.store, actor.deps.registry,
-                                            actor.task_id)
+                                            actor.task_id, actions)
     except HandoffRequired as signal:
         await suspend(actor, signal)
         return
@@ -124,8 +124,6 @@ async def fail_with_saga(actor: TaskActor, cause: BaseException, reason: str) ->
     except ActionFailed as exc:  # pragma: no cover - compensate_task turns these into handoffs
         await suspend(actor, HandoffRequired(str(exc), {"why": str(exc)}, approval=True))
         return
-    from actors.task_actor import error_of
-
     error = error_of(cause, reason)
     await actor.commit(status_event=TaskEvent.FAILED, error=error,
                       events=[("task.failed", {"reason": reason, "error": error,
@@ -148,7 +146,6 @@ async def handle_wait_mail(actor: TaskActor, env: Envelope) -> str:
     if action is None or not action.accepted or action.status != "IN_FLIGHT":
         return "ignored"
     tool = actor.deps.registry.tool(action.tool)
-    runner = actor.runner(actor.next_step, None)
     cid = str(body.get("correlation_id", key))
     resolved = {"status_event": TaskEvent.EXTERNAL_RESOLVED, "resolve_waits": [cid],
                 "cancel_timers": [_timer_id(actor.task_id, cid)],
@@ -169,7 +166,6 @@ async def handle_wait_mail(actor: TaskActor, env: Envelope) -> str:
                           events=[("action.failed", {"key": key, "tool": tool.name,
                                                      "reason": "provider reported failure",
                                                      "error": error})], **resolved)
-    del runner
     actor.ref.tell(_advance())
     return "processed"
 

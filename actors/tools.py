@@ -13,7 +13,6 @@ runs on the tool session's pykka thread). It reports failures by raising the
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,7 +25,6 @@ from protocol.errors import (
     ToolConflict,
     ToolDeadlineExceeded,
     ToolInvalidArgument,
-    ToolOutcomeUnknown,
     ToolPermissionDenied,
     ToolRateLimited,
     ToolTransient,
@@ -100,8 +98,7 @@ def classify(exc: BaseException, kind: Kind) -> Decision:
         return Decision.RETRY_AFTER
     if isinstance(exc, ToolTransient):
         return Decision.BACKOFF
-    if isinstance(exc, ToolOutcomeUnknown | TimeoutError):
-        return Decision.UNKNOWN if kind == "write" else Decision.BACKOFF
+    # ToolOutcomeUnknown, a timeout, or anything unclassified.
     return Decision.UNKNOWN if kind == "write" else Decision.BACKOFF
 
 
@@ -160,14 +157,6 @@ class Tool(Generic[A, R]):
             raise ToolDefinitionError(f"{where}: timeout must be > 0")
         if self.compensate is not None and self.kind != "write":
             raise ToolDefinitionError(f"{where}: only a write can declare a compensation")
-
-    @property
-    def blocking(self) -> bool:
-        """True when the tool code is a plain function (run on the session's thread)."""
-        return not inspect.iscoroutinefunction(self.fn)
-
-    def query_is_blocking(self) -> bool:
-        return self.query is not None and not inspect.iscoroutinefunction(self.query)
 
 
 def tool(

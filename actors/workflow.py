@@ -58,9 +58,6 @@ class Registry:
         except KeyError:
             raise UnknownWorkflow(f"no tool named {name!r} is registered", tool=name) from None
 
-    def has_tool(self, t: Tool[Any, Any]) -> bool:
-        return self._tools.get(t.name) is t
-
     def register(self, workflow: Workflow) -> Workflow:
         workflow.validate()
         for node in workflow.nodes.values():  # an agent's tools must be known for sagas

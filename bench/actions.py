@@ -22,6 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from actors.tools import ToolContext
+from bench.steps import percentile
 from examples.expense import ClaimArgs, _submit_claim, refund_claim, submit_claim
 from simulators import FinanceSimulatorProcess
 from supervisors.cli import configure_logging
@@ -41,11 +42,6 @@ async def write_many(ctx: ratchet.StepContext) -> dict[str, Any]:
         if ctx.input.get("timed"):
             TIMINGS.append(time.perf_counter() - started)
     return {"output": {"n": ctx.input["n"]}}
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[int(p * (len(ordered) - 1))]
 
 
 def _direct_calls(url: str, n: int) -> list[float]:
@@ -103,8 +99,8 @@ async def main() -> None:
             await server.stop()
     recorded = TIMINGS
     print(json.dumps({
-        "action_overhead_p50_us": round((_pct(recorded, 0.5) - _pct(direct, 0.5)) * 1e6),
-        "action_overhead_p99_us": round((_pct(recorded, 0.99) - _pct(direct, 0.99)) * 1e6),
+        "action_overhead_p50_us": round((percentile(recorded, 0.5) - percentile(direct, 0.5)) * 1e6),
+        "action_overhead_p99_us": round((percentile(recorded, 0.99) - percentile(direct, 0.99)) * 1e6),
         "recorded_call_p50_us": round(statistics.median(recorded) * 1e6),
         "direct_call_p50_us": round(statistics.median(direct) * 1e6),
         "actions_per_s": round(tasks * per_task / elapsed, 1),

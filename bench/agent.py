@@ -30,6 +30,7 @@ import ratchet
 from actors.loop_detect import LoopPolicy
 from actors.models import ModelRequest, ModelResponse
 from actors.scripted_model import ScriptedModel, reply
+from bench.steps import percentile
 from supervisors.cli import configure_logging
 from supervisors.embedded_nats import EmbeddedNats
 
@@ -145,7 +146,7 @@ async def main() -> None:
             await server.stop()
     print(json.dumps({
         "agent_turn_overhead_p50_us": round(statistics.median(overhead)),
-        "agent_turn_overhead_p99_us": round(overhead[int(0.99 * (len(overhead) - 1))]),
+        "agent_turn_overhead_p99_us": round(percentile(overhead, 0.99)),
         "turns_measured": len(overhead),
         "scripted_model_us_per_turn": round(model_per_turn * 1e6, 1),
         "conversation_rss_kb": round((after - before) / LIVE, 1),

@@ -16,11 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
-import signal
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.steps import NodeProc
 from protocol.ids import task_id_for
 from simulators import FinanceClient, FinanceSimulatorProcess
 from supervisors.cli import configure_logging
@@ -41,30 +39,11 @@ PARKED = {"task.unknown", "task.handoff"}
 TERMINAL = {"task.succeeded", "task.failed", "task.cancelled"}
 
 
-class Node:
-    def __init__(self, state_dir: Path, nats_url: str, finance_url: str) -> None:
-        self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
-                     "--log-level", "error", "serve", "--app", "examples.expense:app",
-                     "--nats-url", nats_url]
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "RATCHET_FINANCE_URL": finance_url,
-                    "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(self.args, cwd=ROOT, env=self.env, stdout=subprocess.PIPE)
-        assert self.proc.stdout is not None
-        if b"serving" not in self.proc.stdout.readline():
-            raise RuntimeError("node did not start")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            self.proc.communicate(timeout=60)
+def _node(state_dir: Path, nats_url: str, finance_url: str) -> NodeProc:
+    return NodeProc(state_dir, nats_url, app="examples.expense:app", log_level="error",
+                    synchronous="NORMAL",
+                    env={"RATCHET_FINANCE_URL": finance_url,
+                         "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"})
 
 
 def _kill_condition(point: str, event: ratchet.Event) -> bool:
@@ -78,7 +57,7 @@ def _kill_condition(point: str, event: ratchet.Event) -> bool:
     return False
 
 
-async def _one_run(run: int, rng: random.Random, node: Node, client: ratchet.Client,
+async def _one_run(run: int, rng: random.Random, node: NodeProc, client: ratchet.Client,
                    finance: FinanceClient, db: Path) -> dict[str, Any]:
     fail = rng.random() < 0.35
     point = rng.choice(KILL_POINTS if fail else KILL_POINTS[:2] + KILL_POINTS[3:])
@@ -149,7 +128,7 @@ async def run_chaos(runs: int, seed: int = 7) -> dict[str, Any]:
         server = EmbeddedNats(base / "nats")
         url = await server.start()
         finance = FinanceClient(sim.url)
-        node = Node(base / "node", url, sim.url)
+        node = _node(base / "node", url, sim.url)
         node.start()
         client = await ratchet.Client.connect(url, "default")
         results = []

@@ -24,10 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
-from bench.steps import NodeProc
+from bench.steps import NodeProc, publish_submit
 from protocol.codec import decode_map, encode
 from protocol.ids import new_id, task_id_for
-from protocol.messages import Envelope, SubmitTask
+from protocol.messages import Envelope
 from protocol.subjects import decision_subject
 from supervisors.cli import configure_logging
 from supervisors.embedded_nats import EmbeddedNats
@@ -67,14 +67,7 @@ async def park_and_approve(client: ratchet.Client, node: NodeProc) -> dict[str, 
     run = time.time_ns()
     futures = []
     for i in range(PARKED):
-        key = f"p-{run}-{i}"
-        mid = new_id("msg")
-        env = Envelope(type="task.submit", message_id=mid, correlation_id=mid,
-                       body=SubmitTask(workflow="parked", idempotency_key=key,
-                                       input={"amount": i}).model_dump())
-        futures.append(await client.js.publish_async(
-            f"ratchet.submit.{client.tenant}", encode(env),
-            headers={"Nats-Msg-Id": f"{client.tenant}:{key}"}))
+        futures.append(await publish_submit(client, "parked", f"p-{run}-{i}", {"amount": i}))
     await asyncio.gather(*futures)
     await asyncio.wait_for(all_asked.wait(), 600)
     parked_rss = node.status("VmRSS") / 1024

@@ -16,6 +16,7 @@ Workflows:
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from typing import Any
@@ -53,8 +54,14 @@ class RefundResult(BaseModel):
     status: str
 
 
-def _client(ctx: ToolContext, timeout: float) -> FinanceClient:
-    return FinanceClient(str(ctx.resources["finance_url"]), timeout=timeout)
+@functools.lru_cache(maxsize=8)
+def _finance(url: str) -> FinanceClient:
+    return FinanceClient(url, timeout=2.0)
+
+
+def _client(ctx: ToolContext) -> FinanceClient:
+    """The finance client for this deployment's URL (built once, not on every call)."""
+    return _finance(str(ctx.resources["finance_url"]))
 
 
 def _chaos_pause() -> None:
@@ -74,32 +81,30 @@ def _claim_or_accepted(reply: dict[str, Any]) -> ClaimResult | Accepted:
 def _submit_claim(ctx: ToolContext, args: ClaimArgs) -> ClaimResult | Accepted:
     assert ctx.key is not None
     ctx.session["claims_sent"] = int(ctx.session.get("claims_sent", 0)) + 1
-    reply = _client(ctx, 2.0).submit_claim(ctx.key, args.model_dump())
+    reply = _client(ctx).submit_claim(ctx.key, args.model_dump())
     _chaos_pause()
     return _claim_or_accepted(reply)
 
 
 def _query_claim(ctx: ToolContext, args: ClaimArgs) -> ClaimResult | Accepted | None:
     assert ctx.key is not None
-    found = _client(ctx, 2.0).query(ctx.key)
-    return None if found is None else _claim_or_accepted(found["result"] if "result" in found
-                                                         else found)
+    found = _client(ctx).query(ctx.key)
+    return None if found is None else _claim_or_accepted(found)
 
 
 def _refund(ctx: ToolContext, args: RefundArgs) -> RefundResult:
     assert ctx.key is not None
-    reply = _client(ctx, 2.0).refund(ctx.key, args.model_dump())
+    reply = _client(ctx).refund(ctx.key, args.model_dump())
     _chaos_pause()
     return RefundResult(provider_id=reply["provider_id"], status=reply["status"])
 
 
 def _query_refund(ctx: ToolContext, args: RefundArgs) -> RefundResult | None:
     assert ctx.key is not None
-    found = _client(ctx, 2.0).query(ctx.key)
+    found = _client(ctx).query(ctx.key)
     if found is None:
         return None
-    result = found.get("result", found)
-    return RefundResult(provider_id=result["provider_id"], status=result["status"])
+    return RefundResult(provider_id=found["provider_id"], status=found["status"])
 
 
 RETRY = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=1.0)

@@ -11,8 +11,8 @@ import msgpack
 
 from protocol.codec import canonical
 
-__all__ = ["AuditEntry", "append_audit_txn", "claim_command_txn", "store_reply_txn",
-           "verify_audit_rows", "entry_hash"]
+__all__ = ["AuditEntry", "append_audit_txn", "claim_command_txn", "release_command_txn",
+           "store_reply_txn", "verify_audit_rows", "entry_hash"]
 
 GENESIS = "sha256:" + "0" * 64
 #: A command claimed this long ago without an answer is taken as abandoned.

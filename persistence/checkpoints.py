@@ -15,7 +15,8 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["BLOB_THRESHOLD", "ValueWrite", "StateDelta", "StateTracker", "decode_value"]
+__all__ = ["BLOB_THRESHOLD", "ValueWrite", "StateDelta", "StateTracker", "decode_value",
+           "decode_optional"]
 
 #: Values whose encoding exceeds this many bytes are stored as blobs.
 BLOB_THRESHOLD = 2048
@@ -39,6 +40,11 @@ class StateDelta:
 
 def decode_value(data: bytes) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
+def decode_optional(data: bytes | None) -> Any:
+    """:func:`decode_value` of a nullable column (None stays None)."""
+    return None if data is None else decode_value(data)
 
 
 def _digest(data: bytes) -> str:

@@ -58,6 +58,3 @@ def fork_txn(conn: sqlite3.Connection, fork: ForkRequest) -> dict[str, Any]:
         (fork.source, next_step, next_node, 1 if seq else 0, src[1], task_id))
     return {"task_id": task_id, "fork_of": fork.source, "from_checkpoint": seq,
             "next_node": next_node, "outbox": result.outbox}
-
-
-

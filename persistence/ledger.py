@@ -12,16 +12,60 @@ from typing import Any
 
 import msgpack
 
+from persistence.checkpoints import decode_optional
 from protocol.errors import NotFound
 
-__all__ = ["ActionKeyTaken", "ActionWrite", "TimerWrite", "write_action",
-           "write_timers_waits_handoff"]
+__all__ = ["ACTION_COLUMNS", "ActionKeyTaken", "ActionRecord", "ActionWrite", "TimerWrite",
+           "action_record", "write_action", "write_timers_waits_handoff"]
+
+#: The ledger's columns, in the order :func:`action_record` reads them.
+ACTION_COLUMNS = (
+    "tenant, idempotency_key, task_id, step_index, tool, kind, request_hash, args, status,"
+    " attempts, accepted, result, error, provider_id, compensates, seq, created_at, updated_at,"
+    " next_attempt_at"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionRecord:
+    """One row of the action ledger."""
+
+    tenant: str
+    key: str
+    task_id: str
+    step_index: int
+    tool: str
+    kind: str
+    request_hash: str
+    args: Any
+    status: str
+    attempts: int
+    accepted: bool
+    result: Any
+    error: dict[str, Any] | None
+    provider_id: str | None
+    compensates: str | None
+    seq: int
+    created_at: float
+    updated_at: float
+    next_attempt_at: float | None = None
+
+
+def action_record(row: Any) -> ActionRecord:
+    """An ActionRecord from a row of :data:`ACTION_COLUMNS`."""
+    return ActionRecord(
+        tenant=row[0], key=row[1], task_id=row[2], step_index=row[3], tool=row[4], kind=row[5],
+        request_hash=row[6], args=decode_optional(row[7]), status=row[8], attempts=row[9],
+        accepted=bool(row[10]), result=decode_optional(row[11]),
+        error=decode_optional(row[12]), provider_id=row[13], compensates=row[14], seq=row[15],
+        created_at=row[16], updated_at=row[17], next_attempt_at=row[18],
+    )
 
 
 class ActionKeyTaken(Exception):
     """The idempotency key is already in the ledger; the change was not applied.
 
-    ``existing`` holds the row's columns (see ``persistence.store.ActionRecord``) so the
+    ``existing`` holds the row's columns (see :func:`action_record`) so the
     caller can act on it without another read.
     """
 
@@ -84,10 +128,7 @@ def write_action(conn: sqlite3.Connection, a: ActionWrite, task_id: str, tenant:
             )
         except sqlite3.IntegrityError:
             existing = conn.execute(
-                "SELECT tenant, idempotency_key, task_id, step_index, tool, kind, request_hash,"
-                " args, status, attempts, accepted, result, error, provider_id, compensates, seq,"
-                " created_at, updated_at, next_attempt_at FROM actions"
-                " WHERE tenant = ? AND idempotency_key = ?",
+                f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key = ?",
                 (tenant, a.key)).fetchone()
             raise ActionKeyTaken(a.key, existing) from None
         return

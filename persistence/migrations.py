@@ -26,7 +26,6 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             request_hash TEXT NOT NULL,
             input BLOB NOT NULL,
             next_step INTEGER NOT NULL DEFAULT 0,
-            step_failures INTEGER NOT NULL DEFAULT 0,
             steps_total INTEGER,
             last_checkpoint INTEGER NOT NULL DEFAULT 0,
             last_event_seq INTEGER NOT NULL DEFAULT 0,
@@ -310,6 +309,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
             PRIMARY KEY (kind, name)
         ) WITHOUT ROWID;
         """,
+    ),
+    (
+        9,
+        "step failures per task, for retries that survive restarts",
+        # A column of its own migration: migration 1 has landed, and a database created by it
+        # must gain the column too.
+        "ALTER TABLE tasks ADD COLUMN step_failures INTEGER NOT NULL DEFAULT 0;",
     ),
 ]
 

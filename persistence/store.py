@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import aiosqlite
-import msgpack
 
+from persistence.checkpoints import decode_optional as _unpack
 from persistence.checkpoints import decode_value
+from persistence.ledger import ActionRecord, action_record
 from persistence.migrations import migrate
 from persistence.store_rows import AdminRows, RowReads
 from persistence.txns import (
@@ -64,53 +65,6 @@ class TaskRecord:
 
 
 @dataclass(frozen=True, slots=True)
-class ActionRecord:
-    """One row of the action ledger."""
-
-    tenant: str
-    key: str
-    task_id: str
-    step_index: int
-    tool: str
-    kind: str
-    request_hash: str
-    args: Any
-    status: str
-    attempts: int
-    accepted: bool
-    result: Any
-    error: dict[str, Any] | None
-    provider_id: str | None
-    compensates: str | None
-    seq: int
-    created_at: float
-    updated_at: float
-    next_attempt_at: float | None = None
-
-
-_ACTION_COLUMNS = (
-    "tenant, idempotency_key, task_id, step_index, tool, kind, request_hash, args, status,"
-    " attempts, accepted, result, error, provider_id, compensates, seq, created_at, updated_at,"
-    " next_attempt_at"
-)
-
-
-def action_record(row: Any) -> ActionRecord:
-    """An ActionRecord from a row of the ledger's columns, in their declared order."""
-    return _action(row)
-
-
-def _action(row: Any) -> ActionRecord:
-    return ActionRecord(
-        tenant=row[0], key=row[1], task_id=row[2], step_index=row[3], tool=row[4], kind=row[5],
-        request_hash=row[6], args=_unpack(row[7]), status=row[8], attempts=row[9],
-        accepted=bool(row[10]), result=_unpack(row[11]), error=_unpack(row[12]),
-        provider_id=row[13], compensates=row[14], seq=row[15], created_at=row[16],
-        updated_at=row[17], next_attempt_at=row[18],
-    )
-
-
-@dataclass(frozen=True, slots=True)
 class LoadedState:
     """A task's state at its last checkpoint: values, and their encodings for diffing."""
 
@@ -124,10 +78,6 @@ _TASK_COLUMNS = (
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
     " error, output, step_failures, current_node, visits, budget, spent, control"
 )
-
-
-def _unpack(data: bytes | None) -> Any:
-    return None if data is None else msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
 def _record(row: tuple[Any, ...]) -> TaskRecord:

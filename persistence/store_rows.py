@@ -10,21 +10,30 @@ from typing import TYPE_CHECKING, Any
 import aiosqlite
 import msgpack
 
+from persistence.admin_rows import (
+    AuditEntry,
+    append_audit_txn,
+    claim_command_txn,
+    release_command_txn,
+    store_reply_txn,
+    verify_audit_rows,
+)
+from persistence.checkpoints import decode_optional as _unpack
+from persistence.fork import ForkRequest, fork_txn
 from persistence.graph_rows import finish_branch_txn
+from persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
 from persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
+from protocol.states import TERMINAL
 
 if TYPE_CHECKING:
-    from persistence.store import ActionRecord
     from persistence.writer import Writer
 
 __all__ = ["AdminRows", "RowReads"]
 
 
-def _unpack(data: bytes | None) -> Any:
-    return None if data is None else msgpack.unpackb(data, raw=False, strict_map_key=False)
+class _StoreParts:
+    """What the mixins use of :class:`Store` (which provides it)."""
 
-
-class RowReads:
     _writer: Writer
 
     @property
@@ -34,22 +43,29 @@ class RowReads:
     def _announce(self, rows: list[OutboxRow]) -> None:
         raise NotImplementedError
 
+
+def _branch(status: str, result: bytes | None, error: bytes | None) -> dict[str, Any]:
+    return {"status": status, "result": _unpack(result), "error": _unpack(error)}
+
+
+class RowReads(_StoreParts):
+
     # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
 
     async def get_action(self, tenant: str, key: str) -> ActionRecord | None:
         async with self._db.execute(
-            f"SELECT {_action_columns()} FROM actions WHERE tenant = ? AND idempotency_key = ?",
+            f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key = ?",
             (tenant, key),
         ) as cur:
             row = await cur.fetchone()
-        return None if row is None else _action_record(row)
+        return None if row is None else action_record(row)
 
     async def task_actions(self, task_id: str) -> list[ActionRecord]:
         """The task's actions in the order they were first recorded."""
         async with self._db.execute(
-            f"SELECT {_action_columns()} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
+            f"SELECT {ACTION_COLUMNS} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
         ) as cur:
-            return [_action_record(r) for r in await cur.fetchall()]
+            return [action_record(r) for r in await cur.fetchall()]
 
     async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
         async with self._db.execute(
@@ -141,16 +157,14 @@ class RowReads:
             "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
             (task_id, node)) as cur:
             rows = await cur.fetchall()
-        return {r[0]: {"status": r[1], "result": _unpack(r[2]), "error": _unpack(r[3])}
-                for r in rows}
+        return {r[0]: _branch(r[1], r[2], r[3]) for r in rows}
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
         async with self._db.execute(
             "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"
             " AND branch = ?", (task_id, node, branch)) as cur:
             r = await cur.fetchone()
-        return None if r is None else {"status": r[0], "result": _unpack(r[1]),
-                                       "error": _unpack(r[2])}
+        return None if r is None else _branch(r[0], r[1], r[2])
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
         async with self._db.execute(
@@ -178,46 +192,20 @@ class RowReads:
             return [r[0] for r in await cur.fetchall()]
 
 
-
-def _action_columns() -> str:
-    from persistence.store import _ACTION_COLUMNS
-
-    return _ACTION_COLUMNS
-
-
-def _action_record(row: Any) -> ActionRecord:
-    from persistence.store import action_record
-
-    return action_record(row)
-
-
-class AdminRows:
+class AdminRows(_StoreParts):
     """Store methods of the admin service (a mixin of :class:`Store`)."""
 
-    _writer: Writer
-
-    @property
-    def _db(self) -> aiosqlite.Connection:
-        raise NotImplementedError
-
-    async def fork(self, request: Any) -> dict[str, Any]:
+    async def fork(self, request: ForkRequest) -> dict[str, Any]:
         """Create a fork (see persistence/fork.py); its start mail goes out via the outbox."""
-        from persistence.fork import fork_txn
-
         result: dict[str, Any] = await self._writer.submit(lambda c: fork_txn(c, request))
         self._announce(result.pop("outbox"))
         return result
-
-    def _announce(self, rows: list[OutboxRow]) -> None:
-        raise NotImplementedError
 
     async def purge_task(self, task_id: str) -> dict[str, int]:
         """Remove a finished task's rows and the blobs nothing references any more.
 
         The action ledger is kept: it is what stops a business action from happening twice,
         whatever happens to the task that made it."""
-        from protocol.states import TERMINAL
-
         def txn(conn: sqlite3.Connection) -> dict[str, int]:
             row = conn.execute("SELECT status, tenant, idempotency_key FROM tasks"
                                " WHERE task_id = ?", (task_id,)).fetchone()
@@ -271,27 +259,19 @@ class AdminRows:
 
     async def claim_command(self, tenant: str, command_id: str, verb: str, request_hash: str,
                             now: float) -> tuple[str, Any]:
-        from persistence.admin_rows import claim_command_txn
-
         result: tuple[str, Any] = await self._writer.submit(
             lambda c: claim_command_txn(c, tenant, command_id, verb, request_hash, now))
         return result
 
     async def release_command(self, tenant: str, command_id: str) -> None:
-        from persistence.admin_rows import release_command_txn
-
         await self._writer.submit(lambda c: release_command_txn(c, tenant, command_id))
 
     async def store_command_reply(self, tenant: str, command_id: str,
                                   reply: dict[str, Any]) -> None:
-        from persistence.admin_rows import store_reply_txn
-
         await self._writer.submit(lambda c: store_reply_txn(c, tenant, command_id, reply))
 
-    async def audit(self, entry: Any) -> int:
+    async def audit(self, entry: AuditEntry) -> int:
         """Append one audit entry (hash-chained); returns its sequence number."""
-        from persistence.admin_rows import append_audit_txn
-
         seq: int = await self._writer.submit(lambda c: append_audit_txn(c, entry))
         return seq
 
@@ -309,8 +289,6 @@ class AdminRows:
 
     async def verify_audit(self) -> int | None:
         """None when the whole chain verifies, else the first broken entry's seq."""
-        from persistence.admin_rows import verify_audit_rows
-
         async with self._db.execute(
             "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
             " prev_hash, hash FROM audit ORDER BY seq") as cur:

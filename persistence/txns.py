@@ -215,13 +215,13 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
         DuplicateMessage: ``inbox_message_id`` was processed before.
     """
     row = conn.execute(
-        "SELECT tenant, status, version, last_event_seq, last_checkpoint FROM tasks"
-        " WHERE task_id = ?",
+        "SELECT tenant, status, version, last_event_seq, last_checkpoint, spent, budget"
+        " FROM tasks WHERE task_id = ?",
         (change.task_id,),
     ).fetchone()
     if row is None:
         raise NotFound("no such task", task_id=change.task_id)
-    tenant, status, version, last_seq, last_cp = row
+    tenant, status, version, last_seq, last_cp, spent_blob, budget_blob = row
     side_channel = change.expected_version is None
     if side_channel and (change.status_event is not None or change.checkpoint is not None):
         raise ValueError("a side-channel change cannot move the task")
@@ -263,8 +263,11 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     if change.approval is not None:
         write_approval(conn, change.task_id, change.approval, change.now)
     new_cp = last_cp
-    sets = ["status = ?", "version = ?", "last_event_seq = ?", "updated_at = ?"]
-    args: list[Any] = [new_status.value, new_version, last_seq + len(change.events), change.now]
+    sets = ["status = ?", "last_event_seq = ?", "updated_at = ?"]
+    args: list[Any] = [new_status.value, last_seq + len(change.events), change.now]
+    if not side_channel:
+        sets.append("version = ?")
+        args.append(new_version)
     if change.checkpoint is not None:
         new_cp = last_cp + 1
         _write_checkpoint(conn, change.task_id, new_cp, change.checkpoint, change.now)
@@ -281,10 +284,8 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
             [(change.task_id, node, seq, kind, msgpack.packb(body, use_bin_type=True))
              for node, seq, kind, body in change.agent_log])
     if change.spend:
-        spent_row = conn.execute("SELECT spent, budget FROM tasks WHERE task_id = ?",
-                                 (change.task_id,)).fetchone()
-        spent = dict(msgpack.unpackb(spent_row[0])) if spent_row and spent_row[0] else {}
-        budget = dict(msgpack.unpackb(spent_row[1])) if spent_row and spent_row[1] else {}
+        spent = dict(msgpack.unpackb(spent_blob)) if spent_blob else {}
+        budget = dict(msgpack.unpackb(budget_blob)) if budget_blob else {}
         for dim, amount in change.spend.items():
             spent[dim] = spent.get(dim, 0) + amount
             if change.enforce_budget and budget.get(dim) is not None and spent[dim] > budget[dim]:
@@ -303,9 +304,6 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     if change.output is not None:
         sets.append("output = ?")
         args.append(msgpack.packb(change.output, use_bin_type=True))
-    if side_channel:
-        sets.remove("version = ?")
-        args.pop(1)
     cur = conn.execute(
         f"UPDATE tasks SET {', '.join(sets)} WHERE task_id = ? AND version = ?",
         (*args, change.task_id, version),

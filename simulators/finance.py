@@ -17,23 +17,20 @@ Test controls: ``POST /_faults {"rules": [...]}`` appends rules, ``DELETE /_faul
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import hashlib
 import json
-import os
-import signal
 import socket
 import struct
 import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import FrameType
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
+
+from simulators.http_server import JsonHandler, SimulatorServer, serve_main
 
 __all__ = ["MODES", "OPS", "FaultRule", "FinanceServer", "FinanceState", "Reject", "main"]
 
@@ -203,36 +200,20 @@ class FinanceState:
             self.counters.clear()
 
 
-class FinanceServer(ThreadingHTTPServer):
+class FinanceServer(SimulatorServer):
     """The HTTP server; ``state`` is shared by all handler threads."""
-
-    daemon_threads = True
-    # The socketserver default backlog (5) resets connections under 32+ concurrent clients,
-    # which would look like network faults nobody injected.
-    request_queue_size = 256
 
     def __init__(self, address: tuple[str, int], *, verbose: bool = False) -> None:
         self.state = FinanceState()
-        self.verbose = verbose
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients that time out or vanish mid-reply are part of the game, not server errors.
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
-            return
-        super().handle_error(request, client_address)
+        super().__init__(address, _Handler, verbose=verbose)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server_version = "RatchetFinanceSim/1.0"
 
     @property
     def state(self) -> FinanceState:
         return cast(FinanceServer, self.server).state
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if cast(FinanceServer, self.server).verbose:
-            super().log_message(format, *args)
 
     def do_GET(self) -> None:
         self._dispatch(self.command)
@@ -353,19 +334,6 @@ class _Handler(BaseHTTPRequestHandler):
             raise Reject(400, "invalid_argument", "body must be a JSON object")
         return body
 
-    def _reply(self, status: int, payload: Json, headers: dict[str, str] | None = None) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:  # the client already gave up (e.g. timed out on a slow fault)
-            self.close_connection = True
-
     def _drop(self) -> None:
         """Close the connection abruptly: linger 0 makes the close send RST, no response."""
         self.close_connection = True
@@ -392,28 +360,9 @@ class _Status(Reject):
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; announce ``{"url", "pid"}`` on stdout once listening."""
-    parser = argparse.ArgumentParser(prog="python -m simulators.finance", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--verbose", action="store_true", help="log requests to stderr")
-    args = parser.parse_args(argv)
-
-    server = FinanceServer((args.host, args.port), verbose=args.verbose)
-    port = server.server_address[1]
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        # shutdown() waits for serve_forever() to return, and serve_forever() runs on this
-        # very (main) thread: ask from another thread or it would deadlock.
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    print(json.dumps({"url": f"http://{args.host}:{port}", "pid": os.getpid()}), flush=True)
-    try:
-        server.serve_forever(poll_interval=0.1)
-    finally:
-        server.server_close()
-    return 0
+    return serve_main(argv, prog="python -m simulators.finance", description=__doc__,
+                      make_server=lambda address, verbose: FinanceServer(address,
+                                                                         verbose=verbose))
 
 
 if __name__ == "__main__":

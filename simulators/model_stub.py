@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
-import signal
 import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import FrameType
 from typing import Any, cast
 from urllib.parse import urlsplit
+
+from simulators.http_server import JsonHandler, SimulatorServer, serve_main
 
 __all__ = [
     "MODES", "FaultRule", "ModelStubServer", "Reject", "StubState", "check_reply", "completion",
@@ -182,35 +180,20 @@ def _encoded(arguments: Json | str) -> str:
     return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
-class ModelStubServer(ThreadingHTTPServer):
+class ModelStubServer(SimulatorServer):
     """The HTTP server; ``state`` is shared by all handler threads."""
-
-    daemon_threads = True
-    # The default backlog (5) resets connections under load: faults nobody injected.
-    request_queue_size = 256
 
     def __init__(self, address: tuple[str, int], *, verbose: bool = False) -> None:
         self.state = StubState()
-        self.verbose = verbose
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Clients that time out on a slow fault and vanish are expected, not server errors.
-        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
-            return
-        super().handle_error(request, client_address)
+        super().__init__(address, _Handler, verbose=verbose)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     server_version = "RatchetModelStub/1.0"
 
     @property
     def state(self) -> StubState:
         return cast(ModelStubServer, self.server).state
-
-    def log_message(self, format: str, *args: Any) -> None:
-        if cast(ModelStubServer, self.server).verbose:
-            super().log_message(format, *args)
 
     def do_GET(self) -> None:
         try:
@@ -292,47 +275,13 @@ class _Handler(BaseHTTPRequestHandler):
             raise Reject(400, f"body must be {{{name!r}: [...]}}")
         return items
 
-    def _reply(
-        self, status: int, payload: Json | bytes, headers: dict[str, str] | None = None
-    ) -> None:
-        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            for name, value in (headers or {}).items():
-                self.send_header(name, value)
-            self.end_headers()
-            self.wfile.write(data)
-        except OSError:  # the client already gave up (e.g. timed out on a slow fault)
-            self.close_connection = True
-
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; announce ``{"url", "pid"}`` on stdout once listening."""
-    parser = argparse.ArgumentParser(prog="python -m simulators.model_stub", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--verbose", action="store_true", help="log requests to stderr")
-    args = parser.parse_args(argv)
-
-    server = ModelStubServer((args.host, args.port), verbose=args.verbose)
-    port = server.server_address[1]
-
-    def stop(signum: int, frame: FrameType | None) -> None:
-        # shutdown() waits for serve_forever(), which runs on this very thread: ask from
-        # another thread or it would deadlock.
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    print(json.dumps({"url": f"http://{args.host}:{port}/v1", "pid": os.getpid()}), flush=True)
-    try:
-        server.serve_forever(poll_interval=0.1)
-    finally:
-        server.server_close()
-    return 0
+    return serve_main(argv, prog="python -m simulators.model_stub", description=__doc__,
+                      make_server=lambda address, verbose: ModelStubServer(address,
+                                                                           verbose=verbose),
+                      url_path="/v1", formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 if __name__ == "__main__":

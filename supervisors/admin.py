@@ -38,7 +38,13 @@ from protocol.messages import AdminCommand, Envelope
 from protocol.states import TaskStatus, is_terminal
 from supervisors.request_service import RequestService
 from supervisors.supervisor import RestartChild, WhichChildren
-from supervisors.tasks import TaskFinished, TaskSupervision
+from supervisors.tasks import (
+    TASKS_ROOT,
+    TaskFinished,
+    TaskSupervision,
+    task_actor_name,
+    task_supervisor_name,
+)
 
 __all__ = ["AdminActor", "VERB_ROLES"]
 
@@ -158,7 +164,7 @@ class AdminActor(RequestService):
             task_id=rec.task_id, expected_version=None, producer=self.node_id,
             now=self.clock.now(), control={**rec.control, action: request},
             events=[(f"task.{action}_requested", request)]))
-        live = self.system.lookup(f"node/tasks/{rec.task_id}/actor")
+        live = self.system.lookup(task_actor_name(rec.task_id))
         if live is not None and action == "cancel":
             live.interrupt()  # a running step is abandoned, not waited for
         elif live is not None and action == "pause":
@@ -205,7 +211,7 @@ class AdminActor(RequestService):
         if expected_hash is not None and expected_hash != row["request_hash"]:
             raise CommandConflict("the request changed since it was shown",
                                   approval_id=approval_id)
-        ref = await self.tasks.ensure_running(rec.task_id)
+        ref = await self.tasks.ensure_running(rec.task_id, record=rec)
         if ref is None:
             raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
         outcome = await ref.ask(DeliverMail(Envelope(
@@ -252,7 +258,7 @@ class AdminActor(RequestService):
         self.switches.frozen = False
         woken = 0
         for name in self.system.live():  # tasks waiting at their safe point go on
-            if name.startswith("node/tasks/") and name.endswith("/actor"):
+            if name.startswith(f"{TASKS_ROOT}/") and name.endswith("/actor"):
                 ref = self.system.lookup(name)
                 if ref is not None:
                     ref.tell(Advance())
@@ -284,9 +290,8 @@ class AdminActor(RequestService):
         start = Envelope(type="task.start", message_id=new_id("msg"),
                          correlation_id=cmd.command_id, sent_at=now,
                          body=StartTask(task_id=task_id, tenant=tenant).model_dump())
-        checkpoint = cmd.args.get("checkpoint")
-        if checkpoint is not None:
-            checkpoint = self._int_arg(cmd, "checkpoint", 0)
+        checkpoint = (None if cmd.args.get("checkpoint") is None
+                      else self._int_arg(cmd, "checkpoint", 0))
         new = NewTask(
             task_id=task_id, tenant=tenant, workflow=rec.workflow,
             workflow_version=rec.workflow_version, idempotency_key=f"fork:{task_id}",
@@ -296,13 +301,13 @@ class AdminActor(RequestService):
             now=now, producer=self.node_id, message_id=cmd.command_id,
             start_mail=(mail_subject(task_id, "task"), start.message_id, encode(start)))
         return await self.store.fork(ForkRequest(
-            rec.task_id, None if checkpoint is None else int(checkpoint), new))
+            rec.task_id, checkpoint, new))
 
     async def _restart(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Restart one task's actor through its supervisor (a fresh actor from the last
         checkpoint); counts against the supervisor's restart intensity."""
         rec = await self._task(tenant, cmd)
-        sup = self.system.lookup(f"node/tasks/{rec.task_id}")
+        sup = self.system.lookup(task_supervisor_name(rec.task_id))
         if sup is None:
             raise IllegalTransition("the task has no live actor to restart",
                                     status=rec.status)
@@ -336,7 +341,7 @@ class AdminActor(RequestService):
         except RatchetError:
             raise IllegalTransition(f"workflow {rec.workflow} v{rec.workflow_version} is not"
                                     " served by this node", task_id=rec.task_id) from None
-        ref = await self.tasks.ensure_running(rec.task_id)
+        ref = await self.tasks.ensure_running(rec.task_id, record=rec)
         if ref is None:
             raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
         outcome = await ref.ask(DeliverMail(Envelope(
@@ -351,7 +356,7 @@ class AdminActor(RequestService):
         rec = await self._task(tenant, cmd)
         snapshot = (await self.store.snapshot(tenant, rec.task_id)).model_dump()
         return {**snapshot, "current_node": rec.current_node, "owner": self.node_id,
-                "live": self.system.lookup(f"node/tasks/{rec.task_id}/actor") is not None,
+                "live": self.system.lookup(task_actor_name(rec.task_id)) is not None,
                 "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
 
     @staticmethod
@@ -405,7 +410,7 @@ class AdminActor(RequestService):
                 return out
             kids = []
             for child in children:
-                if name == "node/tasks" and child["id"] not in mine:
+                if name == TASKS_ROOT and child["id"] not in mine:
                     continue  # another tenant's task: not shown
                 sub = await node(f"{name}/{child['id']}")
                 kids.append({**sub, "restarts": child["restarts"], "restart": child["restart"]})

@@ -38,7 +38,7 @@ class DecisionRouter(TaskRouter):
             record = await self.store.load_task(decision.task_id)
             if record.tenant != tenant:
                 raise NotFound("no such task", task_id=decision.task_id)
-            outcome = await deliver(self.tasks, decision.task_id, env, msg)
+            outcome = await deliver(self.tasks, decision.task_id, env, msg, record=record)
             if outcome is None:
                 return
             log.info("decision delivered", task_id=decision.task_id, outcome=outcome,

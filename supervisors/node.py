@@ -36,9 +36,10 @@ from supervisors.intake import Acceptor, IntakeActor
 from supervisors.mail_router import MailRouter
 from supervisors.outbox_relay import OutboxRelay
 from supervisors.recovery import RecoverySweeper
+from supervisors.request_service import Ready
 from supervisors.restart_policy import Restart
 from supervisors.retention import RetentionSweeper
-from supervisors.supervisor import ChildSpec, StopChild, Supervisor
+from supervisors.supervisor import ChildSpec, StopChild, Supervisor, WhichChildren
 from supervisors.tasks import TaskSupervision
 from supervisors.timers import TimerService
 
@@ -154,6 +155,16 @@ class Node:
                           backoff_base=0.1, backoff_cap=5.0)
         self.root = self.system.spawn(root, "node", on_exit=self._root_exited)
         self._started = True
+        # Answered after on_start: the children exist; then wait until the request
+        # services have subscribed, so a request right after start finds a responder.
+        await self.root.ask(WhichChildren(), timeout=30.0)
+        for name in ("api", "admin"):
+            service = self.system.lookup(f"node/{name}")
+            try:
+                if service is not None:
+                    await service.ask(Ready(), timeout=30.0)
+            except Exception as exc:  # it crashed starting: its supervisor restarts it
+                log.warning("request service not ready", service=name, error=repr(exc))
         await self.recover()
         log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
                  workflows=self.registry.names())

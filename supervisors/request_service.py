@@ -8,10 +8,12 @@ error: {code, message, retryable, details}}``. One bad request never stops the s
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 
 from actors.bus import Bus
@@ -20,7 +22,7 @@ from protocol.codec import decode_envelope, encode
 from protocol.errors import RatchetError
 from protocol.messages import Envelope, Reply
 
-__all__ = ["RequestService", "error_reply"]
+__all__ = ["Ready", "RequestService", "error_reply"]
 
 log = structlog.get_logger("ratchet.requests")
 
@@ -29,11 +31,17 @@ def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
     return Reply(ok=False, correlation_id=correlation_id, error=exc.to_wire())  # type: ignore[arg-type]
 
 
+@dataclass(slots=True)
+class Ready:
+    """Ask it of a request service: answered once its subscription is live."""
+
+
 class RequestService(ServiceActor):
     """Subclasses set ``subject``/``queue`` and implement :meth:`answer`."""
 
     subject = ""
     queue = ""
+    _sub: Subscription | None = None
 
     def __init__(self, bus: Bus, max_in_flight: int = 256) -> None:
         self.bus = bus
@@ -47,14 +55,29 @@ class RequestService(ServiceActor):
     async def on_error(self, msg: Msg, tenant: str, exc: RatchetError) -> None:
         """Called with every typed error (e.g. to dead-letter malformed requests)."""
 
+    async def on_start(self) -> None:
+        # Subscribed (and the server told) before the actor takes mail, so an answered
+        # :class:`Ready` means requests have a responder.
+        self._sub = await self.bus.nc.subscribe(self.subject, queue=self.queue,
+                                                cb=self._on_msg)
+        await self.bus.nc.flush()
+        await super().on_start()
+
+    async def handle(self, message: Any) -> Any:
+        if isinstance(message, Ready):
+            return True
+        return await super().handle(message)
+
     async def serve(self) -> None:
-        sub = await self.bus.nc.subscribe(self.subject, queue=self.queue, cb=self._on_msg)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            await sub.unsubscribe()
-            for task in list(self._tasks):
-                task.cancel()
+        await asyncio.Event().wait()  # requests arrive on the subscription's callback
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+        for task in list(self._tasks):
+            task.cancel()
 
     async def _on_msg(self, msg: Msg) -> None:
         await self._slots.acquire()

@@ -15,10 +15,10 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, redelivery_delay
+from actors.bus import Bus, deliveries, redelivery_delay
 from actors.core import ActorCrashed, ServiceActor
 from actors.task_actor import DeliverMail
-from persistence.store import Store
+from persistence.store import Store, TaskRecord
 from protocol.clock import Clock
 from protocol.errors import InvalidMessage, RatchetError
 from protocol.messages import Envelope
@@ -29,14 +29,6 @@ __all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure", "subject_ten
 
 #: Deliveries that crashed the receiving actor before a message counts as poison.
 POISON_AFTER = 2
-
-
-def deliveries(msg: Msg) -> int:
-    """How many times JetStream delivered this message (1 for a core message)."""
-    try:
-        return int(msg.metadata.num_delivered)
-    except Exception:  # not a JetStream message
-        return 1
 
 
 def subject_tenant(msg: Msg) -> str:
@@ -70,10 +62,12 @@ class TaskRouter(ServiceActor):
         raise NotImplementedError
 
 
-async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg) -> Any | None:
+async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg, *,
+                  record: TaskRecord | None = None) -> Any | None:
     """Activate the task if needed and hand it ``env``; the actor's answer, or None when
-    the message was NAK'ed for later (the task is between restarts)."""
-    ref = await tasks.ensure_running(task_id)
+    the message was NAK'ed for later (the task is between restarts). ``record``: the task's
+    row, if the caller has just loaded it."""
+    ref = await tasks.ensure_running(task_id, record=record)
     if ref is None:
         await msg.nak(delay=redelivery_delay(msg))
         return None

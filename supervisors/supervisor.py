@@ -177,19 +177,16 @@ class Supervisor(Actor):
             return self._start_child(message.spec)
         elif isinstance(message, StartChildren):
             return [self._start_child(spec) for spec in message.specs]
-        elif isinstance(message, StopChildren):
+        elif isinstance(message, (StopChild, StopChildren)):
+            ids = [message.id] if isinstance(message, StopChild) else message.ids
             refs = []
-            for cid in message.ids:
+            for cid in ids:
                 child = self._children.pop(cid, None)
                 if child is not None and child.ref is not None:
-                    child.ref.stop()
+                    child.ref.stop()  # all of them at once, then wait for each
                     refs.append((child.ref, child.spec.shutdown_timeout))
             for ref, timeout in refs:
                 await ref.stop_and_wait(timeout)
-        elif isinstance(message, StopChild):
-            child = self._children.pop(message.id, None)
-            if child is not None and child.ref is not None:
-                await child.ref.stop_and_wait(child.spec.shutdown_timeout)
         elif isinstance(message, RestartChild):
             child = self._children.get(message.id)
             if child is None:

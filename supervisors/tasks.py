@@ -16,6 +16,7 @@ from typing import Any
 from actors.core import Actor, ActorRef, ActorSystem
 from actors.task_actor import TaskActor, TaskDeps, fail_task
 from actors.tool_session import ToolSession
+from persistence.store import TaskRecord
 from protocol.errors import ErrorCode, RatchetError
 from protocol.states import TaskStatus, is_terminal
 from supervisors.restart_policy import Restart
@@ -94,10 +95,7 @@ class TaskSupervision:
         ref = self.system.lookup(f"{task_supervisor_name(task_id)}/session:{name}")
         if ref is not None:
             return ref
-        sup = self.system.lookup(task_supervisor_name(task_id))
-        if sup is None:
-            raise RatchetError("task supervisor is not running", task_id=task_id,
-                               retryable=True)
+        sup = self._live_supervisor(task_id)
         deps = self.deps
 
         def make(_: int) -> ToolSession:
@@ -109,6 +107,12 @@ class TaskSupervision:
             timeout=30.0)
         return started
 
+    def _live_supervisor(self, task_id: str) -> ActorRef[Any]:
+        sup = self.system.lookup(task_supervisor_name(task_id))
+        if sup is None:
+            raise RatchetError("task supervisor is not running", task_id=task_id, retryable=True)
+        return sup
+
     async def spawn_children(self, task_id: str,
                              children: list[tuple[str, Callable[[int], Actor], float]]) -> list[Any]:
         """Start (or find) children of the task's supervisor: branch and join actors.
@@ -116,9 +120,7 @@ class TaskSupervision:
         Each child is ``(id, factory, shutdown_timeout)``: a branch the join no longer needs
         is given a very short one, so stopping it interrupts it instead of waiting for it.
         """
-        sup = self.system.lookup(task_supervisor_name(task_id))
-        if sup is None:
-            raise RatchetError("task supervisor is not running", task_id=task_id, retryable=True)
+        sup = self._live_supervisor(task_id)
         specs = [ChildSpec(cid, factory, Restart.TRANSIENT, shutdown_timeout=timeout)
                  for cid, factory, timeout in children]
         refs: list[Any] = await sup.ask(StartChildren(specs), timeout=60.0)
@@ -142,8 +144,11 @@ class TaskSupervision:
             child_ids = [c["id"] for c in children if c["id"] != "actor"]
         await sup.ask(StopChildren(child_ids), timeout=60.0)
 
-    async def ensure_running(self, task_id: str, timeout: float = 30.0) -> ActorRef[Any] | None:
+    async def ensure_running(self, task_id: str, timeout: float = 30.0, *,
+                             record: TaskRecord | None = None) -> ActorRef[Any] | None:
         """The live task actor, activating it if needed; None while it awaits a restart.
+
+        ``record``: the task's row if the caller has just loaded it (saves reading it again).
 
         Raises:
             NotFound: no such task in the store (mail for it is dead-lettered, not retried).
@@ -151,7 +156,8 @@ class TaskSupervision:
         ref = self.system.lookup(task_actor_name(task_id))
         if ref is not None:
             return ref
-        record = await self.deps.store.load_task(task_id)  # NotFound: it never existed
+        if record is None:
+            record = await self.deps.store.load_task(task_id)  # NotFound: it never existed
         if is_terminal(TaskStatus(record.status)):
             raise TaskFinished(f"task is {record.status}", task_id=task_id,
                                status=record.status)

@@ -42,6 +42,18 @@ def test_migrations_run_once_and_are_recorded(tmp_path: Path) -> None:
     assert rows == [(v,) for v, _, _ in MIGRATIONS]
 
 
+def test_a_database_made_by_the_first_release_gains_the_later_columns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
+    monkeypatch.setattr("persistence.migrations.MIGRATIONS", MIGRATIONS[:1])
+    assert migrate(conn) == 1  # as the first release left it
+    monkeypatch.undo()
+    assert migrate(conn) == MIGRATIONS[-1][0]
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(tasks)")}
+    assert "step_failures" in columns
+
+
 async def test_the_same_request_twice_makes_one_task(store: Store) -> None:
     first = await store.accept_submission(_new_task())
     second = await store.accept_submission(_new_task())
