@@ -36,7 +36,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from protocol.subjects import (
     STREAM_DECISIONS,
@@ -144,6 +144,15 @@ class Bus:
             max_ack_pending=max_ack_pending,
         )
         await self.js.add_consumer(stream, config)
+
+    async def forget_consumer(self, stream: str, durable: str) -> bool:
+        """Delete a durable consumer if it exists (e.g. one an older release created whose
+        filter would overlap a new one's on a work-queue stream)."""
+        try:
+            await self.js.delete_consumer(stream, durable)
+            return True
+        except NotFoundError:
+            return False
 
     async def pull_loop(
         self,

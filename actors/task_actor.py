@@ -15,6 +15,11 @@ A step may also suspend the task (:mod:`actors.actions` control signals): an acc
 action → WAITING_EXTERNAL until a confirmation or a timer; an undecidable outcome →
 UNKNOWN with a handoff package. The actor then stops (passivates): a waiting task costs a
 store row, not a live actor.
+
+A step boundary may also carry a ``task.progress`` heartbeat (actors/progress.py), at most
+one per ``progress_interval``. A fresh actor for a RUNNING task records ``task.recovered``;
+past ``max_recoveries`` within ``recovery_window`` it hands the task to a human instead
+(the crash-loop guard, actors/task_waits.py).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from actors import graph_runtime, task_control, task_waits
 from actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
 from actors.core import Actor, ActorRef
 from actors.nodes import END, StepContext, StepNode
+from actors.progress import ProgressMeter, progress_payload
 from actors.workflow import Registry, Workflow, bind_step_logger
 from persistence.checkpoints import StateTracker
 from persistence.store import Store, TaskRecord
@@ -62,6 +68,26 @@ class TaskDeps:
     lookup_child: Any = None  # (task_id, child_id) → the live child of the task supervisor
     switches: Any = None  # actors.switches.Switches (kill switches), shared by the node
     rng: random.Random = field(default_factory=random.Random)
+    #: Crash-loop guard (actors/task_waits.py): a recovery that makes more than
+    #: ``max_recoveries`` within ``recovery_window`` seconds hands the task to a human.
+    max_recoveries: int = 3
+    recovery_window: float = 600.0
+    #: ``recovery_note(task_id)`` → fields merged into the ``task.recovered`` event of a task
+    #: this node activates (a ``reason`` replaces "node_recovery"), or None; may be async.
+    #: Set by the node; not called for an actor restarted by its supervisor.
+    recovery_note: Any = None
+    #: At most one ``task.progress`` event per this many seconds (actors/progress.py).
+    progress_interval: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.max_recoveries < 0:
+            raise ValueError(f"TaskDeps.max_recoveries must be >= 0, not {self.max_recoveries}")
+        if self.recovery_window <= 0:
+            raise ValueError(
+                f"TaskDeps.recovery_window must be > 0 seconds, not {self.recovery_window}")
+        if self.progress_interval < 0:
+            raise ValueError(
+                f"TaskDeps.progress_interval must be >= 0 seconds, not {self.progress_interval}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +117,8 @@ class TaskActor(Actor):
         self.visits: dict[str, int] = {}
         self.spent: dict[str, float] = {}
         self._recovered_from: str | None = None
+        self.checkpoint_seq = 0  # the last checkpoint written (kept in step with commits)
+        self._progress = ProgressMeter(deps.progress_interval)
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
         self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
@@ -109,6 +137,8 @@ class TaskActor(Actor):
         self.spent = dict(rec.spent)
         self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
         self._attempt = rec.step_failures + 1
+        self.checkpoint_seq = rec.last_checkpoint
+        self._progress.mark(self.deps.clock.now())  # the first heartbeat one interval from now
         if is_terminal(self.status):
             self.ref.stop()
             return
@@ -187,7 +217,8 @@ class TaskActor(Actor):
             if env.type == "task.control":
                 return await task_control.handle_control(self, env)
             if env.type == "approval.decision":
-                return await graph_runtime.on_decision(self, env)
+                return (await task_waits.on_recovery_decision(self, env)
+                        or await graph_runtime.on_decision(self, env))
             if env.type == "branch.done":
                 return await graph_runtime.on_branch_done(self, env)
             if env.type == "timer.fired" and env.body.get("kind") in graph_runtime.TIMER_KINDS:
@@ -207,6 +238,7 @@ class TaskActor(Actor):
     async def _commit(self, change: TaskChange) -> None:
         result = await self.deps.store.apply(change)
         self.version, self.status = result.version, result.status
+        self.checkpoint_seq = result.last_checkpoint
 
     def _change(self, **kwargs: Any) -> TaskChange:
         return TaskChange(task_id=self.task_id, expected_version=self.version,
@@ -247,16 +279,9 @@ class TaskActor(Actor):
             await task_control.pause(self)
             return
         if self._recovered_from is not None:
-            await self._commit(self._change(events=[("task.recovered", {
-                "reason": self._recovered_from,
-                "from_checkpoint": self.record.last_checkpoint if self.record else 0,
-                "next_step": self.next_step,
-                "next_node": self.current,
-                "steps_skipped": await self.deps.store.checkpoint_names(self.task_id),
-                "restarts": self.restarts,
-            })]))
-            self.log.info("task recovered", reason=self._recovered_from, node=self.current)
-            self._recovered_from = None
+            reason, self._recovered_from = self._recovered_from, None
+            if not await task_waits.record_recovery(self, reason):
+                return  # a crash loop: handed to a human
         assert self.record is not None
         if self.record.deadline_at is not None and self.deps.clock.now() >= self.record.deadline_at:
             await task_waits.fail_with_saga(self, RatchetError("task deadline passed"),
@@ -298,11 +323,20 @@ class TaskActor(Actor):
         # at every step.
         counted = count_visit and self._counts_visits(node)  # an agent's turns are one visit
         visits = {**self.visits, node: self.visits.get(node, 0) + 1} if counted else None
+        now = self.deps.clock.now()
+        heartbeat = self._progress.due(now)
+        if heartbeat:  # in this boundary's own transaction: progress costs no extra write
+            assert self.record is not None
+            events = [*events, ("task.progress", progress_payload(
+                node=to, steps_completed=self.next_step + 1, steps_total=self.record.steps_total,
+                last_checkpoint=self.checkpoint_seq + 1, owner=self.deps.producer))]
         await self._commit(self._change(
             events=events,
             checkpoint=CheckpointWrite(self.next_step, node, self.next_step + 1, delta,
                                        next_node=to, visits=visits),
             **kwargs))
+        if heartbeat:
+            self._progress.mark(now)
         self.next_step += 1
         self.current = to
         if visits is not None:

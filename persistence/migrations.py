@@ -317,6 +317,27 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         # must gain the column too.
         "ALTER TABLE tasks ADD COLUMN step_failures INTEGER NOT NULL DEFAULT 0;",
     ),
+    (
+        10,
+        "partition leases with fencing tokens; the node registry",
+        """
+        CREATE TABLE leases (
+            partition INTEGER PRIMARY KEY,
+            owner TEXT,
+            token INTEGER NOT NULL DEFAULT 0,
+            expires_at REAL NOT NULL DEFAULT 0,
+            acquired_at REAL,
+            previous_owner TEXT
+        );
+        CREATE TABLE nodes (
+            node_id TEXT PRIMARY KEY,
+            status TEXT NOT NULL,
+            heartbeat_at REAL NOT NULL,
+            started_at REAL NOT NULL,
+            info BLOB
+        ) WITHOUT ROWID;
+        """,
+    ),
 ]
 
 

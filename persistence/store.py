@@ -8,12 +8,13 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import aiosqlite
 
 from persistence.checkpoints import decode_optional as _unpack
 from persistence.checkpoints import decode_value
+from persistence.leases import LeaseRows, check_fence
 from persistence.ledger import ActionRecord, action_record
 from persistence.migrations import migrate
 from persistence.store_rows import AdminRows, RowReads
@@ -36,6 +37,15 @@ from protocol.states import TERMINAL
 __all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord", "action_record"]
 
 OutboxListener = Callable[[list[OutboxRow]], None]
+T = TypeVar("T")
+
+
+class Fence(Protocol):
+    """Which lease a task's writes carry (the node's lease manager implements it)."""
+
+    def token_for(self, task_id: str) -> tuple[int, int, float]:
+        """``(partition, fencing token, now)``; raises ``Fenced`` when not held."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +103,7 @@ def _record(row: tuple[Any, ...]) -> TaskRecord:
     )
 
 
-class Store(RowReads, AdminRows):
+class Store(RowReads, AdminRows, LeaseRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:
@@ -102,19 +112,24 @@ class Store(RowReads, AdminRows):
             last commits on OS crash or power loss) or ``FULL`` (fsync each commit).
     """
 
-    def __init__(self, path: str | Path, synchronous: str = "NORMAL") -> None:
+    def __init__(self, path: str | Path, synchronous: str = "NORMAL",
+                 writer: str = "auto") -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError("synchronous must be NORMAL or FULL")
         self.path = str(path)
         self.synchronous = synchronous
-        self._writer = make_writer(self.path, synchronous)
+        self._writer = make_writer(self.path, synchronous, writer)
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
+        #: Set by a node: task-execution writes then carry its fencing token (None: a
+        #: store used without leases, e.g. by tools and tests, checks nothing).
+        self.fence: Fence | None = None
 
     @classmethod
-    async def open(cls, path: str | Path, synchronous: str = "NORMAL") -> Store:
-        store = cls(path, synchronous)
+    async def open(cls, path: str | Path, synchronous: str = "NORMAL",
+                   writer: str = "auto") -> Store:
+        store = cls(path, synchronous, writer)
         await store._open()
         return store
 
@@ -160,6 +175,20 @@ class Store(RowReads, AdminRows):
 
     # -- writes ----------------------------------------------------------------------
 
+    def _fenced(self, task_id: str, fn: Callable[[sqlite3.Connection], T]
+                ) -> Callable[[sqlite3.Connection], T]:
+        """``fn`` preceded, in its own transaction, by the check of this node's fencing token
+        for the task's partition (the write is refused if a newer owner exists)."""
+        if self.fence is None:
+            return fn
+        partition, token, now = self.fence.token_for(task_id)  # Fenced: not held locally
+
+        def txn(conn: sqlite3.Connection) -> T:
+            check_fence(conn, partition, token, now)
+            return fn(conn)
+
+        return txn
+
     async def run_txn(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
         """Run a ``*_txn`` function in the next group commit."""
         return await self._writer.submit(fn)
@@ -171,7 +200,8 @@ class Store(RowReads, AdminRows):
 
     async def apply(self, change: TaskChange) -> ChangeResult:
         """Apply one task change atomically (see :func:`apply_change_txn` for raises)."""
-        result: ChangeResult = await self._writer.submit(lambda c: apply_change_txn(c, change))
+        result: ChangeResult = await self._writer.submit(
+            self._fenced(change.task_id, lambda c: apply_change_txn(c, change)))
         self._announce(result.outbox)
         return result
 

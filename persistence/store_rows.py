@@ -5,7 +5,8 @@ apart so that each module stays one concept and a readable size."""
 from __future__ import annotations
 
 import sqlite3
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
 import msgpack
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = ["AdminRows", "RowReads"]
 
+T = TypeVar("T")
+
 
 class _StoreParts:
     """What the mixins use of :class:`Store` (which provides it)."""
@@ -41,6 +44,10 @@ class _StoreParts:
         raise NotImplementedError
 
     def _announce(self, rows: list[OutboxRow]) -> None:
+        raise NotImplementedError
+
+    def _fenced(self, task_id: str, fn: Callable[[sqlite3.Connection], T]
+                ) -> Callable[[sqlite3.Connection], T]:
         raise NotImplementedError
 
 
@@ -83,7 +90,7 @@ class RowReads(_StoreParts):
                 "INSERT OR REPLACE INTO tool_sessions(task_id, session, state, updated_at)"
                 " VALUES (?,?,?,?)", (task_id, session, packed, now))
 
-        await self._writer.submit(txn)
+        await self._writer.submit(self._fenced(task_id, txn))
 
     async def next_timer_due(self) -> float | None:
         async with self._db.execute(
@@ -147,7 +154,7 @@ class RowReads(_StoreParts):
                 return (False, None)
             return (True, apply_change_txn(conn, change))
 
-        settled, applied = await self._writer.submit(txn)
+        settled, applied = await self._writer.submit(self._fenced(change.task_id, txn))
         if applied is not None:
             self._announce(applied.outbox)
         return bool(settled)
@@ -190,6 +197,21 @@ class RowReads(_StoreParts):
         async with self._db.execute(
             "SELECT step_name FROM checkpoints WHERE task_id = ? ORDER BY seq", (task_id,)) as cur:
             return [r[0] for r in await cur.fetchall()]
+
+    async def recent_events(self, task_id: str, types: tuple[str, ...],
+                            since: float) -> list[dict[str, Any]]:
+        """The task's events of ``types`` that occurred at or after ``since``, in sequence
+        order (rows shaped as :meth:`Store.events`' ones)."""
+        if not types:
+            return []
+        marks = ",".join("?" * len(types))
+        async with self._db.execute(
+            "SELECT sequence, event_id, type, aggregate_version, occurred_at, payload"
+            f" FROM events WHERE task_id = ? AND type IN ({marks}) AND occurred_at >= ?"
+            " ORDER BY sequence", (task_id, *types, since)) as cur:
+            rows = await cur.fetchall()
+        return [{"sequence": r[0], "event_id": r[1], "type": r[2], "aggregate_version": r[3],
+                 "occurred_at": r[4], "payload": _unpack(r[5])} for r in rows]
 
 
 class AdminRows(_StoreParts):

@@ -314,8 +314,12 @@ class ThreadWriter:
                 pass
 
 
-def make_writer(path: str, synchronous: str) -> Writer:
-    """The writer that suits the durability setting (see the module doc)."""
-    if synchronous == "FULL":
+def make_writer(path: str, synchronous: str, kind: str = "auto") -> Writer:
+    """The writer that suits the durability setting (see the module doc), or the ``kind``
+    asked for: ``thread`` also suits several processes sharing the file, whose write locks
+    would otherwise be waited for on the event loop."""
+    if kind not in ("auto", "loop", "thread"):
+        raise ValueError("writer must be auto, loop or thread")
+    if kind == "thread" or (kind == "auto" and synchronous == "FULL"):
         return ThreadWriter(path, synchronous)
     return LoopWriter(path, synchronous)

@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     INTERNAL = "INTERNAL"
     BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
     LOOP_DETECTED = "LOOP_DETECTED"
+    FENCED = "FENCED"
 
 
 class RatchetError(Exception):

@@ -23,6 +23,7 @@ from actors.task_actor import DeliverMail
 from persistence.admin_rows import AuditEntry
 from persistence.store import Store
 from persistence.txns import TaskChange
+from protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from protocol.clock import Clock
 from protocol.codec import canonical, parse_body
 from protocol.errors import (
@@ -36,7 +37,8 @@ from protocol.errors import (
 from protocol.ids import new_id, request_hash
 from protocol.messages import AdminCommand, Envelope
 from protocol.states import TaskStatus, is_terminal
-from supervisors.request_service import RequestService
+from protocol.subjects import partition_of
+from supervisors.request_service import Forwarded, RequestService
 from supervisors.supervisor import RestartChild, WhichChildren
 from supervisors.tasks import (
     TASKS_ROOT,
@@ -46,18 +48,14 @@ from supervisors.tasks import (
     task_supervisor_name,
 )
 
-__all__ = ["AdminActor", "VERB_ROLES"]
+__all__ = ["AdminActor", "CLUSTER_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
 
 log = structlog.get_logger("ratchet.admin")
 
-#: The role each verb needs.
-VERB_ROLES: dict[str, str] = {
-    "get": "viewer", "history": "viewer", "list": "viewer", "tree": "viewer",
-    "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
-    "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
-    "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
-    "thaw": "operator", "purge": "operator",
-}
+#: Verbs that only read: answered by any node if the task's owner cannot be reached.
+READ_VERBS = frozenset({"get", "history", "handoff", "list", "tree", "nodes"})
+#: Header on a request one node passed on to the task's owner (never passed on twice).
+FORWARDED_HEADER = "Ratchet-Forwarded-By"
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
 
@@ -75,8 +73,10 @@ class AdminActor(RequestService):
     queue = "ratchet-admin"
 
     def __init__(self, bus: Bus, store: Store, system: ActorSystem, clock: Clock,
-                 node_id: str, tasks: TaskSupervision, switches: Any = None) -> None:
+                 node_id: str, tasks: TaskSupervision, switches: Any = None,
+                 leases: Any = None) -> None:
         super().__init__(bus)
+        self.leases = leases  # supervisors.leases.LeaseManager (None: one node owns all)
         self.store = store
         self.tasks = tasks
         self.switches = switches
@@ -88,6 +88,10 @@ class AdminActor(RequestService):
         if verb not in VERB_ROLES or env.type != f"admin.{verb}":
             raise InvalidMessage(f"unknown admin verb {verb!r} (type {env.type!r})", verb=verb)
         cmd = parse_body(env, AdminCommand)
+        if (verb in CLUSTER_VERBS) != (tenant == SYSTEM_TENANT):
+            raise PermissionDenied(f"{verb} is not a command of tenant {tenant!r}", verb=verb)
+        if cmd.task_id:
+            await self._forward_if_elsewhere(tenant, verb, cmd.task_id, msg)
         who = cmd.principal.name
         needed = VERB_ROLES[verb]
         granted = set(cmd.principal.roles).union(*(_IMPLIES.get(r, set())
@@ -126,6 +130,31 @@ class AdminActor(RequestService):
         await self.store.store_command_reply(tenant, cmd.command_id, {"ok": True,
                                                                       "result": result})
         return result
+
+    def direct_subject(self) -> str | None:
+        return f"ratchet.node.{self.node_id}.admin.*.*"
+
+    async def _forward_if_elsewhere(self, tenant: str, verb: str, task_id: str,
+                                    msg: Msg) -> None:
+        """Pass a command about a task on to the node that owns the task's partition (it
+        holds the live actor and is the only one allowed to write for it); it replies to
+        the requester directly. Raises :class:`Forwarded` once passed on."""
+        if self.leases is None or self.leases.owns(task_id):
+            return
+        lease = await self.store.lease(partition_of(task_id, self.leases.partitions))
+        forwarded_by = (msg.headers or {}).get(FORWARDED_HEADER)
+        owner_alive = (lease is not None and lease.owner is not None
+                       and lease.expires_at > self.clock.now())
+        if owner_alive and lease is not None and lease.owner != self.node_id \
+                and forwarded_by is None:
+            await self.bus.nc.publish(
+                f"ratchet.node.{lease.owner}.admin.{tenant}.{verb}", msg.data,
+                reply=msg.reply, headers={**(msg.headers or {}), FORWARDED_HEADER: self.node_id})
+            raise Forwarded()
+        if verb in READ_VERBS:
+            return  # a read: the store has the truth; only "live" is unknown here
+        raise Unavailable("the task's partition is changing owners; retry shortly",
+                          task_id=task_id, owner=lease.owner if lease else None)
 
     def _replay(self, stored: dict[str, Any]) -> dict[str, Any]:
         if stored.get("ok"):
@@ -355,7 +384,15 @@ class AdminActor(RequestService):
     async def _get(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         rec = await self._task(tenant, cmd)
         snapshot = (await self.store.snapshot(tenant, rec.task_id)).model_dump()
-        return {**snapshot, "current_node": rec.current_node, "owner": self.node_id,
+        owner: dict[str, Any] = {"owner": self.node_id}
+        if self.leases is not None:
+            lease = await self.store.lease(partition_of(rec.task_id, self.leases.partitions))
+            owner = {"owner": lease.owner if lease else None,
+                     "partition": lease.partition if lease else None,
+                     "lease_token": lease.token if lease else None,
+                     "lease_expires_at": lease.expires_at if lease else None,
+                     "answered_by": self.node_id}
+        return {**snapshot, "current_node": rec.current_node, **owner,
                 "live": self.system.lookup(task_actor_name(rec.task_id)) is not None,
                 "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
 
@@ -397,7 +434,13 @@ class AdminActor(RequestService):
         return {"task_id": rec.task_id, "handoffs": await self.store.handoffs(rec.task_id)}
 
     async def _tree(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        mine = {t for t, ten, _ in await self.store.active_tasks() if ten == tenant}
+        """This node's supervision tree (only the tenant's tasks; with a task id, only that
+        task — answered by the node that owns it), and which node owns each of the
+        tenant's unfinished tasks."""
+        if cmd.task_id:
+            mine = {(await self._task(tenant, cmd)).task_id}
+        else:
+            mine = {t for t, ten, _ in await self.store.active_tasks() if ten == tenant}
 
         async def node(name: str) -> dict[str, Any]:
             ref = self.system.lookup(name)
@@ -417,4 +460,47 @@ class AdminActor(RequestService):
             out["children"] = kids
             return out
 
-        return {"node": self.node_id, "tree": await node("node")}
+        out = {"node": self.node_id, "tree": await node("node")}
+        if self.leases is not None:
+            owners = {row.partition: row.owner for row in await self.store.leases()}
+            out["owners"] = {t: owners.get(partition_of(t, self.leases.partitions))
+                             for t in sorted(mine)[:1000]}
+        return out
+
+    # -- the cluster (tenant _system) ------------------------------------------------------
+
+    async def _nodes(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        leases = await self.store.leases()
+        now = self.clock.now()
+        nodes = []
+        for row in await self.store.nodes():
+            held = [lease.partition for lease in leases
+                    if lease.owner == row.node_id and lease.expires_at > now]
+            nodes.append({"node_id": row.node_id, "status": row.status,
+                          "alive": row.status != "stopped" and row.heartbeat_at > now
+                          - (self.leases.settings.ttl if self.leases else 5.0),
+                          "heartbeat_at": row.heartbeat_at, "started_at": row.started_at,
+                          "partitions": held, "info": row.info})
+        return {"nodes": nodes, "leases": [
+            {"partition": lease.partition, "owner": lease.owner, "token": lease.token,
+             "expires_at": lease.expires_at, "previous_owner": lease.previous_owner}
+            for lease in leases]}
+
+    async def _set_node_status(self, cmd: AdminCommand, status: str) -> dict[str, Any]:
+        node = cmd.args.get("node")
+        if not isinstance(node, str) or not node:
+            raise InvalidMessage("this verb needs args.node", field="node")
+        if not await self.store.set_node_status(node, status):
+            raise NotFound("no such node", node=node)
+        return {"node": node, "status": status,
+                "effect": "its partitions are handed over at its next heartbeat"
+                if status == "draining" else "it takes a share of partitions again"}
+
+    async def _drain(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Hand a node's partitions over cleanly: its tasks stop at a safe point and resume
+        on the other nodes; it keeps serving requests but runs no task until undrained or
+        restarted."""
+        return await self._set_node_status(cmd, "draining")
+
+    async def _undrain(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        return await self._set_node_status(cmd, "active")

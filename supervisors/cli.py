@@ -18,6 +18,7 @@ from typing import Any
 
 from actors.client import Client, RemoteError
 from actors.workflow import Registry
+from protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from protocol.errors import RatchetError
 
 __all__ = ["main", "load_app"]
@@ -164,7 +165,11 @@ def _graph(args: argparse.Namespace) -> int:
 async def _admin(args: argparse.Namespace) -> int:
     from protocol.ids import new_id
 
-    client = await Client.connect(_nats_url(args), args.tenant)
+    cluster = args.verb in CLUSTER_VERBS  # about nodes: the system tenant's subject
+    client = await Client.connect(_nats_url(args), SYSTEM_TENANT if cluster else args.tenant)
+    if cluster and args.task_id:
+        args.arg.append(f"node={args.task_id}")
+        args.task_id = None
     try:
         verb_args: dict[str, Any] = json.loads(args.args_json) if args.args_json else {}
         if not isinstance(verb_args, dict):
@@ -220,11 +225,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("task_id")
 
     s = with_nats(sub.add_parser("admin", help="an admin command (docs/admin.md)"))
-    s.add_argument("verb", choices=["get", "history", "list", "tree", "handoff", "cancel",
-                                    "pause", "resume", "approve", "reject", "restart",
-                                    "fork", "disable-tool", "enable-tool", "freeze", "thaw",
-                                    "purge"])
-    s.add_argument("task_id", nargs="?", default=None)
+    s.add_argument("verb", choices=list(VERB_ROLES))
+    s.add_argument("task_id", nargs="?", default=None,
+                   help="the task (for drain and undrain: the node id)")
     s.add_argument("--as", dest="principal", default=os.environ.get("USER", "operator"))
     s.add_argument("--roles", default="viewer", help="comma-separated: viewer,operator,approver")
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",

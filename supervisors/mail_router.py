@@ -1,6 +1,8 @@
 """The mail router: delivers actor mail from JetStream to live (or activated) actors.
 
-Mail arrives on ``ratchet.mail.<partition>.<task_id>.<actor>``. The router activates the
+Mail arrives on ``ratchet.mail.<partition>.<task_id>.<actor>``. There is one router per
+partition this node holds a lease on (durable consumer ``mail-<partition>``), started and
+stopped by the lease manager as partitions come and go. The router activates the
 task's actor if needed, asks it to handle the message, and acks only after the actor
 answered, that is after its effects committed. Repeats are dropped twice over: a small
 in-memory window of recent message ids here, and the Store's inbox (in the effect's own
@@ -23,20 +25,25 @@ from protocol.subjects import STREAM_MAIL, dlq_subject
 from supervisors.routing import TaskRouter, deliver, settle_failure
 from supervisors.tasks import TaskSupervision
 
-__all__ = ["MailRouter"]
+__all__ = ["MailRouter", "mail_durable"]
 
 log = structlog.get_logger("ratchet.mail")
 
 
+def mail_durable(partition: int) -> str:
+    return f"mail-{partition}"
+
+
 class MailRouter(TaskRouter):
     stream = STREAM_MAIL
-    durable = "mail-router"
-    filter_subject = "ratchet.mail.>"
     batch = 512
 
     def __init__(self, bus: Bus, tasks: TaskSupervision, store: Store, clock: Clock,
-                 recent_window: int = 10_000) -> None:
+                 partition: int, recent_window: int = 10_000) -> None:
         super().__init__(bus, tasks, store, clock)
+        self.partition = partition
+        self.durable = mail_durable(partition)
+        self.filter_subject = f"ratchet.mail.{partition}.>"
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._recent_window = recent_window
 

@@ -11,7 +11,6 @@ supervisor (each task stops at its next step boundary, its safe point) → flush
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,21 +25,26 @@ from actors.task_actor import TaskDeps
 from actors.workflow import Registry
 from persistence.store import Store
 from protocol.clock import Clock, SystemClock
-from protocol.subjects import DEFAULT_PARTITIONS
+from protocol.codec import encode
+from protocol.errors import RatchetError
+from protocol.messages import Envelope
+from protocol.subjects import DEFAULT_PARTITIONS, STREAM_MAIL, mail_subject
 from supervisors.admin import AdminActor
 from supervisors.api import ApiActor
 from supervisors.decisions import DecisionRouter
 from supervisors.embedded_nats import EmbeddedNats
 from supervisors.external import ExternalRouter
 from supervisors.intake import Acceptor, IntakeActor
+from supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
 from supervisors.mail_router import MailRouter
 from supervisors.outbox_relay import OutboxRelay
+from supervisors.partitions import PartitionWork
 from supervisors.recovery import RecoverySweeper
 from supervisors.request_service import Ready
 from supervisors.restart_policy import Restart
 from supervisors.retention import RetentionSweeper
 from supervisors.supervisor import ChildSpec, StopChild, Supervisor, WhichChildren
-from supervisors.tasks import TaskSupervision
+from supervisors.tasks import TASKS_ROOT, TaskSupervision
 from supervisors.timers import TimerService
 
 __all__ = ["Node", "NodeConfig"]
@@ -49,7 +53,9 @@ log = structlog.get_logger("ratchet.node")
 
 
 def _default_node_id() -> str:
-    return f"node-{socket.gethostname()}-{os.getpid()}"
+    # Stable across restarts, so a restarted node takes its own leases back at once instead
+    # of waiting for them to expire. Give each node of a cluster its own (--node-id).
+    return f"node-{socket.gethostname()}"
 
 
 @dataclass
@@ -73,6 +79,19 @@ class NodeConfig:
     #: tenant → seconds to keep finished tasks (``"*"``: every other tenant); empty: forever
     retention: dict[str, float] = field(default_factory=dict)
     drain_timeout: float = 30.0
+    #: Partition leases: seconds a lease lasts unrenewed, seconds between heartbeats.
+    lease_ttl: float = 5.0
+    #: Crash-loop guard: more than this many recoveries of a task within the window hand it
+    #: to a human instead of recovering it again.
+    max_recoveries: int = 3
+    recovery_window: float = 600.0
+    #: At most one ``task.progress`` event per task per this many seconds.
+    progress_interval: float = 5.0
+    lease_interval: float = 1.0
+    #: ``loop``/``thread``/``auto`` (loop for NORMAL, thread for FULL): where commits run.
+    #: Several nodes on one file wait on each other's write lock: ``thread`` keeps that
+    #: wait off the event loop.
+    writer: str = "auto"
 
     @property
     def db_path(self) -> Path:
@@ -80,10 +99,14 @@ class NodeConfig:
 
 
 class Node:
-    def __init__(self, config: NodeConfig, registry: Registry, clock: Clock | None = None) -> None:
+    def __init__(self, config: NodeConfig, registry: Registry, clock: Clock | None = None,
+                 lease_clock: Clock | None = None) -> None:
         self.config = config
         self.registry = registry
         self.clock = clock or SystemClock()
+        # Leases measure the liveness of processes, shared with other processes: wall
+        # time, not the tasks' clock (which a test may move by hours).
+        self.lease_clock = lease_clock or SystemClock()
         self.system = ActorSystem(self.clock)
         self.store: Store | None = None
         self.bus: Bus | None = None
@@ -106,7 +129,7 @@ class Node:
     async def start(self) -> None:
         cfg = self.config
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
-        self.store = await Store.open(cfg.db_path, cfg.synchronous)
+        self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer)
         try:
             if cfg.nats_url:
                 self.url = cfg.nats_url
@@ -121,12 +144,30 @@ class Node:
         self.switches = Switches()
         self.switches.load(await self._store.switches())
         deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
-                        max_step_attempts=cfg.max_step_attempts, switches=self.switches)
+                        max_step_attempts=cfg.max_step_attempts, switches=self.switches,
+                        max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
+                        progress_interval=cfg.progress_interval)
         self.tasks = TaskSupervision(
             self.system, deps, max_restarts=cfg.task_max_restarts, period=cfg.task_restart_period,
             backoff_base=cfg.task_backoff_base, backoff_cap=cfg.task_backoff_cap)
         acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions)
         bus, store, tasks = self.bus, self._store, self.tasks
+        self.work = PartitionWork(
+            node_id=cfg.node_id, partitions=cfg.partitions, store=store, tasks=tasks,
+            mail_supervisor=lambda: self.system.lookup("node/mail"),
+            make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p),
+            flush_outbox=self._flush_outbox, activate=self._activate)
+        self.leases = LeaseManager(
+            store, self.lease_clock, cfg.node_id, cfg.partitions,
+            LeaseHooks(acquired=self.work.acquired, lost=self.work.lost,
+                       handing_over=self.work.handing_over, info=self._heartbeat_info,
+                       each_tick=self._reload_switches),
+            LeaseSettings(ttl=cfg.lease_ttl, interval=cfg.lease_interval))
+        store.fence = self.leases
+        tasks.owns = self.leases.owns
+        tasks.forward = self._forward_mail
+        deps.recovery_note = self.work.recovery_note
+        await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
 
         def relay(_: int) -> OutboxRelay:
             self.relay = OutboxRelay(bus, store, self.clock)
@@ -137,9 +178,12 @@ class Node:
             tasks.root_spec(),
             ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
             ChildSpec("admin", lambda _: AdminActor(bus, store, self.system, self.clock,
-                                                    cfg.node_id, tasks, self.switches),
+                                                    cfg.node_id, tasks, self.switches,
+                                                    self.leases),
                       Restart.PERMANENT),
-            ChildSpec("mail", lambda _: MailRouter(bus, tasks, store, self.clock), Restart.PERMANENT),
+            # One mail router per partition held, started and stopped by the lease manager.
+            ChildSpec("mail", lambda _: Supervisor(self.system, "mail", [], max_restarts=50,
+                                                   period=60.0), Restart.PERMANENT),
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),
                       Restart.PERMANENT),
@@ -150,6 +194,7 @@ class Node:
             ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock),
                       Restart.PERMANENT),
             ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
+            ChildSpec("leases", lambda _: self.leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
         root = Supervisor(self.system, "node", children, max_restarts=10, period=60.0,
                           backoff_base=0.1, backoff_cap=5.0)
@@ -165,7 +210,7 @@ class Node:
                     await service.ask(Ready(), timeout=30.0)
             except Exception as exc:  # it crashed starting: its supervisor restarts it
                 log.warning("request service not ready", service=name, error=repr(exc))
-        await self.recover()
+        await self.leases.start()  # takes a share of the partitions and recovers their tasks
         log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
                  workflows=self.registry.names())
 
@@ -189,15 +234,37 @@ class Node:
             self.failed.set()
 
     async def recover(self) -> int:
-        """Activate every unfinished task from its last checkpoint; returns how many."""
+        """Activate every unfinished task of the partitions held; returns how many."""
+        return await self.work.recover(set(self.leases.held))
+
+    async def _activate(self, task_id: str, tenant: str) -> None:
+        try:
+            await self._tasks.ensure_running(task_id)
+        except RatchetError as exc:  # finished or moved meanwhile: nothing to run here
+            log.debug("not activated", task_id=task_id, error=exc.message)
+
+    async def _forward_mail(self, task_id: str, env: Envelope) -> None:
+        # Its own message id for the stream (the original may be in the same stream's
+        # duplicate window); the task's inbox still dedupes by the envelope's id.
+        assert self.bus is not None
+        await self.bus.js.publish(mail_subject(task_id, "task", self.config.partitions),
+                                  encode(env), headers={"Nats-Msg-Id": f"fwd:{env.message_id}"})
+
+    async def _flush_outbox(self) -> None:
+        if self.relay is not None:
+            await self.relay.flush(timeout=5.0)
+
+    def _heartbeat_info(self) -> dict[str, Any]:
+        return {"url": self.url, "live_tasks": self.system.count_live(TASKS_ROOT + "/", "/actor")}
+
+    async def _reload_switches(self) -> None:
+        # Another node may have flipped a kill switch: each node re-reads them every tick.
+        self.switches.load(await self._store.switches())
+
+    @property
+    def _tasks(self) -> TaskSupervision:
         assert self.tasks is not None
-        active = [(t, s) for t, _, s in await self._store.active_tasks()
-                  if s in ("QUEUED", "RUNNING")]  # waiting tasks stay passivated
-        for task_id, _ in active:
-            await self.tasks.ensure_running(task_id)
-        if active:
-            log.info("recovering tasks", count=len(active))
-        return len(active)
+        return self.tasks
 
     async def stop(self) -> None:
         """Drain and shut down, in the documented order. Safe to call twice."""
@@ -215,6 +282,7 @@ class Node:
                 await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
                 if self.relay is not None:
                     await self.relay.flush(timeout=5.0)
+                await self.leases.release_all()  # the others take the partitions at once
             except Exception as exc:
                 log.warning("drain incomplete", error=repr(exc))
             await root.stop_and_wait(timeout=15.0)

@@ -35,6 +35,8 @@ class RecoverySweeper(PeriodicService):
         for task_id, _, status in await self.store.active_tasks():
             if status not in ("QUEUED", "RUNNING"):
                 continue  # waiting tasks are woken by their mail or timers
+            if self.tasks.owns is not None and not self.tasks.owns(task_id):
+                continue  # another node's partition
             if self.tasks.system.lookup(task_supervisor_name(task_id)) is not None:
                 continue
             await self.tasks.ensure_running(task_id)

@@ -22,13 +22,18 @@ from protocol.codec import decode_envelope, encode
 from protocol.errors import RatchetError
 from protocol.messages import Envelope, Reply
 
-__all__ = ["Ready", "RequestService", "error_reply"]
+__all__ = ["Forwarded", "Ready", "RequestService", "error_reply"]
 
 log = structlog.get_logger("ratchet.requests")
 
 
 def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
     return Reply(ok=False, correlation_id=correlation_id, error=exc.to_wire())  # type: ignore[arg-type]
+
+
+class Forwarded(Exception):
+    """Raised by :meth:`RequestService.answer` when it passed the request on to another
+    node, which answers the requester directly: no reply from here."""
 
 
 @dataclass(slots=True)
@@ -42,6 +47,11 @@ class RequestService(ServiceActor):
     subject = ""
     queue = ""
     _sub: Subscription | None = None
+    _direct: Subscription | None = None
+
+    def direct_subject(self) -> str | None:
+        """A subject this node alone answers on (no queue group): forwarded requests."""
+        return None
 
     def __init__(self, bus: Bus, max_in_flight: int = 256) -> None:
         self.bus = bus
@@ -60,6 +70,9 @@ class RequestService(ServiceActor):
         # :class:`Ready` means requests have a responder.
         self._sub = await self.bus.nc.subscribe(self.subject, queue=self.queue,
                                                 cb=self._on_msg)
+        direct = self.direct_subject()
+        if direct is not None:
+            self._direct = await self.bus.nc.subscribe(direct, cb=self._on_msg)
         await self.bus.nc.flush()
         await super().on_start()
 
@@ -73,9 +86,10 @@ class RequestService(ServiceActor):
 
     async def on_stop(self) -> None:
         await super().on_stop()
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        for sub in (self._sub, self._direct):
+            if sub is not None:
+                await sub.unsubscribe()
+        self._sub = self._direct = None
         for task in list(self._tasks):
             task.cancel()
 
@@ -90,13 +104,16 @@ class RequestService(ServiceActor):
         self._slots.release()
 
     async def _handle(self, msg: Msg) -> None:
-        parts = msg.subject.split(".", 3)
-        tenant, verb = (parts[2], parts[3]) if len(parts) == 4 else ("", "")
+        # ratchet.<service>.<tenant>.<verb>, or ratchet.node.<id>.<service>.<tenant>.<verb>
+        parts = msg.subject.split(".")
+        tenant, verb = (parts[-2], parts[-1]) if len(parts) >= 4 else ("", "")
         env: Envelope | None = None
         try:
             env = decode_envelope(msg.data)
             result = await self.answer(tenant, verb, env, msg)
             reply = Reply(ok=True, correlation_id=env.correlation_id, result=result)
+        except Forwarded:
+            return
         except RatchetError as exc:
             await self.on_error(msg, tenant, exc)
             reply = error_reply(exc, env.correlation_id if env else None)

@@ -66,7 +66,13 @@ async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg,
                   record: TaskRecord | None = None) -> Any | None:
     """Activate the task if needed and hand it ``env``; the actor's answer, or None when
     the message was NAK'ed for later (the task is between restarts). ``record``: the task's
-    row, if the caller has just loaded it."""
+    row, if the caller has just loaded it.
+
+    A task whose partition another node owns is not activated here: the message is
+    forwarded as mail to its partition (answer ``"forwarded"``; the caller acks)."""
+    if tasks.owns is not None and not tasks.owns(task_id) and tasks.forward is not None:
+        await tasks.forward(task_id, env)
+        return "forwarded"
     ref = await tasks.ensure_running(task_id, record=record)
     if ref is None:
         await msg.nak(delay=redelivery_delay(msg))

@@ -10,7 +10,7 @@ no live actors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors.core import Actor, ActorRef, ActorSystem
@@ -29,7 +29,14 @@ from supervisors.supervisor import (
     WhichChildren,
 )
 
-__all__ = ["TaskFinished", "TASKS_ROOT", "TaskSupervision", "task_actor_name", "task_supervisor_name"]
+__all__ = ["NotOwner", "TaskFinished", "TASKS_ROOT", "TaskSupervision", "task_actor_name", "task_supervisor_name"]
+
+
+class NotOwner(RatchetError):
+    """This node does not hold the lease of the task's partition (another node runs it)."""
+
+    code = ErrorCode.UNAVAILABLE
+    default_retryable = True
 
 
 class TaskFinished(RatchetError):
@@ -61,6 +68,10 @@ class TaskSupervision:
         self.period = period
         self.backoff = (backoff_base, backoff_cap)
         self.root: ActorRef[Supervisor] | None = None
+        #: Whether this node may run a task (holds its partition's lease); None: all.
+        self.owns: Callable[[str], bool] | None = None
+        #: Send a message on to the node that owns the task (as mail on its partition).
+        self.forward: Callable[[str, Any], Awaitable[None]] | None = None
         deps.sessions = self.session
         deps.spawn_children = self.spawn_children
         deps.stop_children = self.stop_children
@@ -76,6 +87,8 @@ class TaskSupervision:
 
     def _task_supervisor(self, task_id: str) -> Supervisor:
         async def escalate(cause: BaseException | None) -> None:
+            if self.owns is not None and not self.owns(task_id):
+                return  # the partition moved: its new owner runs the task, not us
             await fail_task(self.deps, task_id, cause, reason="restart intensity exceeded")
 
         actor_spec = ChildSpec(
@@ -134,6 +147,20 @@ class TaskSupervision:
         ref.tell(message)
         return True
 
+    async def live_tasks(self) -> list[str]:
+        """The task ids with a live supervisor on this node."""
+        root = self.system.lookup(TASKS_ROOT)
+        if root is None:
+            return []
+        children = await root.ask(WhichChildren(), timeout=30.0)
+        return [c["id"] for c in children]
+
+    async def stop_tasks(self, task_ids: list[str], timeout: float = 60.0) -> None:
+        """Stop these tasks' supervisors (each task actor at its next safe point)."""
+        root = self.system.lookup(TASKS_ROOT)
+        if root is not None and task_ids:
+            await root.ask(StopChildren(task_ids), timeout=timeout)
+
     async def stop_children(self, task_id: str, child_ids: list[str] | None) -> None:
         """Stop those children of the task's supervisor (None: all but the task actor)."""
         sup = self.system.lookup(task_supervisor_name(task_id))
@@ -156,6 +183,8 @@ class TaskSupervision:
         ref = self.system.lookup(task_actor_name(task_id))
         if ref is not None:
             return ref
+        if self.owns is not None and not self.owns(task_id):
+            raise NotOwner("another node owns this task's partition", task_id=task_id)
         if record is None:
             record = await self.deps.store.load_task(task_id)  # NotFound: it never existed
         if is_terminal(TaskStatus(record.status)):

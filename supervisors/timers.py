@@ -34,16 +34,23 @@ class TimerService(ServiceActor):
 
     async def serve(self) -> None:
         while True:
-            await self.fire_due()
+            delivered = await self.fire_due()
             next_due = await self.store.next_timer_due()
             wait = self.poll if next_due is None else min(self.poll, next_due - self.clock.now())
+            if wait <= 0 and not delivered:
+                # Due, but not ours (another node's partition) or not deliverable yet: do
+                # not spin; its owner fires it.
+                wait = min(self.poll, 0.1)
             await self.clock.sleep(max(wait, 0.0))
 
     async def fire_due(self) -> int:
         """Deliver every timer due now; returns how many were delivered."""
         due = await self.store.due_timers(self.clock.now())
         delivered: list[tuple[str, float]] = []
+        owns = self.tasks.owns
         for timer in due:
+            if owns is not None and not owns(timer["task_id"]):
+                continue  # another node's partition: its owner fires it
             try:
                 ref = await self.tasks.ensure_running(timer["task_id"])
             except TaskFinished:

@@ -1,0 +1,20 @@
+"""The admin verbs and the role each needs: shared by the admin service and the CLI."""
+
+from __future__ import annotations
+
+__all__ = ["CLUSTER_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
+
+#: The role each verb needs.
+VERB_ROLES: dict[str, str] = {
+    "get": "viewer", "history": "viewer", "list": "viewer", "tree": "viewer",
+    "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
+    "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
+    "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
+    "thaw": "operator", "purge": "operator",
+    # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
+    "nodes": "viewer", "drain": "operator", "undrain": "operator",
+}
+#: Verbs about the cluster, not about one tenant's tasks.
+CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain"})
+#: The tenant token of cluster commands; give it only to the platform's operators.
+SYSTEM_TENANT = "_system"

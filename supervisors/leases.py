@@ -1,0 +1,272 @@
+"""The lease manager: which partitions this node owns, kept true against the store.
+
+Every ``interval`` (about ttl / 4) it:
+
+1. records the node's heartbeat (liveness plus what it holds and runs) and reads back its
+   status — an operator's ``drain`` is seen here;
+2. renews its leases; a lease it could not renew (another node holds a newer token) is
+   *lost*: the node isolates that partition at once (its writes were already refused by the
+   store) — stops consuming its mail and stops its task actors;
+3. rebalances: its target is an equal share of the partitions among the live, active
+   nodes (zero while draining). Above target, it hands partitions over cleanly (stop their
+   mail and tasks at a safe point, then release the lease); below target, it acquires free
+   or expired leases — that is the reaper: a dead node's leases expire and the survivors
+   take them, bumping the fencing token, and recover the tasks from their checkpoints.
+
+It is also the node's :class:`~persistence.store.Fence`: the token a task's writes carry.
+A partition whose lease the node could not renew in time stops being writable locally
+(``token_for`` raises) before the store would refuse it, so no new side effect starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from actors.core import ServiceActor
+from persistence.leases import Fenced, LeaseRow
+from persistence.store import Store
+from protocol.clock import Clock
+from protocol.errors import RatchetError
+from protocol.subjects import partition_of
+
+__all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings"]
+
+log = structlog.get_logger("ratchet.leases")
+
+
+@dataclass
+class LeaseSettings:
+    #: Seconds a lease lasts without renewal; bounds failover (a dead node's partitions
+    #: are taken at most ``ttl + interval`` after its last renewal).
+    ttl: float = 5.0
+    #: Seconds between heartbeats (renewal, rebalancing, reaping).
+    interval: float = 1.0
+    #: Stop writing this long before the lease's expiry as this node last renewed it.
+    safety: float = 0.5
+
+
+@dataclass
+class LeaseHooks:
+    """What the node does when partitions come and go (all awaited, in the tick)."""
+
+    acquired: Callable[[list[LeaseRow]], Awaitable[None]]
+    #: Lost without warning: isolate now (the store already refuses the writes).
+    lost: Callable[[list[int]], Awaitable[None]]
+    #: About to be released on purpose: stop at a safe point first.
+    handing_over: Callable[[list[int]], Awaitable[None]]
+    #: Extra liveness and progress for the heartbeat row (live tasks, in-flight, ...).
+    info: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    #: Run every tick after the heartbeat (e.g. reload the kill switches other nodes set).
+    each_tick: Callable[[], Awaitable[None]] | None = None
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LeaseManager(ServiceActor):
+    def __init__(self, store: Store, clock: Clock, node_id: str, partitions: int,
+                 hooks: LeaseHooks, settings: LeaseSettings | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self.node_id = node_id
+        self.partitions = partitions
+        self.hooks = hooks
+        self.settings = settings or LeaseSettings()
+        self.held: dict[int, int] = {}  # partition → fencing token
+        self._valid_until: dict[int, float] = {}  # partition → lease expiry as last renewed
+        self.previous_owner: dict[int, str | None] = {}
+        self.status = "active"
+        self.fenced_writes = 0
+        self._tick_lock = asyncio.Lock()
+        self._handing_over: set[int] = set()
+        self._handovers: set[asyncio.Task[None]] = set()
+        self._rng = random.Random()
+        self._reclaim = False
+
+    # -- the Fence the store asks ---------------------------------------------------------
+
+    def token_for(self, task_id: str) -> tuple[int, int, float]:
+        partition = partition_of(task_id, self.partitions)
+        now = self.clock.now()
+        token = self.held.get(partition)
+        if token is None or now >= self._valid_until.get(partition, 0.0) - self.settings.safety:
+            self.fenced_writes += 1
+            log.warning("write fenced: lease not held", task_id=task_id, partition=partition,
+                        token=token)
+            raise Fenced("write refused: this node does not hold the task's partition lease",
+                         partition=partition, node=self.node_id)
+        return partition, token, now
+
+    def owns(self, task_id: str) -> bool:
+        return partition_of(task_id, self.partitions) in self.held
+
+    def owns_partition(self, partition: int) -> bool:
+        return partition in self.held
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register the node and take a first share (before the node recovers tasks).
+
+        Raises:
+            RatchetError: another live process on this host runs under the same node id.
+        """
+        await self.store.ensure_partitions(self.partitions)
+        now = self.clock.now()
+        for row in await self.store.nodes():
+            pid = row.info.get("pid")
+            if row.node_id == self.node_id and row.status != "stopped" and pid != os.getpid() \
+                    and row.heartbeat_at > now - self.settings.ttl and _pid_alive(pid):
+                raise RatchetError(f"node id {self.node_id} is in use by live process {pid};"
+                                   " give each node its own --node-id", node=self.node_id)
+        await self.store.node_heartbeat(self.node_id, now, self._info(), starting=True)
+        self._reclaim = True
+        try:
+            await self.tick()
+        finally:
+            self._reclaim = False
+
+    async def serve(self) -> None:
+        while True:
+            await self.clock.sleep(self.settings.interval)
+            try:
+                await self.tick()
+            except Exception as exc:  # the store is unreachable: leases lapse, writes stop
+                log.error("lease tick failed", error=repr(exc))
+                await self._expire_overdue()
+
+    async def tick(self) -> None:
+        async with self._tick_lock:
+            now = self.clock.now()
+            self.status = await self.store.node_heartbeat(self.node_id, now, self._info())
+            if self.hooks.each_tick is not None:
+                await self.hooks.each_tick()
+            await self._renew(now)
+            await self._rebalance()
+
+    async def release_all(self) -> None:
+        """Clean shutdown: hand every partition over (the caller stopped the tasks)."""
+        async with self._tick_lock:
+            if self.held:
+                held, self.held = dict(self.held), {}
+                self._valid_until.clear()
+                await self.store.release_leases(self.node_id, held)
+                log.info("leases released", partitions=sorted(held))
+            await self.store.set_node_status(self.node_id, "stopped")
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "partitions": sorted(self.held),
+                "fenced_writes": self.fenced_writes,
+                **self.hooks.info()}
+
+    async def _renew(self, now: float) -> None:
+        if not self.held:
+            return
+        lost = await self.store.renew_leases(self.node_id, self.held, now, self.settings.ttl)
+        for partition in self.held:
+            if partition not in lost:
+                self._valid_until[partition] = now + self.settings.ttl
+        if lost:
+            log.error("leases lost: another node holds them now; isolating",
+                      partitions=lost)
+            await self._drop(lost)
+            await self.hooks.lost(lost)
+
+    async def _expire_overdue(self) -> None:
+        now = self.clock.now()
+        overdue = [p for p in self.held if now >= self._valid_until.get(p, 0.0)]
+        if overdue:
+            log.error("leases expired without renewal; isolating", partitions=overdue)
+            await self._drop(overdue)
+            await self.hooks.lost(overdue)
+
+    async def _drop(self, partitions: list[int]) -> None:
+        for p in partitions:
+            self.held.pop(p, None)
+            self._valid_until.pop(p, None)
+
+    async def _target(self) -> int:
+        if self.status != "active":
+            return 0  # draining (or told to stop): hand everything over
+        now = self.clock.now()
+        live = [n for n in await self.store.nodes()
+                if n.status == "active" and n.heartbeat_at > now - self.settings.ttl]
+        if not any(n.node_id == self.node_id for n in live):
+            live_count = len(live) + 1
+        else:
+            live_count = len(live)
+        return math.ceil(self.partitions / max(live_count, 1))
+
+    async def _rebalance(self) -> None:
+        target = await self._target()
+        keeping = len(self.held) - len(self._handing_over)
+        if keeping > target:
+            surplus = sorted(p for p in self.held if p not in self._handing_over)[target:]
+            self._handing_over.update(surplus)
+            # In the background: stopping tasks at a safe point may take a while, and the
+            # ticks must go on renewing (the partitions are still ours until released).
+            task = asyncio.get_running_loop().create_task(self._hand_over(surplus, target))
+            self._handovers.add(task)
+            task.add_done_callback(self._handovers.discard)
+            return
+        if keeping >= target or self._handing_over:
+            return
+        now = self.clock.now()
+        free = [row.partition for row in await self.store.leases()
+                if row.partition not in self.held
+                and (row.owner is None or row.expires_at <= now
+                     or (self._reclaim and row.owner == self.node_id))]
+        self._rng.shuffle(free)  # nodes racing for free partitions mostly pick different ones
+        acquired: list[LeaseRow] = []
+        for partition in free[: target - len(self.held)]:
+            row = await self.store.acquire_lease(partition, self.node_id, now, self.settings.ttl,
+                                                 reclaim=self._reclaim)
+            if row is None:
+                continue  # another node got there first
+            self.held[partition] = row.token
+            self._valid_until[partition] = row.expires_at
+            self.previous_owner[partition] = row.previous_owner
+            acquired.append(row)
+        if acquired:
+            log.info("partitions acquired", partitions=[r.partition for r in acquired],
+                     tokens=[r.token for r in acquired],
+                     from_owners=[r.previous_owner for r in acquired])
+            await self.hooks.acquired(acquired)
+
+    async def _hand_over(self, partitions: list[int], target: int) -> None:
+        try:
+            await self.hooks.handing_over(partitions)
+            async with self._tick_lock:
+                released = {p: self.held[p] for p in partitions if p in self.held}
+                await self._drop(list(released))
+                await self.store.release_leases(self.node_id, released)
+            log.info("partitions handed over", partitions=sorted(released), target=target,
+                     status=self.status)
+        except Exception as exc:  # kept (and renewed); the next tick tries again
+            log.error("hand-over failed", partitions=partitions, error=repr(exc))
+        finally:
+            self._handing_over.difference_update(partitions)
+
+    async def on_stop(self) -> None:
+        for task in list(self._handovers):
+            task.cancel()
+        await super().on_stop()
