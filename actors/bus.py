@@ -163,16 +163,23 @@ class Bus:
         *,
         batch: int = 256,
         idle_timeout: float = 1.0,
+        before_fetch: Callable[[], Awaitable[Any]] | None = None,
+        ack_wait: float = 30.0,
     ) -> None:
         """Fetch batches forever and hand each to ``handler`` (which acks).
+
+        ``before_fetch``: awaited before each fetch — backpressure: while it waits, messages
+        stay in the stream (on disk) instead of piling up in memory.
 
         An empty fetch raises ``nats.errors.TimeoutError`` by design (nats.py#418): that is
         "nothing to do", not an error.
         """
-        await self.ensure_consumer(stream, durable, filter_subject)
+        await self.ensure_consumer(stream, durable, filter_subject, ack_wait=ack_wait)
         sub = await self.js.pull_subscribe_bind(durable, stream=stream)
         try:
             while True:
+                if before_fetch is not None:
+                    await before_fetch()
                 try:
                     msgs = await sub.fetch(batch, timeout=idle_timeout)
                 except (TimeoutError, NatsTimeoutError):

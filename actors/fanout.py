@@ -9,6 +9,12 @@ the task), so branches never conflict with each other.
 The join keeps its completion set in the store (the ``branches`` rows): on (re)start it
 recounts them, then follows ``branch.done`` notifications; repeats and out-of-order
 notifications change nothing a set does not already hold.
+
+At most ``max_concurrency`` branches of one fan-out run their body at once (the node's
+``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): every branch actor is started,
+and waits in its ``run`` message for a slot of its fan-out's :func:`branch_slot`. A waiting
+branch holds no slot, so stopping or killing it (the join decided, the task was cancelled)
+is as prompt as for a running one. A branch's time budget counts from when it gets its slot.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import random
 import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +34,7 @@ from actors.core import Actor
 from actors.graph import Workflow
 from actors.join_policy import JoinVerdict, decide
 from actors.nodes import END, ChoiceNode, JoinPolicy, RouteNode, StepContext, StepNode
+from persistence.ledger import TimerWrite
 from persistence.store import Store
 from persistence.txns import TaskChange
 from protocol.clock import Clock
@@ -34,10 +43,52 @@ from protocol.ids import new_id
 from protocol.messages import Envelope
 from protocol.subjects import mail_subject
 
-__all__ = ["BranchActor", "BranchDone", "JoinActor", "JoinDone", "JoinTimeout", "ResendVerdict",
-           "branch_done_change"]
+__all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "JoinActor", "JoinDone",
+           "JoinTimeout", "ResendVerdict", "branch_done_change", "branch_slot", "branch_timer",
+           "branch_timer_id"]
 
 log = structlog.get_logger("ratchet.fanout")
+
+#: Branches of one fan-out running their body at once, when the fan-out sets no
+#: ``max_concurrency``: bounds what one wide task takes from its neighbours on the node.
+DEFAULT_BRANCH_CONCURRENCY = 64
+
+
+@dataclass(slots=True)
+class _Gate:
+    slots: asyncio.Semaphore
+    users: int = 0  # branches holding or waiting for a slot
+
+
+#: (task_id, fan-out key) -> its gate; an entry lives while a branch holds or awaits a slot.
+_gates: dict[tuple[str, str], _Gate] = {}
+
+
+@asynccontextmanager
+async def branch_slot(task_id: str, key: str, limit: int) -> AsyncIterator[None]:
+    """Hold one of the ``limit`` slots of the fan-out ``key`` of ``task_id`` (waits, first
+    come first served, while all are taken). Cancelling a waiter takes no slot."""
+    gate = _gates.get((task_id, key))
+    if gate is None:
+        gate = _gates[(task_id, key)] = _Gate(asyncio.Semaphore(limit))
+    gate.users += 1
+    try:
+        async with gate.slots:
+            yield
+    finally:
+        gate.users -= 1
+        if gate.users == 0 and _gates.get((task_id, key)) is gate:
+            del _gates[(task_id, key)]
+
+
+def branch_timer_id(task_id: str, key: str, branch: str) -> str:
+    return f"br:{task_id}:{key}:{branch}"
+
+
+def branch_timer(task_id: str, key: str, node: str, branch: str, due_at: float) -> TimerWrite:
+    """The durable timer that times a branch out (``on_timer`` settles it TIMED_OUT)."""
+    return TimerWrite(branch_timer_id(task_id, key, branch), "branch_timeout", due_at,
+                      {"key": key, "node": node, "branch": branch})
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,15 +130,25 @@ def branch_done_change(task_id: str, key: str, node: str, branch: str, status: s
 
 
 class BranchActor(Actor):
+    """Runs one branch once it has a slot, and commits its result with its notification.
+
+    Args:
+        max_concurrency: slots of its fan-out (every branch of the fan-out passes the same).
+        arm_timeout: the branch's time budget, armed as its durable timer when it gets its
+            slot; None when it has none, or when the fan-out's start armed it already.
+    """
+
     def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
                  graph: Workflow, task_input: dict[str, Any], state: dict[str, Any],
                  store: Store, clock: Clock, producer: str, session: Any,
-                 switches: Any = None) -> None:
+                 switches: Any = None, max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
+                 arm_timeout: float | None = None) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
         self.state = state
         self.store, self.clock, self.producer, self.session = store, clock, producer, session
         self.switches = switches
+        self.max_concurrency, self.arm_timeout = max_concurrency, arm_timeout
 
     async def on_start(self) -> None:
         self.ref.tell("run")
@@ -96,14 +157,22 @@ class BranchActor(Actor):
         if message != "run":
             return await super().receive(message)
         status, result, error = "SUCCEEDED", None, None
-        try:
-            result = await self._run()
-        except TaskSuspended as signal:  # a branch cannot park the task: it fails instead
-            status, error = "FAILED", {"type": type(signal).__name__, "message": str(signal)}
-        except Exception as exc:
-            status = "FAILED"
-            error = {"type": type(exc).__name__, "message": str(exc)[:2000],
-                     "trace": "".join(traceback.format_exception(exc))[-2000:]}
+        # Runs in this actor's task; a stop while waiting for the slot kills the wait.
+        async with branch_slot(self.task_id, self.key, self.max_concurrency):
+            if self.arm_timeout is not None:
+                # Its budget starts now, not when the fan-out started. A raise is a crash:
+                # the supervisor restarts the branch, which arms the timer again.
+                await self._side_commit(timers=[branch_timer(
+                    self.task_id, self.key, self.node, self.branch,
+                    self.clock.now() + self.arm_timeout)])
+            try:
+                result = await self._run()
+            except TaskSuspended as signal:  # a branch cannot park the task: it fails instead
+                status, error = "FAILED", {"type": type(signal).__name__, "message": str(signal)}
+            except Exception as exc:
+                status = "FAILED"
+                error = {"type": type(exc).__name__, "message": str(exc)[:2000],
+                         "trace": "".join(traceback.format_exception(exc))[-2000:]}
         payload: dict[str, Any] = {"key": self.key}
         if error is not None:
             payload["error"] = {k: v for k, v in error.items() if k != "trace"}

@@ -112,10 +112,15 @@ class Workflow:
     def fanout(self, name: str, branches: Mapping[str, Workflow], join: str, *,
                branch_timeout: float | None = None,
                branch_input: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None,
-               max_visits: int | None = None) -> None:
-        """Start one branch actor per branch (each a small graph of steps/choices/routes)."""
+               max_concurrency: int | None = None, max_visits: int | None = None) -> None:
+        """Start one branch actor per branch (each a small graph of steps/choices/routes).
+
+        ``max_concurrency``: at most this many of the task's branches run at once, the
+        others wait their turn (None: ``actors.fanout.DEFAULT_BRANCH_CONCURRENCY``);
+        ``branch_timeout`` counts from when a branch starts running, not from its wait.
+        """
         self._add(FanoutNode(name, dict(branches), join, branch_timeout, branch_input,
-                             max_visits=max_visits))
+                             max_concurrency, max_visits=max_visits))
 
     def join(self, name: str, of: str, policy: JoinPolicy | None = None, next: str | None = None,
              *, max_visits: int | None = None) -> None:
@@ -215,6 +220,11 @@ class Workflow:
     def _check_fanout(self, node: FanoutNode, here: str) -> None:
         if not node.branches:
             raise WorkflowDefinitionError(f"{here}: a fan-out needs at least one branch")
+        limit = node.max_concurrency
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool)
+                                  or limit < 1):
+            raise WorkflowDefinitionError(
+                f"{here}: max_concurrency must be an int >= 1, got {limit!r}")
         join = self.nodes.get(node.join)
         if not isinstance(join, JoinNode) or join.of != node.name:
             raise WorkflowDefinitionError(f"{here}: its join {node.join!r} must be a join of it")

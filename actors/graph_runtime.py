@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from actors.fanout import (
+    DEFAULT_BRANCH_CONCURRENCY,
     BranchActor,
     BranchDone,
     JoinActor,
@@ -17,6 +18,8 @@ from actors.fanout import (
     JoinTimeout,
     ResendVerdict,
     branch_done_change,
+    branch_timer,
+    branch_timer_id,
 )
 from actors.nodes import (
     CANCEL,
@@ -131,12 +134,17 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
         return
     rows = await actor.deps.store.branches(actor.task_id, key)
     now = actor.deps.clock.now()
+    limit = node.max_concurrency or DEFAULT_BRANCH_CONCURRENCY
+    # A branch's budget counts from when it gets a slot. The first ``limit`` branches get
+    # theirs at once, so their timers are armed with the fan-out; each later one (and each
+    # one run again after a restart) arms its own when its turn comes.
+    armed: set[str] = set()
     if not rows:
         timers = []
         if node.branch_timeout:
-            timers += [TimerWrite(f"br:{actor.task_id}:{key}:{b}", "branch_timeout",
-                                  now + node.branch_timeout, {"key": key, "node": node.name,
-                                                              "branch": b}) for b in names]
+            armed = set(names[:limit])
+            timers += [branch_timer(actor.task_id, key, node.name, b, now + node.branch_timeout)
+                       for b in names[:limit]]
         if join.policy.timeout:
             timers.append(TimerWrite(f"join:{actor.task_id}:{key}", "join_timeout",
                                      now + join.policy.timeout, {"key": key}))
@@ -153,14 +161,16 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
             continue  # finished before a crash: never run again
         initial = inputs[b]
         # A branch the join no longer needs is interrupted, not waited for.
-        specs.append((f"branch:{key}:{b}", _branch_factory(actor, key, node, b, initial), 0.01))
+        arm = None if b in armed else node.branch_timeout
+        specs.append((f"branch:{key}:{b}",
+                      _branch_factory(actor, key, node, b, initial, limit, arm), 0.01))
     refs = await actor.deps.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
 
 
 def _branch_factory(actor: TaskActor, key: str, node: FanoutNode, branch: str,
-                    initial: dict[str, Any]) -> Any:
+                    initial: dict[str, Any], limit: int, arm_timeout: float | None) -> Any:
     assert actor.record is not None
     tenant, task_input = actor.record.tenant, dict(actor.record.input)
 
@@ -172,7 +182,8 @@ def _branch_factory(actor: TaskActor, key: str, node: FanoutNode, branch: str,
                            branch=branch, graph=node.branches[branch], task_input=task_input,
                            state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
                            producer=actor.deps.producer, session=session,
-                           switches=actor.deps.switches)
+                           switches=actor.deps.switches, max_concurrency=limit,
+                           arm_timeout=arm_timeout)
 
     return make
 
@@ -205,7 +216,7 @@ async def on_join_done(actor: TaskActor, done: JoinDone) -> None:
     summary = {"node": join.name, "key": done.key, "ok": v.ok, "reason": v.reason,
                "succeeded": v.succeeded, "failed": v.failed, "timed_out": v.timed_out,
                "degraded": v.degraded, "cancelled": v.unfinished}
-    timers = [f"br:{actor.task_id}:{done.key}:{b}" for b in fanout.branches]
+    timers = [branch_timer_id(actor.task_id, done.key, b) for b in fanout.branches]
     timers.append(f"join:{actor.task_id}:{done.key}")
     settle = BranchWrites(done.key, settle={b: "CANCELLED" for b in v.unfinished})
     await actor.deps.stop_children(actor.task_id, [f"join:{done.key}"] + [

@@ -164,6 +164,9 @@ class FanoutNode(Node):
     branch_timeout: float | None = None
     #: ``branch_input(state, branch) -> dict``: the branch's initial state.
     branch_input: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
+    #: At most this many branches of one task run their body at once (the others wait
+    #: their turn); None: ``actors.fanout.DEFAULT_BRANCH_CONCURRENCY``.
+    max_concurrency: int | None = None
     kind = "fanout"
 
     def successors(self) -> list[str]:

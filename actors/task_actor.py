@@ -78,6 +78,10 @@ class TaskDeps:
     recovery_note: Any = None
     #: At most one ``task.progress`` event per this many seconds (actors/progress.py).
     progress_interval: float = 5.0
+    #: Admission accounting (the node's fair scheduler): called with (task_id, tenant) when
+    #: an actor of a QUEUED or RUNNING task starts, and with task_id when it stops.
+    on_active: Any = None
+    on_stopped: Any = None
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:
@@ -142,6 +146,9 @@ class TaskActor(Actor):
         if is_terminal(self.status):
             self.ref.stop()
             return
+        if self.deps.on_active is not None and self.status in (TaskStatus.QUEUED,
+                                                               TaskStatus.RUNNING):
+            self.deps.on_active(self.task_id, rec.tenant)
         try:
             self.workflow = self.deps.registry.get(rec.workflow, rec.workflow_version)
         except UnknownWorkflow as exc:
@@ -184,7 +191,11 @@ class TaskActor(Actor):
         return True
 
     async def on_stop(self) -> None:
-        await graph_runtime.stop_fanout_children(self)
+        try:
+            await graph_runtime.stop_fanout_children(self)
+        finally:
+            if self.deps.on_stopped is not None:
+                self.deps.on_stopped(self.task_id)  # its running slot goes to the next task
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Advance):

@@ -59,6 +59,8 @@ class LeaseRow:
     token: int
     expires_at: float
     previous_owner: str | None
+    #: Taken from an owner whose lease expired (it died or froze), not handed over.
+    reaped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,17 +102,19 @@ def acquire_txn(conn: sqlite3.Connection, partition: int, node: str, now: float,
     ``reclaim``: a node starting under its id takes back the leases its previous (dead)
     incarnation held without waiting for them to expire — with a new token, so anything
     that incarnation might still write is refused."""
-    row = conn.execute("SELECT owner, token, expires_at FROM leases WHERE partition = ?",
-                       (partition,)).fetchone()
+    row = conn.execute("SELECT owner, token, expires_at, previous_owner FROM leases"
+                       " WHERE partition = ?", (partition,)).fetchone()
     if row is None:
         return None
-    owner, token, expires_at = row
+    owner, token, expires_at, released_by = row
     if owner is not None and expires_at > now and not (reclaim and owner == node):
         return None  # held (by us: renewal is renew_txn's job; by another: not ours)
+    previous = owner if owner is not None else released_by
     conn.execute("UPDATE leases SET owner = ?, token = ?, expires_at = ?, acquired_at = ?,"
                  " previous_owner = ? WHERE partition = ?",
-                 (node, token + 1, now + ttl, now, owner, partition))
-    return LeaseRow(partition, node, token + 1, now + ttl, owner)
+                 (node, token + 1, now + ttl, now, previous, partition))
+    return LeaseRow(partition, node, token + 1, now + ttl, previous,
+                    reaped=owner is not None and owner != node)
 
 
 def renew_txn(conn: sqlite3.Connection, node: str, held: dict[int, int], now: float,

@@ -78,13 +78,21 @@ async def _serve(args: argparse.Namespace) -> int:
     from supervisors.node import Node, NodeConfig
 
     registry = load_app(args.app)
-    retention = {}
-    for item in args.retention:
-        tenant, _, seconds = item.partition("=")
-        retention[tenant] = float(seconds)
+
+    def pairs(items: list[str], kind: type) -> dict[str, Any]:
+        out = {}
+        for item in items:
+            tenant, _, value = item.partition("=")
+            out[tenant] = kind(value)
+        return out
+
     config = NodeConfig(state_dir=Path(args.state_dir), nats_url=args.nats_url,
                         synchronous=args.synchronous, partitions=args.partitions,
-                        retention=retention)
+                        retention=pairs(args.retention, float), lease_ttl=args.lease_ttl,
+                        lease_interval=args.lease_interval, writer=args.writer,
+                        max_running=args.max_running,
+                        tenant_quotas=pairs(args.tenant_quota, int),
+                        tenant_weights=pairs(args.tenant_weight, float))
     if args.node_id:
         config.node_id = args.node_id
     node = Node(config, registry)
@@ -208,6 +216,18 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--node-id", default=None)
     s.add_argument("--retention", action="append", default=[], metavar="TENANT=SECONDS",
                    help="keep finished tasks this long (TENANT '*' for every other tenant)")
+    s.add_argument("--lease-ttl", type=float, default=5.0,
+                   help="seconds a partition lease lasts unrenewed (bounds failover)")
+    s.add_argument("--lease-interval", type=float, default=1.0,
+                   help="seconds between heartbeats (renewal, rebalancing, reaping)")
+    s.add_argument("--writer", default="auto", choices=["auto", "loop", "thread"],
+                   help="where commits run; 'thread' when several nodes share the store")
+    s.add_argument("--max-running", type=int, default=256,
+                   help="tasks this node runs at once; more wait their (fair) turn")
+    s.add_argument("--tenant-quota", action="append", default=[], metavar="TENANT=N",
+                   help="at most N running tasks of TENANT on this node")
+    s.add_argument("--tenant-weight", action="append", default=[], metavar="TENANT=W",
+                   help="TENANT's share of the running slots relative to others (default 1)")
 
     s = with_nats(sub.add_parser("submit", help="publish a task request"))
     s.add_argument("workflow")

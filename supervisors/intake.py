@@ -12,6 +12,8 @@ validated is dead-lettered with its error and acked; it never stops the node.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
@@ -23,7 +25,7 @@ from persistence.store import Store
 from persistence.txns import NewTask
 from protocol.clock import Clock
 from protocol.codec import canonical, decode_envelope, encode, parse_body
-from protocol.errors import InvalidMessage, RatchetError, RequestConflict
+from protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
 from protocol.ids import new_id, request_hash, task_id_for
 from protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
 from protocol.subjects import STREAM_SUBMIT, check_token, dlq_subject, mail_subject
@@ -38,8 +40,13 @@ class Acceptor:
     """Validation and acceptance shared by the JetStream intake and the request/reply API."""
 
     def __init__(self, store: Store, registry: Registry, clock: Clock, producer: str,
-                 partitions: int) -> None:
+                 partitions: int, has_room: Callable[[], bool] | None = None,
+                 wait_for_room: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.store = store
+        #: Backpressure: whether this node can take more queued work (its admission queue
+        #: is bounded); the JetStream intake waits, the request/reply API answers BUSY.
+        self.has_room = has_room or (lambda: True)
+        self.wait_for_room = wait_for_room
         self.registry = registry
         self.clock = clock
         self.producer = producer
@@ -53,6 +60,8 @@ class Acceptor:
             RequestConflict: the key was used before with a different request.
         """
         check_token(tenant, "tenant")
+        if not self.has_room():
+            raise Unavailable("this node's queue of tasks waiting to run is full; retry later")
         if env.type != "task.submit":
             raise InvalidMessage(f"expected type task.submit, got {env.type!r}", type=env.type)
         body = parse_body(env, SubmitTask)
@@ -106,7 +115,10 @@ class IntakeActor(ServiceActor):
 
     async def serve(self) -> None:
         await self.bus.pull_loop(STREAM_SUBMIT, "intake", "ratchet.submit.>", self._handle_batch,
-                                 batch=self.batch)
+                                 batch=self.batch, before_fetch=self.acceptor.wait_for_room,
+                                 # A node that dies holding a batch delays those submissions
+                                 # by this much; handling one twice is harmless (the key).
+                                 ack_wait=10.0)
 
     async def _handle_batch(self, msgs: list[Msg]) -> None:
         await asyncio.gather(*(self._handle(m) for m in msgs))

@@ -49,8 +49,10 @@ class LeaseSettings:
     ttl: float = 5.0
     #: Seconds between heartbeats (renewal, rebalancing, reaping).
     interval: float = 1.0
-    #: Stop writing this long before the lease's expiry as this node last renewed it.
-    safety: float = 0.5
+    #: Stop writing this long before the lease's expiry as this node last renewed it. Not
+    #: needed for safety — a write that commits after another node took the partition
+    #: carries an old token and is refused by the store — so 0 by default.
+    safety: float = 0.0
 
 
 @dataclass
@@ -91,7 +93,6 @@ class LeaseManager(ServiceActor):
         self.settings = settings or LeaseSettings()
         self.held: dict[int, int] = {}  # partition → fencing token
         self._valid_until: dict[int, float] = {}  # partition → lease expiry as last renewed
-        self.previous_owner: dict[int, str | None] = {}
         self.status = "active"
         self.fenced_writes = 0
         self._tick_lock = asyncio.Lock()
@@ -99,6 +100,8 @@ class LeaseManager(ServiceActor):
         self._handovers: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
         self._reclaim = False
+        #: Set when the node begins a clean stop: ticks only renew from then on.
+        self.stopping = False
 
     # -- the Fence the store asks ---------------------------------------------------------
 
@@ -154,22 +157,33 @@ class LeaseManager(ServiceActor):
 
     async def tick(self) -> None:
         async with self._tick_lock:
-            now = self.clock.now()
-            self.status = await self.store.node_heartbeat(self.node_id, now, self._info())
+            # Renewal first: on a loaded node nothing else may delay it.
+            await self._renew(self.clock.now())
+            if self.stopping:
+                return  # shutting down: keep what we hold until release_all, take nothing
+            self.status = await self.store.node_heartbeat(self.node_id, self.clock.now(),
+                                                          self._info())
             if self.hooks.each_tick is not None:
                 await self.hooks.each_tick()
-            await self._renew(now)
             await self._rebalance()
 
     async def release_all(self) -> None:
         """Clean shutdown: hand every partition over (the caller stopped the tasks)."""
-        async with self._tick_lock:
-            if self.held:
-                held, self.held = dict(self.held), {}
-                self._valid_until.clear()
-                await self.store.release_leases(self.node_id, held)
-                log.info("leases released", partitions=sorted(held))
-            await self.store.set_node_status(self.node_id, "stopped")
+        self.stopping = True
+        try:  # a tick still running is waited for, but not for ever
+            await asyncio.wait_for(self._tick_lock.acquire(), timeout=10.0)
+        except TimeoutError:
+            log.warning("lease tick still running at stop; releasing anyway")
+        else:
+            self._tick_lock.release()
+        for task in list(self._handovers):
+            task.cancel()
+        if self.held:
+            held, self.held = dict(self.held), {}
+            self._valid_until.clear()
+            await self.store.release_leases(self.node_id, held)
+            log.info("leases released", partitions=sorted(held))
+        await self.store.set_node_status(self.node_id, "stopped")
 
     # -- internals ------------------------------------------------------------------------
 
@@ -244,12 +258,12 @@ class LeaseManager(ServiceActor):
                 continue  # another node got there first
             self.held[partition] = row.token
             self._valid_until[partition] = row.expires_at
-            self.previous_owner[partition] = row.previous_owner
             acquired.append(row)
         if acquired:
             log.info("partitions acquired", partitions=[r.partition for r in acquired],
                      tokens=[r.token for r in acquired],
-                     from_owners=[r.previous_owner for r in acquired])
+                     from_owners=[r.previous_owner for r in acquired],
+                     reaped=[r.partition for r in acquired if r.reaped])
             await self.hooks.acquired(acquired)
 
     async def _hand_over(self, partitions: list[int], target: int) -> None:

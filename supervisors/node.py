@@ -28,7 +28,7 @@ from protocol.clock import Clock, SystemClock
 from protocol.codec import encode
 from protocol.errors import RatchetError
 from protocol.messages import Envelope
-from protocol.subjects import DEFAULT_PARTITIONS, STREAM_MAIL, mail_subject
+from protocol.subjects import DEFAULT_PARTITIONS, STREAM_MAIL, mail_subject, partition_of
 from supervisors.admin import AdminActor
 from supervisors.api import ApiActor
 from supervisors.decisions import DecisionRouter
@@ -43,6 +43,7 @@ from supervisors.recovery import RecoverySweeper
 from supervisors.request_service import Ready
 from supervisors.restart_policy import Restart
 from supervisors.retention import RetentionSweeper
+from supervisors.scheduler import FairScheduler
 from supervisors.supervisor import ChildSpec, StopChild, Supervisor, WhichChildren
 from supervisors.tasks import TASKS_ROOT, TaskSupervision
 from supervisors.timers import TimerService
@@ -81,6 +82,12 @@ class NodeConfig:
     drain_timeout: float = 30.0
     #: Partition leases: seconds a lease lasts unrenewed, seconds between heartbeats.
     lease_ttl: float = 5.0
+    #: Fair admission: tasks running at once on this node; per-tenant caps and weights.
+    max_running: int = 256
+    #: Tasks queued for a running slot before intake pushes back (waits / answers BUSY).
+    max_queued: int = 20_000
+    tenant_quotas: dict[str, int] = field(default_factory=dict)
+    tenant_weights: dict[str, float] = field(default_factory=dict)
     #: Crash-loop guard: more than this many recoveries of a task within the window hand it
     #: to a human instead of recovering it again.
     max_recoveries: int = 3
@@ -115,8 +122,10 @@ class Node:
         self.tasks: TaskSupervision | None = None
         self.root: ActorRef[Supervisor] | None = None
         self.relay: OutboxRelay | None = None
+        self.leases: LeaseManager | None = None
         self._stopped = False
         self._started = False
+        self._starting: set[asyncio.Task[None]] = set()
         #: Set when the root supervisor gave up (restart intensity exceeded): the process
         #: should exit rather than linger half-alive.
         self.failed = asyncio.Event()
@@ -150,14 +159,22 @@ class Node:
         self.tasks = TaskSupervision(
             self.system, deps, max_restarts=cfg.task_max_restarts, period=cfg.task_restart_period,
             backoff_base=cfg.task_backoff_base, backoff_cap=cfg.task_backoff_cap)
-        acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions)
+        self.scheduler = FairScheduler(max_running=cfg.max_running, quotas=cfg.tenant_quotas,
+                                       weights=cfg.tenant_weights, max_queued=cfg.max_queued)
+        deps.on_active = self.scheduler.occupy
+        deps.on_stopped = self._task_stopped
+        self.tasks.admit = self.scheduler.admit
+        acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
+                            has_room=self.scheduler.has_room,
+                            wait_for_room=self.scheduler.wait_for_room)
         bus, store, tasks = self.bus, self._store, self.tasks
         self.work = PartitionWork(
             node_id=cfg.node_id, partitions=cfg.partitions, store=store, tasks=tasks,
             mail_supervisor=lambda: self.system.lookup("node/mail"),
             make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p),
-            flush_outbox=self._flush_outbox, activate=self._activate)
-        self.leases = LeaseManager(
+            flush_outbox=self._flush_outbox, activate=self._activate,
+            forget=self._forget_partitions)
+        self.leases = leases = LeaseManager(
             store, self.lease_clock, cfg.node_id, cfg.partitions,
             LeaseHooks(acquired=self.work.acquired, lost=self.work.lost,
                        handing_over=self.work.handing_over, info=self._heartbeat_info,
@@ -194,7 +211,7 @@ class Node:
             ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock),
                       Restart.PERMANENT),
             ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
-            ChildSpec("leases", lambda _: self.leases, Restart.PERMANENT, shutdown_timeout=5.0),
+            ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
         root = Supervisor(self.system, "node", children, max_restarts=10, period=60.0,
                           backoff_base=0.1, backoff_cap=5.0)
@@ -210,7 +227,7 @@ class Node:
                     await service.ask(Ready(), timeout=30.0)
             except Exception as exc:  # it crashed starting: its supervisor restarts it
                 log.warning("request service not ready", service=name, error=repr(exc))
-        await self.leases.start()  # takes a share of the partitions and recovers their tasks
+        await leases.start()  # takes a share of the partitions and recovers their tasks
         log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
                  workflows=self.registry.names())
 
@@ -235,13 +252,39 @@ class Node:
 
     async def recover(self) -> int:
         """Activate every unfinished task of the partitions held; returns how many."""
+        assert self.leases is not None
         return await self.work.recover(set(self.leases.held))
 
     async def _activate(self, task_id: str, tenant: str) -> None:
         try:
-            await self._tasks.ensure_running(task_id)
+            await self._tasks.activate(task_id, tenant)
         except RatchetError as exc:  # finished or moved meanwhile: nothing to run here
             log.debug("not activated", task_id=task_id, error=exc.message)
+            self._start_granted(self.scheduler.release(task_id))
+
+    def _task_stopped(self, task_id: str) -> None:
+        self._start_granted(self.scheduler.release(task_id))
+
+    def _forget_partitions(self, partitions: set[int]) -> None:
+        self.scheduler.forget(lambda t: partition_of(t, self.config.partitions) in partitions)
+        self._start_granted(self.scheduler.grant())
+
+    def _start_granted(self, granted: list[tuple[str, str]]) -> None:
+        """Start the tasks the scheduler just gave a running slot."""
+        for task_id, _ in granted:
+            task = asyncio.get_running_loop().create_task(self._start_one(task_id))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+
+    async def _start_one(self, task_id: str) -> None:
+        try:
+            if await self._tasks.ensure_running(task_id) is not None:
+                return
+        except RatchetError as exc:  # finished, moved, or gone meanwhile
+            log.debug("granted task not started", task_id=task_id, error=exc.message)
+        except Exception as exc:
+            log.warning("granted task not started", task_id=task_id, error=repr(exc))
+        self._start_granted(self.scheduler.release(task_id))
 
     async def _forward_mail(self, task_id: str, env: Envelope) -> None:
         # Its own message id for the stream (the original may be in the same stream's
@@ -274,6 +317,8 @@ class Node:
         # Each stage runs even if an earlier one failed (NATS gone, a child stuck): the store
         # must close (its threads would keep the process alive) and the server must stop.
         root = self.root
+        if self.leases is not None:
+            self.leases.stopping = True  # renew only: take no partition while stopping
         if root is not None and root.is_alive:
             try:
                 for child in ("intake", "decisions", "external", "recovery", "retention", "timers",
@@ -282,7 +327,8 @@ class Node:
                 await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
                 if self.relay is not None:
                     await self.relay.flush(timeout=5.0)
-                await self.leases.release_all()  # the others take the partitions at once
+                if self.leases is not None:
+                    await self.leases.release_all()  # the others take the partitions now
             except Exception as exc:
                 log.warning("drain incomplete", error=repr(exc))
             await root.stop_and_wait(timeout=15.0)

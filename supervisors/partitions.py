@@ -35,7 +35,8 @@ class PartitionWork:
                  mail_supervisor: Callable[[], ActorRef[Supervisor] | None],
                  make_router: Callable[[int], MailRouter],
                  flush_outbox: Callable[[], Any],
-                 activate: Callable[[str, str], Any]) -> None:
+                 activate: Callable[[str, str], Any],
+                 forget: Callable[[set[int]], None]) -> None:
         self.node_id = node_id
         self.partitions = partitions
         self.store = store
@@ -45,19 +46,22 @@ class PartitionWork:
         self.flush_outbox = flush_outbox
         #: (task_id, tenant) → start it (through the node's admission scheduler)
         self.activate = activate
-        #: partition → the node that held it before us (for recovery events)
-        self.previous_owner: dict[int, str | None] = {}
+        #: partitions → drop their tasks from admission (queued or running here)
+        self.forget = forget
+        #: partition → how it came to us: the lease row at acquisition (for recovery events)
+        self.taken: dict[int, LeaseRow] = {}
 
     def recovery_note(self, task_id: str) -> dict[str, Any] | None:
-        previous = self.previous_owner.get(partition_of(task_id, self.partitions))
-        if previous is None or previous == self.node_id:
+        row = self.taken.get(partition_of(task_id, self.partitions))
+        if row is None or row.previous_owner in (None, self.node_id):
             return None
-        return {"reason": "node_failover", "previous_owner": previous}
+        return {"reason": "node_failover" if row.reaped else "partition_handover",
+                "previous_owner": row.previous_owner, "lease_token": row.token}
 
     async def acquired(self, rows: list[LeaseRow]) -> None:
         sup = self.mail_supervisor()
         for row in rows:
-            self.previous_owner[row.partition] = row.previous_owner
+            self.taken[row.partition] = row
             if sup is not None:
                 partition = row.partition
                 await sup.ask(StartChild(ChildSpec(
@@ -89,6 +93,7 @@ class PartitionWork:
                 if partition_of(t, self.partitions) in wanted]
 
     async def lost(self, partitions: list[int]) -> None:
+        self.forget(set(partitions))
         await self._stop_routers(partitions)
         doomed = await self._tasks_in(partitions)
         # No safe point to wait for: nothing they do can commit any more. Interrupt running
@@ -104,6 +109,7 @@ class PartitionWork:
         log.warning("partitions isolated", partitions=partitions, tasks_stopped=len(doomed))
 
     async def handing_over(self, partitions: list[int]) -> None:
+        self.forget(set(partitions))
         await self._stop_routers(partitions)
         moving = await self._tasks_in(partitions)
         await self.tasks.stop_tasks(moving)

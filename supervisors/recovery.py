@@ -32,15 +32,16 @@ class RecoverySweeper(PeriodicService):
     async def sweep(self) -> int:
         """Activate every QUEUED/RUNNING task without a live supervisor; returns how many."""
         activated = 0
-        for task_id, _, status in await self.store.active_tasks():
+        for task_id, tenant, status in await self.store.active_tasks():
             if status not in ("QUEUED", "RUNNING"):
                 continue  # waiting tasks are woken by their mail or timers
             if self.tasks.owns is not None and not self.tasks.owns(task_id):
                 continue  # another node's partition
             if self.tasks.system.lookup(task_supervisor_name(task_id)) is not None:
                 continue
-            await self.tasks.ensure_running(task_id)
-            activated += 1
+            # Through admission: a task queued for a slot stays queued (not counted).
+            if await self.tasks.activate(task_id, tenant) is not None:
+                activated += 1
         if activated:
             log.warning("recovered idle unfinished tasks", count=activated)
         return activated

@@ -72,6 +72,9 @@ class TaskSupervision:
         self.owns: Callable[[str], bool] | None = None
         #: Send a message on to the node that owns the task (as mail on its partition).
         self.forward: Callable[[str, Any], Awaitable[None]] | None = None
+        #: Admission (the node's fair scheduler): may (task_id, tenant) start now? If not,
+        #: it is queued and started when granted a slot. None: everything starts at once.
+        self.admit: Callable[[str, str], bool] | None = None
         deps.sessions = self.session
         deps.spawn_children = self.spawn_children
         deps.stop_children = self.stop_children
@@ -146,6 +149,14 @@ class TaskSupervision:
             return False
         ref.tell(message)
         return True
+
+    async def activate(self, task_id: str, tenant: str) -> ActorRef[Any] | None:
+        """Start a QUEUED or RUNNING task through admission: its live actor, or None if it
+        waits for a slot (or is between restarts)."""
+        if self.system.lookup(task_actor_name(task_id)) is None and self.admit is not None \
+                and not self.admit(task_id, tenant):
+            return None
+        return await self.ensure_running(task_id)
 
     async def live_tasks(self) -> list[str]:
         """The task ids with a live supervisor on this node."""

@@ -34,18 +34,19 @@ class TimerService(ServiceActor):
 
     async def serve(self) -> None:
         while True:
-            delivered = await self.fire_due()
+            now = self.clock.now()
+            delivered = await self.fire_due(now)
             next_due = await self.store.next_timer_due()
             wait = self.poll if next_due is None else min(self.poll, next_due - self.clock.now())
-            if wait <= 0 and not delivered:
+            if next_due is not None and next_due <= now and not delivered:
                 # Due, but not ours (another node's partition) or not deliverable yet: do
                 # not spin; its owner fires it.
                 wait = min(self.poll, 0.1)
             await self.clock.sleep(max(wait, 0.0))
 
-    async def fire_due(self) -> int:
+    async def fire_due(self, now: float | None = None) -> int:
         """Deliver every timer due now; returns how many were delivered."""
-        due = await self.store.due_timers(self.clock.now())
+        due = await self.store.due_timers(self.clock.now() if now is None else now)
         delivered: list[tuple[str, float]] = []
         owns = self.tasks.owns
         for timer in due:

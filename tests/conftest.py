@@ -83,9 +83,11 @@ class NodeProcess:
     """A ``ratchet serve`` child process (for SIGKILL tests)."""
 
     def __init__(self, state_dir: Path, nats_url: str, env: dict[str, str],
-                 app_spec: str = "tests.apps:app") -> None:
+                 app_spec: str = "tests.apps:app", args: tuple[str, ...] = (),
+                 log_level: str = "warning") -> None:
         self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
-                     "--log-level", "warning", "serve", "--app", app_spec, "--nats-url", nats_url]
+                     "--log-level", log_level, "serve", "--app", app_spec, "--nats-url",
+                     nats_url, *args]
         self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -112,8 +114,9 @@ def node_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     procs: list[NodeProcess] = []
 
     def factory(nats_url: str, env: dict[str, str] | None = None,
-                app_spec: str = "tests.apps:app") -> NodeProcess:
-        p = NodeProcess(tmp_path / "node", nats_url, env or {}, app_spec)
+                app_spec: str = "tests.apps:app", args: tuple[str, ...] = (),
+                log_level: str = "warning") -> NodeProcess:
+        p = NodeProcess(tmp_path / "node", nats_url, env or {}, app_spec, args, log_level)
         procs.append(p)
         return p
 

@@ -192,7 +192,7 @@ async def test_a_task_recovered_too_often_goes_to_a_human_and_approve_resumes_it
     assert package["kind"] == "crash_loop" and package["step_failures"] == []
     recoveries = package["recoveries"]
     assert [r["node"] for r in recoveries] == ["node-1", "node-2", "node-3"]
-    assert all(r["reason"] in ("node_recovery", "node_failover") for r in recoveries)
+    assert all(r["reason"] in ("node_recovery", "node_failover", "partition_handover") for r in recoveries)
     checkpoints = [r["from_checkpoint"] for r in recoveries]
     assert checkpoints == sorted(checkpoints) and checkpoints[0] >= 1
     assert all("occurred_at" in r and "next_step" in r for r in recoveries)

@@ -1,0 +1,202 @@
+"""Partition leases and fencing tokens, on a real SQLite file (two Store objects stand for two
+processes sharing it), and the lease manager's share/hand-over rules on a fake clock."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from persistence.leases import Fenced, LeaseRow, PartitionCountMismatch
+from persistence.store import Store
+from persistence.txns import NewTask, TaskChange
+from protocol.clock import FakeClock
+from protocol.subjects import partition_of
+from supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
+
+P = 4
+
+
+async def _stores(tmp_path: Path) -> tuple[Store, Store]:
+    a = await Store.open(tmp_path / "r.db")
+    b = await Store.open(tmp_path / "r.db")
+    await a.ensure_partitions(P)
+    return a, b
+
+
+async def _task(store: Store, key: str = "k") -> str:
+    result = await store.accept_submission(NewTask(
+        task_id=f"tsk_{key}", tenant="acme", workflow="w", workflow_version=1,
+        idempotency_key=key, request_hash="h", input=b"\x80", steps_total=1, deadline_at=None,
+        now=0.0, producer="test", message_id=f"m-{key}",
+        start_mail=("ratchet.mail.0.x.task", f"mail-{key}", b"")))
+    return result.task_id
+
+
+class _Fence:
+    """A fence that carries whatever token it is told to (a node's view of its lease)."""
+
+    def __init__(self, partition: int, token: int, now: float) -> None:
+        self.value = (partition, token, now)
+
+    def token_for(self, task_id: str) -> tuple[int, int, float]:
+        return self.value
+
+
+async def test_tokens_only_increase_and_a_held_lease_is_not_taken(tmp_path: Path) -> None:
+    a, b = await _stores(tmp_path)
+    try:
+        first = await a.acquire_lease(0, "node-a", now=100.0, ttl=5.0)
+        assert first is not None and first.token == 1
+        assert await b.acquire_lease(0, "node-b", now=101.0, ttl=5.0) is None  # still held
+        assert await a.renew_leases("node-a", {0: 1}, now=104.0, ttl=5.0) == []
+        assert await b.acquire_lease(0, "node-b", now=108.0, ttl=5.0) is None  # renewed to 109
+        taken = await b.acquire_lease(0, "node-b", now=109.5, ttl=5.0)  # expired: reaped
+        assert taken == LeaseRow(0, "node-b", 2, 114.5, "node-a", reaped=True)
+        # The old owner cannot renew a lease that moved on: it learns it lost it.
+        assert await a.renew_leases("node-a", {0: 1}, now=110.0, ttl=5.0) == [0]
+        await b.release_leases("node-b", {0: 2})
+        again = await a.acquire_lease(0, "node-a", now=111.0, ttl=5.0)
+        assert again is not None and again.token == 3 and again.previous_owner == "node-b"
+        assert not again.reaped  # handed over, not taken from the dead
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_write_with_an_old_token_is_refused_in_the_store(tmp_path: Path) -> None:
+    """The zombie case: node A's lease was taken over while it was paused; whatever it still
+    believes, the store refuses its write (and commits nothing of it)."""
+    a, b = await _stores(tmp_path)
+    try:
+        task_id = await _task(a)
+        p = partition_of(task_id, P)
+        await a.acquire_lease(p, "node-a", now=100.0, ttl=5.0)
+        a.fence = _Fence(p, 1, 101.0)
+        change = TaskChange(task_id=task_id, expected_version=None, producer="node-a",
+                            now=101.0, events=[("note", {"n": 1})])
+        await a.apply(change)  # the current token: accepted
+        await b.acquire_lease(p, "node-b", now=106.0, ttl=5.0)  # A's lease expired: token 2
+        a.fence = _Fence(p, 1, 106.5)  # A wakes up, still holding token 1
+        with pytest.raises(Fenced) as refused:
+            await a.apply(TaskChange(task_id=task_id, expected_version=None,
+                                     producer="node-a", now=106.5, events=[("note", {"n": 2})]))
+        assert refused.value.details["current_token"] == 2
+        b.fence = _Fence(p, 2, 107.0)
+        await b.apply(TaskChange(task_id=task_id, expected_version=None, producer="node-b",
+                                 now=107.0, events=[("note", {"n": 3})]))
+        notes = [e["payload"]["n"] for e in await b.events(task_id) if e["type"] == "note"]
+        assert notes == [1, 3]
+        # An expired lease refuses writes even before anyone takes it over.
+        b.fence = _Fence(p, 2, 200.0)
+        with pytest.raises(Fenced):
+            await b.apply(TaskChange(task_id=task_id, expected_version=None,
+                                     producer="node-b", now=200.0, events=[("note", {})]))
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_the_partition_count_is_fixed_per_store(tmp_path: Path) -> None:
+    a, b = await _stores(tmp_path)
+    try:
+        with pytest.raises(PartitionCountMismatch):
+            await b.ensure_partitions(P * 2)
+    finally:
+        await a.close()
+        await b.close()
+
+
+class _Work:
+    def __init__(self) -> None:
+        self.acquired: list[int] = []
+        self.lost: list[int] = []
+        self.handed: list[int] = []
+
+    def hooks(self) -> LeaseHooks:
+        async def acquired(rows: list[LeaseRow]) -> None:
+            self.acquired += [r.partition for r in rows]
+
+        async def lost(ps: list[int]) -> None:
+            self.lost += ps
+
+        async def handing_over(ps: list[int]) -> None:
+            self.handed += ps
+
+        return LeaseHooks(acquired=acquired, lost=lost, handing_over=handing_over)
+
+
+async def _settle(*managers: LeaseManager) -> None:
+    """Ticks until nothing moves (hand-overs run in the background of a tick)."""
+    import asyncio
+
+    for _ in range(6):
+        for m in managers:
+            await m.tick()
+            for task in list(m._handovers):
+                await asyncio.wait_for(task, 5)
+
+
+async def test_nodes_share_partitions_hand_over_on_drain_and_reap_the_dead(
+        tmp_path: Path) -> None:
+    clock = FakeClock(start=1000.0)
+    a_store, b_store = await _stores(tmp_path)
+    work_a, work_b = _Work(), _Work()
+    settings = LeaseSettings(ttl=5.0, interval=1.0, safety=0.5)
+    a = LeaseManager(a_store, clock, "node-a", P, work_a.hooks(), settings)
+    b = LeaseManager(b_store, clock, "node-b", P, work_b.hooks(), settings)
+    try:
+        await a.start()
+        assert sorted(a.held) == [0, 1, 2, 3]  # alone: everything
+        await b.start()
+        await _settle(a, b)
+        assert len(a.held) == 2 and len(b.held) == 2 and not set(a.held) & set(b.held)
+        assert sorted(work_a.handed) == sorted(b.held)  # handed over cleanly, not reaped
+
+        task_on_b = next(f"t{i}" for i in range(100) if b.owns(f"t{i}"))
+        assert b.token_for(task_on_b)[1] == b.held[partition_of(task_on_b, P)]
+        with pytest.raises(Fenced):
+            a.token_for(task_on_b)  # not A's partition: A must not write for it
+
+        # Drain B: its partitions go to A, handed over first.
+        assert await a_store.set_node_status("node-b", "draining")
+        await _settle(b, a)
+        assert b.held == {} and sorted(a.held) == [0, 1, 2, 3]
+        assert await a_store.set_node_status("node-b", "active")
+        await _settle(a, b)
+        assert len(b.held) == 2
+
+        # B stops renewing (dead or paused): after the TTL A reaps its partitions, and B's
+        # own view refuses writes even before it learns it lost them.
+        b_partitions = sorted(b.held)
+        clock.advance(4.6)
+        with pytest.raises(Fenced):
+            b.token_for(task_on_b)  # within the safety margin of its lease's end
+        clock.advance(1.0)
+        await _settle(a)
+        assert sorted(a.held) == [0, 1, 2, 3]
+        assert all(p in work_a.acquired for p in b_partitions)
+        await b.tick()  # B wakes up: renewal fails, it isolates those partitions
+        assert sorted(work_b.lost) == b_partitions
+    finally:
+        await a_store.close()
+        await b_store.close()
+
+
+async def test_a_second_live_process_under_the_same_node_id_is_refused(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    import supervisors.leases as leases_module
+
+    clock = FakeClock(start=1000.0)
+    a_store, b_store = await _stores(tmp_path)
+    try:
+        first = LeaseManager(a_store, clock, "node-x", P, _Work().hooks())
+        await first.start()
+        monkeypatch.setattr(leases_module.os, "getpid", lambda: 1)  # "another process"
+        second = LeaseManager(b_store, clock, "node-x", P, _Work().hooks())
+        with pytest.raises(Exception, match="in use by live process"):
+            await second.start()
+    finally:
+        await a_store.close()
+        await b_store.close()
