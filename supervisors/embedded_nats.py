@@ -92,6 +92,18 @@ class EmbeddedNats:
     def url_file(self) -> Path:
         return self.state_dir / "nats.url"
 
+    def live_url(self) -> str | None:
+        """The URL of an embedded server another node of this state dir runs, if any.
+
+        It dies with the node that started it (PDEATHSIG), so one that is alive belongs to a
+        live node: a second node on the same state dir joins it instead of stopping it."""
+        try:
+            pid = int(self.pid_file.read_text().strip())
+            url = self.url_file.read_text().strip()
+        except (OSError, ValueError):
+            return None
+        return url if url and _alive(pid) and _is_nats_server(pid) else None
+
     async def _stop_stale(self) -> None:
         try:
             pid = int(self.pid_file.read_text().strip())

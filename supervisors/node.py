@@ -140,10 +140,16 @@ class Node:
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
         self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer)
         try:
+            embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
             if cfg.nats_url:
                 self.url = cfg.nats_url
+            elif (running := embedded.live_url()) is not None:
+                # Another node of this state dir runs the embedded server: join it (it
+                # stops with that node — several nodes belong on a standalone NATS).
+                self.url = running
+                log.info("joining the embedded nats-server of another node", url=running)
             else:
-                self.embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
+                self.embedded = embedded
                 self.url = await self.embedded.start()
             self.bus = await Bus.connect(self.url, name=cfg.node_id)
             await self.bus.ensure_streams()

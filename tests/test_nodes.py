@@ -299,3 +299,29 @@ async def test_a_flooding_tenant_does_not_starve_a_small_one(
     finally:
         await flood.close()
         await small.close()
+
+
+async def test_a_second_node_on_a_state_dir_joins_its_embedded_server(tmp_path: Path) -> None:
+    from tests.apps import app
+
+    first = ratchet.Node(ratchet.NodeConfig(state_dir=tmp_path / "s", node_id="e1"), app)
+    await first.start()
+    try:
+        second = ratchet.Node(ratchet.NodeConfig(state_dir=tmp_path / "s", node_id="e2"), app)
+        await second.start()
+        try:
+            assert second.url == first.url and second.embedded is None
+            assert first.leases is not None and second.leases is not None
+            leases = (first.leases, second.leases)
+
+            async def balanced() -> None:
+                while sorted(len(m.held) for m in leases) != [8, 8]:
+                    for m in leases:
+                        await m.tick()
+                    await asyncio.sleep(0.05)  # let the background hand-over run
+
+            await asyncio.wait_for(balanced(), 20)
+        finally:
+            await second.stop()
+    finally:
+        await first.stop()
