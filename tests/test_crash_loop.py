@@ -11,7 +11,6 @@ import pytest
 import structlog
 
 import ratchet
-import supervisors.node
 from actors.task_actor import TaskDeps
 from actors.task_waits import RECOVERY_NODE, crash_loop, record_recovery
 from protocol.clock import FakeClock
@@ -139,15 +138,6 @@ async def test_an_actor_restarted_by_its_supervisor_is_not_described_by_the_node
 # -- on real nodes, restarted around a running task -----------------------------------------
 
 
-def _limit_recoveries(monkeypatch: pytest.MonkeyPatch, limit: int) -> None:
-    """Every node started from here on guards its tasks with ``max_recoveries=limit``."""
-
-    def deps(*args: Any, **kwargs: Any) -> TaskDeps:
-        return TaskDeps(*args, **{**kwargs, "max_recoveries": limit})
-
-    monkeypatch.setattr(supervisors.node, "TaskDeps", deps)
-
-
 async def _a_step_after(client: ratchet.Client, task_id: str, recoveries: int) -> None:
     """Wait until the task commits a step after its ``recoveries``-th recovery."""
 
@@ -162,15 +152,15 @@ async def _a_step_after(client: ratchet.Client, task_id: str, recoveries: int) -
 
 
 async def _recover_until_stopped(start_node: NodeFactory, client: ratchet.Client, key: str,
-                                 restarts: int) -> tuple[ratchet.Node, str]:
-    """Run a task, stopping its node mid-task and starting another ``restarts`` times; the
-    last start is the recovery that makes the crash loop."""
-    node = await start_node(node_id="node-0")
+                                 restarts: int, limit: int) -> tuple[ratchet.Node, str]:
+    """Run a task, stopping its node mid-task and starting another ``restarts`` times (each
+    guarding tasks with ``max_recoveries=limit``); the last start makes the crash loop."""
+    node = await start_node(node_id="node-0", max_recoveries=limit)
     task_id = await client.submit("twenty", {"sleep": 0.05}, key=key)
     for n in range(1, restarts + 1):
         await _a_step_after(client, task_id, n - 1)
         await node.stop()  # at a safe point: the task stays RUNNING in the store
-        node = await start_node(node_id=f"node-{n}")
+        node = await start_node(node_id=f"node-{n}", max_recoveries=limit)
     async for event in client.watch(task_id):
         if event.type == "task.recovery_stopped":
             break
@@ -178,10 +168,10 @@ async def _recover_until_stopped(start_node: NodeFactory, client: ratchet.Client
 
 
 async def test_a_task_recovered_too_often_goes_to_a_human_and_approve_resumes_it(
-    start_node: NodeFactory, client: ratchet.Client, monkeypatch: pytest.MonkeyPatch
+    start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    _limit_recoveries(monkeypatch, 2)
-    node, task_id = await _recover_until_stopped(start_node, client, "loop", restarts=3)
+    node, task_id = await _recover_until_stopped(start_node, client, "loop", restarts=3,
+                                                 limit=2)
     assert (await client.get(task_id)).status == "WAITING_APPROVAL"
     assert node.system.lookup(f"node/tasks/{task_id}/actor") is None  # passivated
 
@@ -208,7 +198,7 @@ async def test_a_task_recovered_too_often_goes_to_a_human_and_approve_resumes_it
     # The count starts afresh: one more recovery after the approval goes on by itself.
     await _a_step_after(client, task_id, 3)
     await node.stop()
-    await start_node(node_id="node-4")
+    await start_node(node_id="node-4", max_recoveries=2)
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert_contiguous(events)
@@ -226,10 +216,10 @@ async def test_a_task_recovered_too_often_goes_to_a_human_and_approve_resumes_it
 
 
 async def test_reject_ends_a_crash_looping_task_failed(
-    start_node: NodeFactory, client: ratchet.Client, monkeypatch: pytest.MonkeyPatch
+    start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    _limit_recoveries(monkeypatch, 1)
-    node, task_id = await _recover_until_stopped(start_node, client, "loop-no", restarts=2)
+    node, task_id = await _recover_until_stopped(start_node, client, "loop-no", restarts=2,
+                                                 limit=1)
     assert node.store is not None
     [handoff] = await node.store.handoffs(task_id)
     approval_id = handoff["package"]["approval_id"]
@@ -247,11 +237,11 @@ async def test_reject_ends_a_crash_looping_task_failed(
 
 
 async def test_a_step_that_keeps_crashing_its_actor_is_stopped_with_its_errors_as_evidence(
-    start_node: NodeFactory, client: ratchet.Client, monkeypatch: pytest.MonkeyPatch
+    start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    _limit_recoveries(monkeypatch, 2)
     # Past the supervisor's intensity and the step's attempts, only the guard stops it.
-    node = await start_node(task_max_restarts=10, max_step_attempts=10, task_backoff_base=0.01)
+    node = await start_node(task_max_restarts=10, max_step_attempts=10, task_backoff_base=0.01,
+                            max_recoveries=2)
     task_id = await client.submit("three", {"always_fail_at": 1}, key="crashy")
     async for event in client.watch(task_id):
         if event.type == "task.recovery_stopped":
