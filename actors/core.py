@@ -200,7 +200,10 @@ class ActorRef(Generic[A]):
             raise
         except BaseException as exc:
             reason = exc
-            log.warning("actor crashed", actor=self.name, error=repr(exc))
+            if getattr(exc, "ends_actor", False):
+                log.info("actor ended", actor=self.name, reason=repr(exc))
+            else:
+                log.warning("actor crashed", actor=self.name, error=repr(exc))
         finally:
             self._stopping = True
             try:

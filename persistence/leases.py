@@ -41,9 +41,13 @@ __all__ = [
 
 
 class Fenced(RatchetError):
-    """The write came from a node that no longer holds the task's partition lease."""
+    """The write came from a node that no longer holds the task's partition lease.
+
+    The actor that hit it stops without a crash: restarting it here cannot help. Whoever
+    holds the lease runs the task (this node again, once a late renewal goes through)."""
 
     code = ErrorCode.FENCED
+    ends_actor = True
 
 
 class PartitionCountMismatch(RatchetError):
@@ -172,13 +176,13 @@ class LeaseRows(_StoreParts):
     async def acquire_lease(self, partition: int, node: str, now: float,
                             ttl: float, reclaim: bool = False) -> LeaseRow | None:
         row: LeaseRow | None = await self._writer.submit(
-            lambda c: acquire_txn(c, partition, node, now, ttl, reclaim))
+            lambda c: acquire_txn(c, partition, node, now, ttl, reclaim), urgent=True)
         return row
 
     async def renew_leases(self, node: str, held: dict[int, int], now: float,
                            ttl: float) -> list[int]:
         lost: list[int] = await self._writer.submit(
-            lambda c: renew_txn(c, node, dict(held), now, ttl))
+            lambda c: renew_txn(c, node, dict(held), now, ttl), urgent=True)
         return lost
 
     async def release_leases(self, node: str, held: dict[int, int]) -> None:
@@ -188,7 +192,7 @@ class LeaseRows(_StoreParts):
                              starting: bool = False) -> str:
         packed = msgpack.packb(info, use_bin_type=True)
         status: str = await self._writer.submit(
-            lambda c: heartbeat_txn(c, node, now, packed, starting))
+            lambda c: heartbeat_txn(c, node, now, packed, starting), urgent=True)
         return status
 
     async def set_node_status(self, node: str, status: str) -> bool:
@@ -196,21 +200,21 @@ class LeaseRows(_StoreParts):
         return changed
 
     async def leases(self) -> list[LeaseRow]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT partition, owner, token, expires_at, previous_owner FROM leases"
             " ORDER BY partition") as cur:
             rows = await cur.fetchall()
         return [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     async def lease(self, partition: int) -> LeaseRow | None:
-        async with self._db.execute(
+        async with self._query(
             "SELECT partition, owner, token, expires_at, previous_owner FROM leases"
             " WHERE partition = ?", (partition,)) as cur:
             r = await cur.fetchone()
         return None if r is None else LeaseRow(r[0], r[1], r[2], r[3], r[4])
 
     async def nodes(self) -> list[NodeRow]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT node_id, status, heartbeat_at, started_at, info FROM nodes"
             " ORDER BY node_id") as cur:
             rows = await cur.fetchall()

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -120,6 +121,7 @@ class Store(RowReads, AdminRows, LeaseRows):
         self.synchronous = synchronous
         self._writer = make_writer(self.path, synchronous, writer)
         self._reader: aiosqlite.Connection | None = None
+        self._read_lock = asyncio.Lock()
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
         #: Set by a node: task-execution writes then carry its fencing token (None: a
@@ -220,13 +222,23 @@ class Store(RowReads, AdminRows, LeaseRows):
 
     # -- reads -----------------------------------------------------------------------
 
-    @property
-    def _db(self) -> aiosqlite.Connection:
+    @asynccontextmanager
+    async def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()
+                     ) -> AsyncIterator[aiosqlite.Cursor]:
+        """One read, alone on the read connection from execute to close.
+
+        Why alone: while any statement of a connection is active, its read transaction stays
+        open and it keeps seeing the snapshot it started with. Reads of many actors
+        interleaving on the one connection could keep it open — and stale — for seconds
+        under load, and an actor restarting would load a version its predecessor already
+        moved past. One read at a time, each closed before the next, sees every commit made
+        before it began (the reads were serialized on aiosqlite's thread anyway)."""
         assert self._reader is not None, "Store.open() first"
-        return self._reader
+        async with self._read_lock, self._reader.execute(sql, args) as cur:
+            yield cur
 
     async def load_task(self, task_id: str) -> TaskRecord:
-        async with self._db.execute(
+        async with self._query(
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)
         ) as cur:
             row = await cur.fetchone()
@@ -251,7 +263,7 @@ class Store(RowReads, AdminRows, LeaseRows):
     async def load_state(self, task_id: str, checkpoint: int | None = None) -> LoadedState:
         """The state at ``checkpoint`` (default: the latest), rebuilt from the deltas."""
         upto = checkpoint if checkpoint is not None else 2**62
-        async with self._db.execute(
+        async with self._query(
             "SELECT v.key, v.inline, v.blob, v.deleted FROM checkpoint_values v"
             " JOIN (SELECT key, MAX(seq) AS seq FROM checkpoint_values"
             "       WHERE task_id = ? AND seq <= ? GROUP BY key) last"
@@ -269,7 +281,7 @@ class Store(RowReads, AdminRows, LeaseRows):
             else:
                 encoded[key] = inline
         for key, digest in blob_refs.items():
-            async with self._db.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)) as cur:
+            async with self._query("SELECT data FROM blobs WHERE digest = ?", (digest,)) as cur:
                 blob_row = await cur.fetchone()
             if blob_row is None:
                 raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
@@ -280,7 +292,7 @@ class Store(RowReads, AdminRows, LeaseRows):
     async def active_tasks(self) -> list[tuple[str, str, str]]:
         """(task_id, tenant, status) of every task not in a terminal state."""
         terminal = tuple(s.value for s in TERMINAL)
-        async with self._db.execute(
+        async with self._query(
             "SELECT task_id, tenant, status FROM tasks WHERE status NOT IN (?,?,?)"
             " ORDER BY created_at",
             terminal,
@@ -288,7 +300,7 @@ class Store(RowReads, AdminRows, LeaseRows):
             return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
 
     async def pending_outbox(self, limit: int = 1000, after_id: int = 0) -> list[OutboxRow]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT id, subject, msg_id, payload, headers FROM outbox WHERE id > ?"
             " ORDER BY id LIMIT ?",
             (after_id, limit),
@@ -297,7 +309,7 @@ class Store(RowReads, AdminRows, LeaseRows):
         return [OutboxRow(r[0], r[1], r[2], r[3], _unpack(r[4])) for r in rows]
 
     async def events(self, task_id: str, after: int = 0) -> list[dict[str, Any]]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT sequence, event_id, type, aggregate_version, occurred_at, payload"
             " FROM events WHERE task_id = ? AND sequence > ? ORDER BY sequence",
             (task_id, after),
@@ -313,12 +325,12 @@ class Store(RowReads, AdminRows, LeaseRows):
         """Row count of one table (tests and operations)."""
         if not table.isidentifier():
             raise ValueError(table)
-        async with self._db.execute(f"SELECT COUNT(*) FROM {table}") as cur:
+        async with self._query(f"SELECT COUNT(*) FROM {table}") as cur:
             row = await cur.fetchone()
         return int(row[0]) if row else 0
 
     async def dead_letters(self) -> list[dict[str, Any]]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT id, subject, error_code, error_message, details, received_at FROM dead_letters"
             " ORDER BY id"
         ) as cur:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import aiosqlite
@@ -39,8 +40,8 @@ class _StoreParts:
 
     _writer: Writer
 
-    @property
-    def _db(self) -> aiosqlite.Connection:
+    def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()
+               ) -> AbstractAsyncContextManager[aiosqlite.Cursor]:
         raise NotImplementedError
 
     def _announce(self, rows: list[OutboxRow]) -> None:
@@ -60,7 +61,7 @@ class RowReads(_StoreParts):
     # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
 
     async def get_action(self, tenant: str, key: str) -> ActionRecord | None:
-        async with self._db.execute(
+        async with self._query(
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key = ?",
             (tenant, key),
         ) as cur:
@@ -69,13 +70,13 @@ class RowReads(_StoreParts):
 
     async def task_actions(self, task_id: str) -> list[ActionRecord]:
         """The task's actions in the order they were first recorded."""
-        async with self._db.execute(
+        async with self._query(
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
         ) as cur:
             return [action_record(r) for r in await cur.fetchall()]
 
     async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)
         ) as cur:
             row = await cur.fetchone()
@@ -93,13 +94,13 @@ class RowReads(_StoreParts):
         await self._writer.submit(self._fenced(task_id, txn))
 
     async def next_timer_due(self) -> float | None:
-        async with self._db.execute(
+        async with self._query(
             "SELECT MIN(due_at) FROM timers WHERE fired_at IS NULL") as cur:
             row = await cur.fetchone()
         return None if row is None or row[0] is None else float(row[0])
 
     async def due_timers(self, now: float, limit: int = 500) -> list[dict[str, Any]]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT timer_id, task_id, kind, due_at, payload FROM timers"
             " WHERE fired_at IS NULL AND due_at <= ? ORDER BY due_at LIMIT ?", (now, limit)
         ) as cur:
@@ -108,7 +109,7 @@ class RowReads(_StoreParts):
                  "payload": _unpack(r[4])} for r in rows]
 
     async def timer_fired(self, timer_id: str) -> bool:
-        async with self._db.execute(
+        async with self._query(
             "SELECT fired_at FROM timers WHERE timer_id = ?", (timer_id,)) as cur:
             row = await cur.fetchone()
         return row is not None and row[0] is not None
@@ -125,7 +126,7 @@ class RowReads(_StoreParts):
 
     async def find_wait(self, tenant: str, correlation_id: str) -> tuple[str, str] | None:
         """(task_id, kind) of an open wait, or None."""
-        async with self._db.execute(
+        async with self._query(
             "SELECT task_id, kind FROM waits WHERE tenant = ? AND correlation_id = ?"
             " AND resolved_at IS NULL", (tenant, correlation_id)
         ) as cur:
@@ -133,7 +134,7 @@ class RowReads(_StoreParts):
         return None if row is None else (row[0], row[1])
 
     async def handoffs(self, task_id: str) -> list[dict[str, Any]]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT id, reason, package, created_at, resolved_at FROM handoffs WHERE task_id = ?"
             " ORDER BY id", (task_id,)
         ) as cur:
@@ -160,21 +161,21 @@ class RowReads(_StoreParts):
         return bool(settled)
 
     async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
-        async with self._db.execute(
+        async with self._query(
             "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
             (task_id, node)) as cur:
             rows = await cur.fetchall()
         return {r[0]: _branch(r[1], r[2], r[3]) for r in rows}
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
-        async with self._db.execute(
+        async with self._query(
             "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"
             " AND branch = ?", (task_id, node, branch)) as cur:
             r = await cur.fetchone()
         return None if r is None else _branch(r[0], r[1], r[2])
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
-        async with self._db.execute(
+        async with self._query(
             "SELECT approval_id, task_id, node, request, request_hash, approvers, status,"
             " decided_by, reason, expires_at, created_at, decided_at FROM approvals"
             " WHERE approval_id = ?", (approval_id,)) as cur:
@@ -187,14 +188,14 @@ class RowReads(_StoreParts):
 
     async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
         """An agent node's log entries ``(kind, body)`` in order (messages and turns)."""
-        async with self._db.execute(
+        async with self._query(
             "SELECT kind, body FROM agent_log WHERE task_id = ? AND node = ? ORDER BY seq",
             (task_id, node)) as cur:
             return [(r[0], dict(_unpack(r[1]))) for r in await cur.fetchall()]
 
     async def checkpoint_names(self, task_id: str) -> list[str]:
         """The names of the nodes completed, in checkpoint order."""
-        async with self._db.execute(
+        async with self._query(
             "SELECT step_name FROM checkpoints WHERE task_id = ? ORDER BY seq", (task_id,)) as cur:
             return [r[0] for r in await cur.fetchall()]
 
@@ -205,7 +206,7 @@ class RowReads(_StoreParts):
         if not types:
             return []
         marks = ",".join("?" * len(types))
-        async with self._db.execute(
+        async with self._query(
             "SELECT sequence, event_id, type, aggregate_version, occurred_at, payload"
             f" FROM events WHERE task_id = ? AND type IN ({marks}) AND occurred_at >= ?"
             " ORDER BY sequence", (task_id, *types, since)) as cur:
@@ -260,12 +261,12 @@ class AdminRows(_StoreParts):
         for other in exclude or []:  # tenants with a period of their own
             where += " AND tenant != ?"
             args.append(other)  # type: ignore[arg-type]
-        async with self._db.execute(f"SELECT task_id FROM tasks WHERE {where} LIMIT ?",
+        async with self._query(f"SELECT task_id FROM tasks WHERE {where} LIMIT ?",
                                     (*args, limit)) as cur:
             return [r[0] for r in await cur.fetchall()]
 
     async def switches(self) -> list[tuple[str, str]]:
-        async with self._db.execute("SELECT kind, name FROM switches") as cur:
+        async with self._query("SELECT kind, name FROM switches") as cur:
             return [(r[0], r[1]) for r in await cur.fetchall()]
 
     async def set_switch(self, kind: str, name: str, on: bool, by: str, reason: str | None,
@@ -301,7 +302,7 @@ class AdminRows(_StoreParts):
                         limit: int = 500) -> list[dict[str, Any]]:
         where, args = ("WHERE seq > ?", [after]) if tenant is None else \
             ("WHERE seq > ? AND tenant = ?", [after, tenant])
-        async with self._db.execute(
+        async with self._query(
             "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
             f" hash FROM audit {where} ORDER BY seq LIMIT ?", (*args, limit)) as cur:
             rows = await cur.fetchall()
@@ -311,7 +312,7 @@ class AdminRows(_StoreParts):
 
     async def verify_audit(self) -> int | None:
         """None when the whole chain verifies, else the first broken entry's seq."""
-        async with self._db.execute(
+        async with self._query(
             "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
             " prev_hash, hash FROM audit ORDER BY seq") as cur:
             rows = await cur.fetchall()
@@ -333,7 +334,7 @@ class AdminRows(_StoreParts):
             created = float(created_text)
             clauses.append("(created_at < ? OR (created_at = ? AND task_id < ?))")
             args += [created, created, task_id]  # type: ignore[list-item]
-        async with self._db.execute(
+        async with self._query(
             "SELECT task_id, workflow, workflow_version, status, version, created_at,"
             f" updated_at FROM tasks WHERE {' AND '.join(clauses)}"
             " ORDER BY created_at DESC, task_id DESC LIMIT ?", (*args, limit + 1)) as cur:

@@ -24,6 +24,7 @@ no public way to run a function there, so a six-statement step would cost six ro
 from __future__ import annotations
 
 import asyncio
+import collections
 import queue
 import sqlite3
 import threading
@@ -41,6 +42,7 @@ Txn = Callable[[sqlite3.Connection], Any]
 log = structlog.get_logger("ratchet.store.writer")
 
 _STOP = object()
+_WAKE = object()  # an urgent item is waiting in the urgent lane
 
 
 def open_connection(path: str, synchronous: str) -> sqlite3.Connection:
@@ -74,7 +76,8 @@ class Writer(Protocol):
 
     def start(self) -> None: ...
 
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]: ...
+    def submit(self, fn: Callable[[sqlite3.Connection], T],
+               urgent: bool = False) -> asyncio.Future[T]: ...
 
     def stop(self) -> None: ...
 
@@ -156,10 +159,16 @@ class LoopWriter:
         self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
         self._checkpointer.start()
 
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+    def submit(self, fn: Callable[[sqlite3.Connection], T],
+               urgent: bool = False) -> asyncio.Future[T]:
+        """``urgent``: ahead of everything queued (lease renewals must not wait behind a
+        flood of step commits)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._pending.append((fn, fut))
+        if urgent:
+            self._pending.insert(0, (fn, fut))
+        else:
+            self._pending.append((fn, fut))
         if not self._scheduled:
             self._scheduled = True
             loop.call_soon(self._flush)
@@ -245,6 +254,7 @@ class ThreadWriter:
         self._synchronous = synchronous
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._urgent: collections.deque[Any] = collections.deque()  # thread-safe appends/pops
         self._thread = threading.Thread(target=self._run, name="ratchet-store-writer", daemon=True)
         self._ready = threading.Event()
         self._open_error: BaseException | None = None
@@ -256,10 +266,16 @@ class ThreadWriter:
         if self._open_error is not None:
             raise self._open_error
 
-    def submit(self, fn: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+    def submit(self, fn: Callable[[sqlite3.Connection], T],
+               urgent: bool = False) -> asyncio.Future[T]:
+        """``urgent``: into the next batch, ahead of everything queued."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        self._queue.put((fn, loop, fut))
+        if urgent:
+            self._urgent.append((fn, loop, fut))
+            self._queue.put(_WAKE)
+        else:
+            self._queue.put((fn, loop, fut))
         return fut
 
     def stop(self) -> None:
@@ -285,7 +301,11 @@ class ThreadWriter:
                 first = self._queue.get()
                 if first is _STOP:
                     break
-                batch = [first]
+                batch = []
+                while self._urgent:
+                    batch.append(self._urgent.popleft())
+                if first is not _WAKE:
+                    batch.append(first)
                 while len(batch) < self._max_batch:
                     try:
                         item = self._queue.get_nowait()
@@ -294,7 +314,10 @@ class ThreadWriter:
                     if item is _STOP:
                         stopping = True
                         break
-                    batch.append(item)
+                    if item is not _WAKE:
+                        batch.append(item)
+                if not batch:
+                    continue  # the urgent items of this wake-up went in an earlier batch
                 started = time.perf_counter()
                 outcomes = execute_batch(conn, [fn for fn, _, _ in batch])
                 self.stats.record(len(batch), time.perf_counter() - started)

@@ -58,6 +58,9 @@ class RatchetError(Exception):
 
     code: ErrorCode = ErrorCode.INTERNAL
     default_retryable: bool = False
+    #: An actor that raises it ends as if it had stopped: its supervisor neither restarts
+    #: it nor counts a crash (e.g. FENCED: the task is not this node's to run any more).
+    ends_actor: bool = False
 
     def __init__(self, message: str, *, retryable: bool | None = None, **details: Any) -> None:
         super().__init__(message)

@@ -55,6 +55,10 @@ class LeaseSettings:
     safety: float = 0.0
 
 
+async def _nothing() -> None:
+    return None
+
+
 @dataclass
 class LeaseHooks:
     """What the node does when partitions come and go (all awaited, in the tick)."""
@@ -64,6 +68,8 @@ class LeaseHooks:
     lost: Callable[[list[int]], Awaitable[None]]
     #: About to be released on purpose: stop at a safe point first.
     handing_over: Callable[[list[int]], Awaitable[None]]
+    #: Renewed late but still ours: restart the tasks whose writes were refused meanwhile.
+    resumed: Callable[[list[int]], Awaitable[Any]] = field(default=lambda ps: _nothing())
     #: Extra liveness and progress for the heartbeat row (live tasks, in-flight, ...).
     info: Callable[[], dict[str, Any]] = field(default=lambda: {})
     #: Run every tick after the heartbeat (e.g. reload the kill switches other nodes set).
@@ -97,6 +103,8 @@ class LeaseManager(ServiceActor):
         self.fenced_writes = 0
         self._tick_lock = asyncio.Lock()
         self._handing_over: set[int] = set()
+        #: Held partitions whose writes were refused because renewal came late.
+        self._lapsed: set[int] = set()
         self._handovers: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
         self._reclaim = False
@@ -110,6 +118,8 @@ class LeaseManager(ServiceActor):
         now = self.clock.now()
         token = self.held.get(partition)
         if token is None or now >= self._valid_until.get(partition, 0.0) - self.settings.safety:
+            if token is not None:
+                self._lapsed.add(partition)  # still ours unless renewal says otherwise
             self.fenced_writes += 1
             log.warning("write fenced: lease not held", task_id=task_id, partition=partition,
                         token=token)
@@ -199,6 +209,13 @@ class LeaseManager(ServiceActor):
         for partition in self.held:
             if partition not in lost:
                 self._valid_until[partition] = now + self.settings.ttl
+        resumed = sorted(p for p in self._lapsed if p in self.held and p not in lost)
+        self._lapsed.clear()
+        if resumed:
+            # Renewal came late, but nobody took the partitions: the tasks whose writes were
+            # refused meanwhile stopped; start them again from their checkpoints.
+            log.warning("leases renewed late; resuming their tasks", partitions=resumed)
+            await self.hooks.resumed(resumed)
         if lost:
             log.error("leases lost: another node holds them now; isolating",
                       partitions=lost)

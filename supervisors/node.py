@@ -183,7 +183,8 @@ class Node:
         self.leases = leases = LeaseManager(
             store, self.lease_clock, cfg.node_id, cfg.partitions,
             LeaseHooks(acquired=self.work.acquired, lost=self.work.lost,
-                       handing_over=self.work.handing_over, info=self._heartbeat_info,
+                       handing_over=self.work.handing_over,
+                       resumed=lambda ps: self.work.recover(set(ps)), info=self._heartbeat_info,
                        each_tick=self._reload_switches),
             LeaseSettings(ttl=cfg.lease_ttl, interval=cfg.lease_interval))
         store.fence = self.leases

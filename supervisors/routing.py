@@ -86,6 +86,9 @@ async def settle_failure(msg: Msg, exc: Exception, *, store: Store, clock: Clock
     if isinstance(exc, TaskFinished):
         await msg.ack()
         return
+    if isinstance(exc, ActorCrashed) and getattr(exc.__cause__, "ends_actor", False):
+        await msg.nak(delay=redelivery_delay(msg))  # fenced: not the message's fault
+        return
     if isinstance(exc, ActorCrashed) and deliveries(msg) >= POISON_AFTER:
         # The actor crashed on this message every time: a poison message, not a transient
         # failure. Dead-letter it before it uses up the task's restart intensity.

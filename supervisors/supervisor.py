@@ -243,7 +243,8 @@ class Supervisor(Actor):
         if child is None or child.ref is not msg.ref:
             return  # stopped on purpose, or an exit we already handled
         child.ref = None
-        abnormal = msg.reason is not None and not isinstance(msg.reason, asyncio.CancelledError)
+        abnormal = msg.reason is not None and not isinstance(msg.reason, asyncio.CancelledError) \
+            and not getattr(msg.reason, "ends_actor", False)
         if self._stopping or not should_restart(child.spec.restart, abnormal):
             del self._children[msg.id]
             if self.auto_shutdown and (child.spec.significant or not self._children):
