@@ -227,12 +227,12 @@ class Store(RowReads, AdminRows, LeaseRows):
                      ) -> AsyncIterator[aiosqlite.Cursor]:
         """One read, alone on the read connection from execute to close.
 
-        Why alone: while any statement of a connection is active, its read transaction stays
-        open and it keeps seeing the snapshot it started with. Reads of many actors
-        interleaving on the one connection could keep it open — and stale — for seconds
-        under load, and an actor restarting would load a version its predecessor already
-        moved past. One read at a time, each closed before the next, sees every commit made
-        before it began (the reads were serialized on aiosqlite's thread anyway)."""
+        While any statement of a connection is active (a cursor not read to its end), its
+        read transaction stays open and every read of that connection sees the snapshot it
+        started with. Reads of many actors interleaving on the one connection could so keep
+        it on an old snapshot; one read at a time, each closed before the next, sees every
+        commit made before it began. (The reads were serialized on aiosqlite's thread
+        anyway.)"""
         assert self._reader is not None, "Store.open() first"
         async with self._read_lock, self._reader.execute(sql, args) as cur:
             yield cur

@@ -200,3 +200,32 @@ async def test_a_second_live_process_under_the_same_node_id_is_refused(
     finally:
         await a_store.close()
         await b_store.close()
+
+
+async def test_a_read_sees_every_commit_made_before_it_began_even_under_load(
+        tmp_path: Path) -> None:
+    """Reads of many actors run at once on the read connection; none may keep it on an old
+    snapshot (a restarted actor would load a version its predecessor already moved past)."""
+    import asyncio
+
+    reader, writer = await _stores(tmp_path)
+    try:
+        task_id = await _task(writer)
+        busy = True
+
+        async def crowd() -> None:
+            while busy:
+                await asyncio.gather(*(reader.load_task(task_id) for _ in range(20)))
+
+        background = asyncio.get_running_loop().create_task(crowd())
+        try:
+            for i in range(30):
+                await writer.apply(TaskChange(task_id=task_id, expected_version=None,
+                                              producer="w", now=1.0, events=[("note", {})]))
+                assert (await reader.load_task(task_id)).last_event_seq == i + 2
+        finally:
+            busy = False
+            await background
+    finally:
+        await reader.close()
+        await writer.close()
