@@ -41,7 +41,7 @@ from protocol.clock import Clock
 from protocol.codec import encode
 from protocol.ids import new_id
 from protocol.messages import Envelope
-from protocol.subjects import mail_subject
+from protocol.subjects import DEFAULT_PARTITIONS, mail_subject
 
 __all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "JoinActor", "JoinDone",
            "JoinTimeout", "ResendVerdict", "branch_done_change", "branch_slot", "branch_timer",
@@ -116,7 +116,8 @@ class JoinDone:
 
 
 def branch_done_change(task_id: str, key: str, node: str, branch: str, status: str,
-                       payload: dict[str, Any], producer: str, now: float) -> TaskChange:
+                       payload: dict[str, Any], producer: str, now: float,
+                       partitions: int = DEFAULT_PARTITIONS) -> TaskChange:
     """The side-channel change settling a branch: its event, and the mail to its task."""
     env = Envelope(type="branch.done", message_id=new_id("msg"), correlation_id=task_id,
                    sent_at=now, body={"key": key, "node": node, "branch": branch,
@@ -126,7 +127,7 @@ def branch_done_change(task_id: str, key: str, node: str, branch: str, status: s
     return TaskChange(
         task_id=task_id, expected_version=None, producer=producer, now=now,
         events=[(kind, {"node": node, "branch": branch, **payload})],
-        mail=[(mail_subject(task_id, "task"), env.message_id, encode(env))])
+        mail=[(mail_subject(task_id, "task", partitions), env.message_id, encode(env))])
 
 
 class BranchActor(Actor):
@@ -142,13 +143,14 @@ class BranchActor(Actor):
                  graph: Workflow, task_input: dict[str, Any], state: dict[str, Any],
                  store: Store, clock: Clock, producer: str, session: Any,
                  switches: Any = None, max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
-                 arm_timeout: float | None = None) -> None:
+                 arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
         self.state = state
         self.store, self.clock, self.producer, self.session = store, clock, producer, session
         self.switches = switches
         self.max_concurrency, self.arm_timeout = max_concurrency, arm_timeout
+        self.partitions = partitions
 
     async def on_start(self) -> None:
         self.ref.tell("run")
@@ -177,7 +179,7 @@ class BranchActor(Actor):
         if error is not None:
             payload["error"] = {k: v for k, v in error.items() if k != "trace"}
         change = branch_done_change(self.task_id, self.key, self.node, self.branch, status,
-                                    payload, self.producer, self.clock.now())
+                                    payload, self.producer, self.clock.now(), self.partitions)
         await self.store.finish_branch(change, self.key, self.branch, status, result, error)
         self.ref.stop()
         return None

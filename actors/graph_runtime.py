@@ -183,7 +183,7 @@ def _branch_factory(actor: TaskActor, key: str, node: FanoutNode, branch: str,
                            state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
                            producer=actor.deps.producer, session=session,
                            switches=actor.deps.switches, max_concurrency=limit,
-                           arm_timeout=arm_timeout)
+                           arm_timeout=arm_timeout, partitions=actor.deps.partitions)
 
     return make
 
@@ -376,7 +376,8 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
         key, branch = str(payload["key"]), str(payload["branch"])
         change = branch_done_change(actor.task_id, key, str(payload["node"]), branch, "TIMED_OUT",
                                     {"key": key, "reason": "branch timeout"},
-                                    actor.deps.producer, actor.deps.clock.now())
+                                    actor.deps.producer, actor.deps.clock.now(),
+                                    actor.deps.partitions)
         if await actor.deps.store.finish_branch(change, key, branch, "TIMED_OUT", None,
                                                 {"type": "Timeout", "message": "branch timeout"}):
             await actor.deps.stop_children(actor.task_id, [f"branch:{key}:{branch}"])

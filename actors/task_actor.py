@@ -45,6 +45,7 @@ from protocol.clock import Clock
 from protocol.errors import BudgetExhausted, RatchetError, UnknownWorkflow
 from protocol.messages import Envelope
 from protocol.states import TaskEvent, TaskStatus, is_terminal
+from protocol.subjects import DEFAULT_PARTITIONS
 
 __all__ = ["TaskActor", "TaskDeps", "Advance", "DeliverMail", "fail_task"]
 
@@ -82,6 +83,8 @@ class TaskDeps:
     #: an actor of a QUEUED or RUNNING task starts, and with task_id when it stops.
     on_active: Any = None
     on_stopped: Any = None
+    #: The deployment's partition count (mail subjects carry the task's partition).
+    partitions: int = DEFAULT_PARTITIONS
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:

@@ -328,7 +328,8 @@ class AdminActor(RequestService):
                                                  "checkpoint": checkpoint})),
             input=canonical(new_input), steps_total=rec.steps_total, deadline_at=None,
             now=now, producer=self.node_id, message_id=cmd.command_id,
-            start_mail=(mail_subject(task_id, "task"), start.message_id, encode(start)))
+            start_mail=(mail_subject(task_id, "task", self.tasks.deps.partitions),
+                        start.message_id, encode(start)))
         return await self.store.fork(ForkRequest(
             rec.task_id, checkpoint, new))
 

@@ -161,7 +161,7 @@ class Node:
         deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
                         max_step_attempts=cfg.max_step_attempts, switches=self.switches,
                         max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
-                        progress_interval=cfg.progress_interval)
+                        progress_interval=cfg.progress_interval, partitions=cfg.partitions)
         self.tasks = TaskSupervision(
             self.system, deps, max_restarts=cfg.task_max_restarts, period=cfg.task_restart_period,
             backoff_base=cfg.task_backoff_base, backoff_cap=cfg.task_backoff_cap)

@@ -279,3 +279,13 @@ async def until_settled(client: ratchet.Client, task_id: str, branches: int) -> 
                     return
 
     await asyncio.wait_for(collect(), 20)
+
+
+async def test_a_fanout_completes_with_a_partition_count_other_than_the_default(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    """Branch notifications are mail on the task's partition: of this deployment's count."""
+    await start_node(app, partitions=4)
+    _, events = await asyncio.wait_for(submit(client, "fan.50", {}, "p4"), 20)
+    assert events[-1].type == "task.succeeded"
+    assert types(events).count("branch.completed") == 50
