@@ -21,7 +21,7 @@ import structlog
 from actors.bus import Bus
 from actors.core import ActorRef, ActorSystem
 from actors.switches import Switches
-from actors.task_actor import TaskDeps
+from actors.task_actor import Advance, TaskDeps
 from actors.workflow import Registry
 from persistence.store import Store
 from protocol.clock import Clock, SystemClock
@@ -309,7 +309,15 @@ class Node:
 
     async def _reload_switches(self) -> None:
         # Another node may have flipped a kill switch: each node re-reads them every tick.
+        was_frozen = self.switches.frozen
         self.switches.load(await self._store.switches())
+        if was_frozen and not self.switches.frozen:
+            # Thawed on another node: tasks waiting at their safe point here go on too.
+            for name in self.system.live():
+                if name.startswith(f"{TASKS_ROOT}/") and name.endswith("/actor"):
+                    ref = self.system.lookup(name)
+                    if ref is not None:
+                        ref.tell(Advance())
 
     @property
     def _tasks(self) -> TaskSupervision:
