@@ -32,7 +32,7 @@ from typing import Any
 
 import structlog
 
-from actors import graph_runtime, task_control, task_waits
+from actors import crash_loop, graph_runtime, task_control, task_waits
 from actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
 from actors.core import Actor, ActorRef
 from actors.nodes import END, StepContext, StepNode
@@ -231,7 +231,7 @@ class TaskActor(Actor):
             if env.type == "task.control":
                 return await task_control.handle_control(self, env)
             if env.type == "approval.decision":
-                return (await task_waits.on_recovery_decision(self, env)
+                return (await crash_loop.on_recovery_decision(self, env)
                         or await graph_runtime.on_decision(self, env))
             if env.type == "branch.done":
                 return await graph_runtime.on_branch_done(self, env)
@@ -294,7 +294,7 @@ class TaskActor(Actor):
             return
         if self._recovered_from is not None:
             reason, self._recovered_from = self._recovered_from, None
-            if not await task_waits.record_recovery(self, reason):
+            if not await crash_loop.record_recovery(self, reason):
                 return  # a crash loop: handed to a human
         assert self.record is not None
         if self.record.deadline_at is not None and self.deps.clock.now() >= self.record.deadline_at:

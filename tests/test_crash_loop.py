@@ -11,8 +11,8 @@ import pytest
 import structlog
 
 import ratchet
+from actors.crash_loop import RECOVERY_NODE, crash_loop, record_recovery
 from actors.task_actor import TaskDeps
-from actors.task_waits import RECOVERY_NODE, crash_loop, record_recovery
 from protocol.clock import FakeClock
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
