@@ -33,6 +33,9 @@ __all__ = ["RECOVERY_NODE", "crash_loop", "on_recovery_decision", "record_recove
 #: start with ``@``), so the graph's approval handling never takes it for one of its own.
 RECOVERY_NODE = "@recovery"
 
+#: Recovery reasons the guard does not count.
+COUNTED_OUT = frozenset({"partition_handover"})
+
 #: How many of the latest step failures a crash-loop handoff shows.
 _FAILURES_SHOWN = 5
 
@@ -58,7 +61,10 @@ def crash_loop(history: list[dict[str, Any]], max_recoveries: int
     stopped = max((i for i, e in enumerate(history) if e["type"] == "task.recovery_stopped"),
                   default=-1)
     fresh = history[stopped + 1:]
-    recoveries = [e for e in fresh if e["type"] == "task.recovered"]
+    # A clean hand-over (drain, rebalance, a node's clean stop) says nothing about the task:
+    # only restarts and recoveries after a crash of the actor or the node count.
+    recoveries = [e for e in fresh if e["type"] == "task.recovered"
+                  and (e.get("payload") or {}).get("reason") not in COUNTED_OUT]
     if len(recoveries) <= max_recoveries:
         return None
     return recoveries, [e for e in fresh if e["type"] == "step.failed"]

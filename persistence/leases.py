@@ -63,7 +63,8 @@ class LeaseRow:
     token: int
     expires_at: float
     previous_owner: str | None
-    #: Taken from an owner whose lease expired (it died or froze), not handed over.
+    #: Taken from an owner that never released it — it died or froze (or, taken back by a
+    #: restarted node, its own previous incarnation crashed) — rather than handed over.
     reaped: bool = False
 
 
@@ -118,7 +119,7 @@ def acquire_txn(conn: sqlite3.Connection, partition: int, node: str, now: float,
                  " previous_owner = ? WHERE partition = ?",
                  (node, token + 1, now + ttl, now, previous, partition))
     return LeaseRow(partition, node, token + 1, now + ttl, previous,
-                    reaped=owner is not None and owner != node)
+                    reaped=owner is not None)
 
 
 def renew_txn(conn: sqlite3.Connection, node: str, held: dict[int, int], now: float,

@@ -151,16 +151,31 @@ async def _a_step_after(client: ratchet.Client, task_id: str, recoveries: int) -
     await asyncio.wait_for(watch(), 30)
 
 
+#: Short leases: a node that died is reaped within a second.
+QUICK_LEASES: dict[str, Any] = {"lease_ttl": 0.6, "lease_interval": 0.1}
+
+
+async def _die(node: ratchet.Node) -> None:
+    """The node goes away as after a crash: its leases are not released (the next node
+    reaps them once they expire), its task stays RUNNING in the store, stopped between two
+    steps so that none runs twice (which other tests cover). (A clean stop hands
+    the partitions over, which the guard does not count.)"""
+    assert node.leases is not None and node.tasks is not None
+    await node.tasks.stop_tasks(await node.tasks.live_tasks())  # at a safe point
+    node.leases.held.clear()  # nothing to release: as if the process had died
+    await node.stop()
+
+
 async def _recover_until_stopped(start_node: NodeFactory, client: ratchet.Client, key: str,
                                  restarts: int, limit: int) -> tuple[ratchet.Node, str]:
     """Run a task, stopping its node mid-task and starting another ``restarts`` times (each
     guarding tasks with ``max_recoveries=limit``); the last start makes the crash loop."""
-    node = await start_node(node_id="node-0", max_recoveries=limit)
+    node = await start_node(node_id="node-0", max_recoveries=limit, **QUICK_LEASES)
     task_id = await client.submit("twenty", {"sleep": 0.05}, key=key)
     for n in range(1, restarts + 1):
         await _a_step_after(client, task_id, n - 1)
-        await node.stop()  # at a safe point: the task stays RUNNING in the store
-        node = await start_node(node_id=f"node-{n}", max_recoveries=limit)
+        await _die(node)
+        node = await start_node(node_id=f"node-{n}", max_recoveries=limit, **QUICK_LEASES)
     async for event in client.watch(task_id):
         if event.type == "task.recovery_stopped":
             break
@@ -182,7 +197,7 @@ async def test_a_task_recovered_too_often_goes_to_a_human_and_approve_resumes_it
     assert package["kind"] == "crash_loop" and package["step_failures"] == []
     recoveries = package["recoveries"]
     assert [r["node"] for r in recoveries] == ["node-1", "node-2", "node-3"]
-    assert all(r["reason"] in ("node_recovery", "node_failover", "partition_handover") for r in recoveries)
+    assert all(r["reason"] == "node_failover" for r in recoveries)
     checkpoints = [r["from_checkpoint"] for r in recoveries]
     assert checkpoints == sorted(checkpoints) and checkpoints[0] >= 1
     assert all("occurred_at" in r and "next_step" in r for r in recoveries)
@@ -197,8 +212,8 @@ async def test_a_task_recovered_too_often_goes_to_a_human_and_approve_resumes_it
     assert ok.ok, ok.error
     # The count starts afresh: one more recovery after the approval goes on by itself.
     await _a_step_after(client, task_id, 3)
-    await node.stop()
-    await start_node(node_id="node-4", max_recoveries=2)
+    await _die(node)
+    await start_node(node_id="node-4", max_recoveries=2, **QUICK_LEASES)
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert_contiguous(events)
@@ -257,3 +272,13 @@ async def test_a_step_that_keeps_crashing_its_actor_is_stopped_with_its_errors_a
     assert {f["step"] for f in failures} == {"s1"}
     assert failures[-1]["error"] == {"type": "RuntimeError", "message": "step 1 always fails"}
     assert RUNS[f"{task_id}:s1"] == 3  # not a fourth time: the guard stopped it first
+
+
+def test_clean_hand_overs_are_not_counted() -> None:
+    history = [_event("task.recovered", t, reason="partition_handover") for t in (1, 2, 3, 4)]
+    assert crash_loop(history, max_recoveries=1) is None
+    history.append(_event("task.recovered", 5, reason="node_failover"))
+    assert crash_loop(history, max_recoveries=1) is None
+    loop = crash_loop([*history, _event("task.recovered", 6, reason="node_recovery")],
+                      max_recoveries=1)
+    assert loop is not None and len(loop[0]) == 2
