@@ -19,6 +19,7 @@ JetStream is transport, the Store is the truth: a message lost by JetStream dela
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -134,7 +135,8 @@ class Bus:
                 await self.js.update_stream(cfg)
 
     async def ensure_consumer(self, stream: str, durable: str, filter_subject: str,
-                              ack_wait: float = 30.0, max_ack_pending: int = 10_000) -> None:
+                              ack_wait: float = 30.0, max_ack_pending: int = 10_000,
+                              inactive_threshold: float | None = None) -> None:
         config = ConsumerConfig(
             durable_name=durable,
             filter_subject=filter_subject,
@@ -142,6 +144,7 @@ class Bus:
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=ack_wait,
             max_ack_pending=max_ack_pending,
+            inactive_threshold=inactive_threshold,
         )
         await self.js.add_consumer(stream, config)
 
@@ -165,17 +168,23 @@ class Bus:
         idle_timeout: float = 1.0,
         before_fetch: Callable[[], Awaitable[Any]] | None = None,
         ack_wait: float = 30.0,
+        idle_exit: float | None = None,
+        inactive_threshold: float | None = None,
     ) -> None:
         """Fetch batches forever and hand each to ``handler`` (which acks).
 
         ``before_fetch``: awaited before each fetch — backpressure: while it waits, messages
-        stay in the stream (on disk) instead of piling up in memory.
+        stay in the stream (on disk) instead of piling up in memory. ``idle_exit``: return
+        after that many seconds without a message (None: never).
 
         An empty fetch raises ``nats.errors.TimeoutError`` by design (nats.py#418): that is
         "nothing to do", not an error.
         """
-        await self.ensure_consumer(stream, durable, filter_subject, ack_wait=ack_wait)
+        await self.ensure_consumer(stream, durable, filter_subject, ack_wait=ack_wait,
+                                   inactive_threshold=inactive_threshold)
         sub = await self.js.pull_subscribe_bind(durable, stream=stream)
+        loop = asyncio.get_running_loop()
+        last_message = loop.time()
         try:
             while True:
                 if before_fetch is not None:
@@ -183,7 +192,10 @@ class Bus:
                 try:
                     msgs = await sub.fetch(batch, timeout=idle_timeout)
                 except (TimeoutError, NatsTimeoutError):
+                    if idle_exit is not None and loop.time() - last_message >= idle_exit:
+                        return
                     continue
+                last_message = loop.time()
                 await handler(msgs)
         finally:
             try:

@@ -12,6 +12,7 @@ validated is dead-lettered with its error and acked; it never stops the node.
 from __future__ import annotations
 
 import asyncio
+import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -105,20 +106,70 @@ class Acceptor:
         )
 
 
-class IntakeActor(ServiceActor):
-    """Consumes ``ratchet.submit.>`` and acks each message after its outcome committed."""
+def intake_durable(subject: str) -> str:
+    """The durable consumer of one submit subject: ``intake-<tenant>`` (a subject whose
+    tenant token is not valid gets a digest instead; its messages are dead-lettered)."""
+    tenant = subject.split(".", 2)[2] if subject.count(".") >= 2 else ""
+    if tenant and all(c.isalnum() or c in "_-" for c in tenant) and len(tenant) <= 64:
+        return f"intake-{tenant}"
+    return f"intake-x{zlib.crc32(subject.encode()):08x}"
 
-    def __init__(self, bus: Bus, acceptor: Acceptor, batch: int = 256) -> None:
+
+class IntakeActor(ServiceActor):
+    """Consumes ``ratchet.submit.<tenant>`` and acks each message after its outcome committed.
+
+    One durable consumer per submit subject, that is per tenant, each pulled by its own
+    loop: a tenant that floods 10,000 submissions waits behind its own queue, not another
+    tenant's — the stream alone is first-come first-served across tenants. Subjects are
+    discovered from the stream (subjects holding messages) every ``discover_interval``; a
+    loop whose subject stays empty for ``idle_after`` seconds ends until messages come back.
+    """
+
+    def __init__(self, bus: Bus, acceptor: Acceptor, batch: int = 128,
+                 discover_interval: float = 0.25, idle_after: float = 60.0) -> None:
         self.bus = bus
         self.acceptor = acceptor
         self.batch = batch
+        self.discover_interval = discover_interval
+        self.idle_after = idle_after
+        self._loops: dict[str, asyncio.Task[None]] = {}
 
     async def serve(self) -> None:
-        await self.bus.pull_loop(STREAM_SUBMIT, "intake", "ratchet.submit.>", self._handle_batch,
-                                 batch=self.batch, before_fetch=self.acceptor.wait_for_room,
-                                 # A node that dies holding a batch delays those submissions
-                                 # by this much; handling one twice is harmless (the key).
-                                 ack_wait=10.0)
+        # The single consumer of earlier releases would overlap the per-tenant ones (a
+        # work-queue stream refuses that).
+        await self.bus.forget_consumer(STREAM_SUBMIT, "intake")
+        try:
+            while True:
+                for subject in await self._subjects():
+                    loop = self._loops.get(subject)
+                    if loop is None or loop.done():
+                        self._loops[subject] = asyncio.get_running_loop().create_task(
+                            self._consume(subject))
+                # Loop time, not the task clock: this polls NATS, it is no task's timer.
+                await asyncio.sleep(self.discover_interval)
+        finally:
+            for loop in self._loops.values():
+                loop.cancel()
+            await asyncio.gather(*self._loops.values(), return_exceptions=True)
+
+    async def _subjects(self) -> list[str]:
+        info = await self.bus.js.stream_info(STREAM_SUBMIT, subjects_filter="ratchet.submit.>")
+        return list(info.state.subjects or {})
+
+    async def _consume(self, subject: str) -> None:
+        try:
+            await self.bus.pull_loop(
+                STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
+                batch=self.batch, before_fetch=self.acceptor.wait_for_room,
+                # A node that dies holding a batch delays those submissions by this much;
+                # handling one twice is harmless (the key).
+                ack_wait=10.0, idle_exit=self.idle_after,
+                # The server forgets the consumer of a tenant gone quiet for a day.
+                inactive_threshold=86_400.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # this tenant's loop only; discovery starts it again
+            log.error("intake loop failed", subject=subject, error=repr(exc))
 
     async def _handle_batch(self, msgs: list[Msg]) -> None:
         await asyncio.gather(*(self._handle(m) for m in msgs))

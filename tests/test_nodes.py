@@ -3,7 +3,7 @@ file. One is SIGKILLed, one frozen with SIGSTOP past its lease, one drained; the
 are checked on the store afterwards: no task lost, committed steps never run again (only a
 step in flight at a kill may), event sequences contiguous, recoveries recorded and named.
 
-Leases here last 2 s (renewed every 0.5 s) so that failover takes seconds, not the
+Leases here last 3 s (renewed every 0.5 s) so that failover takes seconds, not the
 default's ~6 s.
 """
 
@@ -24,7 +24,7 @@ import ratchet
 from protocol.ids import new_id
 from tests.conftest import NodeProcess
 
-LEASE = ("--lease-ttl", "2", "--lease-interval", "0.5", "--writer", "thread")
+LEASE = ("--lease-ttl", "3", "--lease-interval", "0.5", "--writer", "thread")
 
 
 def _db(tmp_path: Path) -> sqlite3.Connection:
