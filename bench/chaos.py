@@ -2,13 +2,16 @@
 and check that every business action took effect at the provider exactly once (or the
 task is UNKNOWN / waiting for a human with a handoff) — never twice, never lost.
 
-    python bench/chaos.py --runs 200 [--seed 7]
+    python bench/chaos.py --runs 200 [--seed 7] [--nodes 3]
 
 Each run submits ``expense.split`` (two claims; in about a third of the runs a later step
 fails for good, so the saga refunds both) and kills the node at one of: before the call
 (right after IN_FLIGHT committed), after the provider committed but before the result was
 recorded (tools pause 100 ms after the provider answered), mid-compensation, or a random
 moment. The node is restarted at once. Prints one JSON object (last line).
+
+With ``--nodes N`` (N > 1) N nodes share the store and NATS; each run kills the node that
+owns the task's partition at that moment and starts a replacement (see :class:`Nodes`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +32,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.nodes import Cluster, StoreView
 from bench.steps import NodeProc
 from protocol.ids import task_id_for
+from protocol.subjects import partition_of
 from simulators import FinanceClient, FinanceSimulatorProcess
 from supervisors.cli import configure_logging
 from supervisors.embedded_nats import EmbeddedNats
@@ -46,6 +52,53 @@ def _node(state_dir: Path, nats_url: str, finance_url: str) -> NodeProc:
                          "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"})
 
 
+class Nodes:
+    """N nodes (ids c1..cN) on one store and one NATS; :meth:`kill_owner` SIGKILLs the node
+    that owns a task's partition and starts a replacement before returning.
+
+    The replacement alternates between two paths, so both are covered: on even runs it
+    reuses the victim's id — a restarted process, which reclaims its own partitions at once
+    (what a process supervisor restarting the node gives); on odd runs it gets a fresh id —
+    the victim's partitions stay leased until the lease expires (TTL 5 s), then the
+    survivors take them over and recover the tasks (the failover path, with the fencing
+    token bumped), and the newcomer later gets its share by rebalancing, which moves tasks
+    once more, cleanly.
+    """
+
+    def __init__(self, cluster: Cluster, count: int, rng: random.Random) -> None:
+        self.cluster = cluster
+        self.count = count
+        self.rng = rng
+        self.owner_kills = 0
+        self.fresh_ids = 0
+
+    async def start(self) -> None:
+        for slot in range(1, self.count + 1):
+            self.cluster.start(f"c{slot}")
+        view = StoreView(self.cluster.db)
+        try:
+            await self.cluster.balanced(view)
+        finally:
+            view.close()
+
+    def kill_owner(self, task_id: str, run: int) -> None:
+        view = StoreView(self.cluster.db)
+        try:
+            owner = view.owners().get(partition_of(task_id))
+        finally:
+            view.close()
+        live = sorted(self.cluster.nodes)
+        if owner in live:
+            self.owner_kills += 1
+            victim = owner
+        else:  # between owners (a lease expiring, a hand-over): any node
+            victim = self.rng.choice(live)
+        self.cluster.kill(victim)
+        fresh = run % 2 == 1
+        self.fresh_ids += fresh
+        self.cluster.start(f"{victim.split('-')[0]}-{run}" if fresh else victim)
+
+
 def _kill_condition(point: str, event: ratchet.Event) -> bool:
     p = event.payload
     if point == "before_call":
@@ -57,8 +110,9 @@ def _kill_condition(point: str, event: ratchet.Event) -> bool:
     return False
 
 
-async def _one_run(run: int, rng: random.Random, node: NodeProc, client: ratchet.Client,
-                   finance: FinanceClient, db: Path) -> dict[str, Any]:
+async def _one_run(run: int, rng: random.Random, kill: Callable[[str, int], None],
+                   client: ratchet.Client, finance: FinanceClient, db: Path) -> dict[str, Any]:
+    """One task, one kill: ``kill(task_id, run)`` SIGKILLs a node and has it replaced."""
     fail = rng.random() < 0.35
     point = rng.choice(KILL_POINTS if fail else KILL_POINTS[:2] + KILL_POINTS[3:])
     report = f"chaos-{run}-{rng.randrange(10**9)}"
@@ -77,9 +131,8 @@ async def _one_run(run: int, rng: random.Random, node: NodeProc, client: ratchet
                     deadline is not None and time.monotonic() >= deadline)):
                 if point == "after_provider_commit":
                     await asyncio.sleep(rng.uniform(0.01, 0.09))  # inside the 100 ms pause
-                node.kill()
+                kill(task_id, run)
                 killed = True
-                node.start()
             if event.type in TERMINAL | PARKED:
                 return
 
@@ -88,8 +141,7 @@ async def _one_run(run: int, rng: random.Random, node: NodeProc, client: ratchet
     except TimeoutError:
         pass
     if not killed:  # the task ended before the kill point: kill anyway, it must stay done
-        node.kill()
-        node.start()
+        kill(task_id, run)
     final = events[-1].type if events else None
     effects = finance.effects()
     keys = {k: effects.get(k, 0) for k in (
@@ -120,7 +172,7 @@ async def _one_run(run: int, rng: random.Random, node: NodeProc, client: ratchet
     }
 
 
-async def run_chaos(runs: int, seed: int = 7) -> dict[str, Any]:
+async def run_chaos(runs: int, seed: int = 7, nodes: int = 1) -> dict[str, Any]:
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="ratchet-chaos-") as tmp, \
             FinanceSimulatorProcess() as sim:
@@ -128,22 +180,49 @@ async def run_chaos(runs: int, seed: int = 7) -> dict[str, Any]:
         server = EmbeddedNats(base / "nats")
         url = await server.start()
         finance = FinanceClient(sim.url)
-        node = _node(base / "node", url, sim.url)
-        node.start()
-        client = await ratchet.Client.connect(url, "default")
+        node: NodeProc | None = None
+        cluster: Nodes | None = None
+        if nodes == 1:
+            node = _node(base / "node", url, sim.url)
+            node.start()
+            db = base / "node" / "ratchet.db"
+
+            def kill(task_id: str, run: int) -> None:
+                assert node is not None
+                node.kill()
+                node.start()
+        else:
+            # Its own generator: the runs draw the same kill points as with one node.
+            cluster = Nodes(Cluster(base, url, ("--writer", "thread"),
+                                    app="examples.expense:app", log_level="error",
+                                    env={"RATCHET_FINANCE_URL": sim.url,
+                                         "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}),
+                            nodes, random.Random(seed + 1))
+            db = cluster.cluster.db
+            kill = cluster.kill_owner
+        client: ratchet.Client | None = None
         results = []
         try:
+            if cluster is not None:
+                await cluster.start()
+            client = await ratchet.Client.connect(url, "default")
             for run in range(runs):
-                results.append(await _one_run(run, rng, node, client, finance,
-                                              base / "node" / "ratchet.db"))
+                results.append(await _one_run(run, rng, kill, client, finance, db))
         finally:
-            await client.close()
-            node.stop()
+            if client is not None:
+                await client.close()
+            if node is not None:
+                node.stop()
+            if cluster is not None:
+                cluster.cluster.stop()
             await server.stop()
     kills: dict[str, int] = {}
     for r in results:
         kills[r["point"]] = kills.get(r["point"], 0) + 1
+    extra = {} if cluster is None else {"kills_of_task_owner": cluster.owner_kills,
+                                        "fresh_id_replacements": cluster.fresh_ids}
     return {
+        "nodes": nodes,
         "runs": len(results),
         "succeeded": sum(r["status"] == "SUCCEEDED" for r in results),
         "failed_and_compensated": sum(r["status"] == "FAILED" and not r["missing"]
@@ -154,6 +233,7 @@ async def run_chaos(runs: int, seed: int = 7) -> dict[str, Any]:
         "missing_effects": sum(r["missing"] for r in results),
         "event_gaps": sum(r["gap"] for r in results),
         "kill_points": kills,
+        **extra,
     }
 
 
@@ -161,9 +241,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="nodes sharing the store and NATS (each run kills one)")
     args = parser.parse_args()
     configure_logging("error")
-    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed))))
+    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes))))
 
 
 if __name__ == "__main__":

@@ -61,21 +61,37 @@ async def publish_submit(client: ratchet.Client, workflow: str, key: str,
                                          headers={"Nats-Msg-Id": f"{client.tenant}:{key}"})
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds used so far by process ``pid`` (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 class NodeProc:
     """A ``ratchet serve`` subprocess; ``start`` returns once it says it is serving."""
 
     def __init__(self, state_dir: Path, nats_url: str, app: str = "bench.app:app", *,
                  log_level: str = "warning", synchronous: str = SYNCHRONOUS,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, args: tuple[str, ...] = (),
+                 log_path: Path | None = None) -> None:
+        """``args``: extra ``serve`` flags (``--node-id``, ``--writer``, ...); ``log_path``:
+        append the node's log (stderr) to this file instead of inheriting stderr."""
         self.state_dir = state_dir
         self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
                      "--log-level", log_level, "serve", "--app", app,
-                     "--nats-url", nats_url, "--synchronous", synchronous]
+                     "--nats-url", nats_url, "--synchronous", synchronous, *args]
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(self.args, cwd=ROOT, stdout=subprocess.PIPE, env=self.env)
+        if self.log_path is None:
+            self.proc = subprocess.Popen(self.args, cwd=ROOT, stdout=subprocess.PIPE,
+                                         env=self.env)
+        else:
+            with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+                self.proc = subprocess.Popen(self.args, cwd=ROOT, stdout=subprocess.PIPE,
+                                             stderr=log, env=self.env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if b"serving" not in line:
@@ -94,6 +110,11 @@ class NodeProc:
             if line.startswith("write_bytes:"):
                 return int(line.split()[1])
         raise KeyError("write_bytes")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the process has used so far (/proc/pid/stat)."""
+        assert self.proc is not None
+        return proc_cpu_seconds(self.proc.pid)
 
     def kill(self) -> None:
         assert self.proc is not None
