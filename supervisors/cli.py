@@ -222,7 +222,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds between heartbeats (renewal, rebalancing, reaping)")
     s.add_argument("--writer", default="auto", choices=["auto", "loop", "thread"],
                    help="where commits run; 'thread' when several nodes share the store")
-    s.add_argument("--max-running", type=int, default=256,
+    s.add_argument("--max-running", type=int, default=64,
                    help="tasks this node runs at once; more wait their (fair) turn")
     s.add_argument("--tenant-quota", action="append", default=[], metavar="TENANT=N",
                    help="at most N running tasks of TENANT on this node")

@@ -83,7 +83,7 @@ class NodeConfig:
     #: Partition leases: seconds a lease lasts unrenewed, seconds between heartbeats.
     lease_ttl: float = 5.0
     #: Fair admission: tasks running at once on this node; per-tenant caps and weights.
-    max_running: int = 256
+    max_running: int = 64
     #: Tasks queued for a running slot before intake pushes back (waits / answers BUSY).
     max_queued: int = 20_000
     tenant_quotas: dict[str, int] = field(default_factory=dict)
