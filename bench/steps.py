@@ -244,7 +244,7 @@ async def main() -> None:
         url = await server.start()
         results: dict[str, Any] = {"synchronous": SYNCHRONOUS}
         try:
-            node = NodeProc(base / "main", url)
+            node = NodeProc(base / "main", url, args=tuple(os.environ.get("RATCHET_BENCH_SERVE_ARGS", "").split()))
             node.start()
             client = await ratchet.Client.connect(url, "bench")
             try:

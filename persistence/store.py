@@ -121,7 +121,6 @@ class Store(RowReads, AdminRows, LeaseRows):
         self.synchronous = synchronous
         self._writer = make_writer(self.path, synchronous, writer)
         self._reader: aiosqlite.Connection | None = None
-        self._read_lock = asyncio.Lock()
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
         #: Set by a node: task-execution writes then carry its fencing token (None: a
@@ -225,16 +224,10 @@ class Store(RowReads, AdminRows, LeaseRows):
     @asynccontextmanager
     async def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()
                      ) -> AsyncIterator[aiosqlite.Cursor]:
-        """One read, alone on the read connection from execute to close.
-
-        While any statement of a connection is active (a cursor not read to its end), its
-        read transaction stays open and every read of that connection sees the snapshot it
-        started with. Reads of many actors interleaving on the one connection could so keep
-        it on an old snapshot; one read at a time, each closed before the next, sees every
-        commit made before it began. (The reads were serialized on aiosqlite's thread
-        anyway.)"""
+        """One read on the read connection (closed when the block ends: a statement left
+        active would hold the connection's read snapshot open for the reads after it)."""
         assert self._reader is not None, "Store.open() first"
-        async with self._read_lock, self._reader.execute(sql, args) as cur:
+        async with self._reader.execute(sql, args) as cur:
             yield cur
 
     async def load_task(self, task_id: str) -> TaskRecord:
