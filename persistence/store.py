@@ -41,6 +41,19 @@ OutboxListener = Callable[[list[OutboxRow]], None]
 T = TypeVar("T")
 
 
+class Rows:
+    """The rows of one read, already fetched (see :meth:`Store._query`)."""
+
+    def __init__(self, rows: list[Any]) -> None:
+        self._rows = rows
+
+    async def fetchone(self) -> Any:
+        return self._rows[0] if self._rows else None
+
+    async def fetchall(self) -> list[Any]:
+        return self._rows
+
+
 class Fence(Protocol):
     """Which lease a task's writes carry (the node's lease manager implements it)."""
 
@@ -223,12 +236,17 @@ class Store(RowReads, AdminRows, LeaseRows):
 
     @asynccontextmanager
     async def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()
-                     ) -> AsyncIterator[aiosqlite.Cursor]:
-        """One read on the read connection (closed when the block ends: a statement left
-        active would hold the connection's read snapshot open for the reads after it)."""
+                     ) -> AsyncIterator[Rows]:
+        """One read, executed and read to its end in a single call on the read connection.
+
+        Why in one call: a statement left active (a cursor not read to its end) holds the
+        connection's read transaction open, and every other read on the connection then
+        sees that old snapshot. Actors' reads interleaving on the one connection could keep
+        it stale for seconds under load (``test_a_read_sees_every_commit_made_before_it_
+        began_even_under_load``); read to the end at once, no statement outlives its call.
+        (A lock around each read did it too, but halved concurrent throughput.)"""
         assert self._reader is not None, "Store.open() first"
-        async with self._reader.execute(sql, args) as cur:
-            yield cur
+        yield Rows(list(await self._reader.execute_fetchall(sql, args)))
 
     async def load_task(self, task_id: str) -> TaskRecord:
         async with self._query(

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
-import aiosqlite
 import msgpack
 
 from persistence.admin_rows import (
@@ -41,7 +40,7 @@ class _StoreParts:
     _writer: Writer
 
     def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()
-               ) -> AbstractAsyncContextManager[aiosqlite.Cursor]:
+               ) -> AbstractAsyncContextManager[Any]:
         raise NotImplementedError
 
     def _announce(self, rows: list[OutboxRow]) -> None:
