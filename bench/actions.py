@@ -64,7 +64,9 @@ async def main() -> None:
         url = await server.start()
         registry = ratchet.Registry([calls], tools=[submit_claim, refund_claim],
                                     resources={"finance_url": sim.url})
-        node = ratchet.Node(ratchet.NodeConfig(state_dir=Path(tmp) / "node", nats_url=url),
+        # 100 tasks run at once (more than the default 64 admission slots).
+        node = ratchet.Node(ratchet.NodeConfig(state_dir=Path(tmp) / "node", nats_url=url,
+                                               max_running=128),
                             registry)
         await node.start()
         client = await ratchet.Client.connect(url, "bench")

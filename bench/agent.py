@@ -109,7 +109,9 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ratchet-agent-") as tmp:
         server = EmbeddedNats(Path(tmp) / "nats")
         url = await server.start()
-        node = ratchet.Node(ratchet.NodeConfig(state_dir=Path(tmp) / "node", nats_url=url),
+        # Every held conversation must be running at once: admission gets that many slots.
+        node = ratchet.Node(ratchet.NodeConfig(state_dir=Path(tmp) / "node", nats_url=url,
+                                               max_running=LIVE + 8),
                             registry)
         await node.start()
         client = await ratchet.Client.connect(url, "bench")

@@ -126,7 +126,7 @@ class IntakeActor(ServiceActor):
     """
 
     def __init__(self, bus: Bus, acceptor: Acceptor, batch: int = 128,
-                 discover_interval: float = 0.25, idle_after: float = 60.0) -> None:
+                 discover_interval: float = 0.5, idle_after: float = 60.0) -> None:
         self.bus = bus
         self.acceptor = acceptor
         self.batch = batch

@@ -52,8 +52,10 @@ class TaskRouter(ServiceActor):
         self.clock = clock
 
     async def serve(self) -> None:
+        # A fetch returns as soon as a message is there; the timeout only bounds how often
+        # an idle consumer asks again (a node holds 16 partitions' routers at most).
         await self.bus.pull_loop(self.stream, self.durable, self.filter_subject, self._batch,
-                                 batch=self.batch)
+                                 batch=self.batch, idle_timeout=5.0)
 
     async def _batch(self, msgs: list[Msg]) -> None:
         await asyncio.gather(*(self.route(m) for m in msgs))
