@@ -24,7 +24,7 @@ import ratchet
 from protocol.ids import new_id
 from tests.conftest import NodeProcess
 
-LEASE = ("--lease-ttl", "3", "--lease-interval", "0.5", "--writer", "thread")
+LEASE = ("--lease-ttl", "3", "--lease-interval", "0.5")
 
 
 def _db(tmp_path: Path) -> sqlite3.Connection:
