@@ -251,11 +251,11 @@ class ActorSystem:
     def live(self) -> list[str]:
         return sorted(n for n, r in self._directory.items() if r.is_alive)
 
-    def count_live(self, prefix: str, suffix: str = "") -> int:
-        """How many live actors have a name starting with ``prefix`` (and ending with
-        ``suffix``): e.g. the task actors of a node."""
-        return sum(1 for n, r in self._directory.items()
-                   if n.startswith(prefix) and n.endswith(suffix) and r.is_alive)
+    def live_refs(self, prefix: str, suffix: str = "") -> list[ActorRef[Any]]:
+        """The live actors whose name starts with ``prefix`` (and ends with ``suffix``):
+        e.g. the task actors of a node."""
+        return [r for n, r in self._directory.items()
+                if n.startswith(prefix) and n.endswith(suffix) and r.is_alive]
 
 
 @dataclass(slots=True)

@@ -19,7 +19,7 @@ store row, not a live actor.
 A step boundary may also carry a ``task.progress`` heartbeat (actors/progress.py), at most
 one per ``progress_interval``. A fresh actor for a RUNNING task records ``task.recovered``;
 past ``max_recoveries`` within ``recovery_window`` it hands the task to a human instead
-(the crash-loop guard, actors/task_waits.py).
+(the crash-loop guard, actors/crash_loop.py).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class TaskDeps:
     lookup_child: Any = None  # (task_id, child_id) → the live child of the task supervisor
     switches: Any = None  # actors.switches.Switches (kill switches), shared by the node
     rng: random.Random = field(default_factory=random.Random)
-    #: Crash-loop guard (actors/task_waits.py): a recovery that makes more than
+    #: Crash-loop guard (actors/crash_loop.py): a recovery that makes more than
     #: ``max_recoveries`` within ``recovery_window`` seconds hands the task to a human.
     max_recoveries: int = 3
     recovery_window: float = 600.0

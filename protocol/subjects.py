@@ -19,6 +19,7 @@ __all__ = [
     "decision_subject",
     "external_subject",
     "check_token",
+    "is_token",
     "partition_of",
     "submit_subject",
     "api_subject",
@@ -40,9 +41,14 @@ STREAM_DECISIONS = "RATCHET_DECISIONS"
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
+def is_token(value: str) -> bool:
+    """Whether ``value`` is safe as one subject token (tenant, task id, actor, verb)."""
+    return _TOKEN.match(value) is not None
+
+
 def check_token(value: str, what: str) -> str:
     """Return ``value`` if it is safe as one subject token, else raise InvalidMessage."""
-    if not _TOKEN.match(value):
+    if not is_token(value):
         raise InvalidMessage(f"{what} must match {_TOKEN.pattern}", field=what, value=value[:80])
     return value
 
@@ -76,7 +82,7 @@ def task_events_filter(tenant: str, task_id: str) -> str:
 
 
 def dlq_subject(source: str, tenant: str) -> str:
-    return f"ratchet.dlq.{source}.{tenant if _TOKEN.match(tenant) else '_invalid'}"
+    return f"ratchet.dlq.{source}.{tenant if is_token(tenant) else '_invalid'}"
 
 
 def external_subject(tenant: str) -> str:

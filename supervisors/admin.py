@@ -252,19 +252,11 @@ class AdminActor(ClusterVerbs, RequestService):
         return {"frozen": True, "effect": "running steps finish; no new step starts"}
 
     async def _thaw(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        from actors.task_actor import Advance
-
         await self.store.set_switch("freeze", "dispatch", False, cmd.principal.name, None,
                                     self.clock.now())
         self.switches.frozen = False
-        woken = 0
-        for name in self.system.live():  # tasks waiting at their safe point go on
-            if name.startswith(f"{TASKS_ROOT}/") and name.endswith("/actor"):
-                ref = self.system.lookup(name)
-                if ref is not None:
-                    ref.tell(Advance())
-                    woken += 1
-        return {"frozen": False, "woken": woken}
+        # Tasks waiting at their safe point go on.
+        return {"frozen": False, "woken": self.tasks.wake_all()}
 
     async def _purge(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Remove one finished task (events, checkpoints, unreferenced blobs) on demand."""
@@ -359,7 +351,7 @@ class AdminActor(ClusterVerbs, RequestService):
         snapshot = (await self.store.snapshot(tenant, rec.task_id)).model_dump()
         owner: dict[str, Any] = {"owner": self.node_id}
         if self.leases is not None:
-            lease = await self.store.lease(partition_of(rec.task_id, self.leases.partitions))
+            lease = await self.leases.lease_of(rec.task_id)
             owner = {"owner": lease.owner if lease else None,
                      "partition": lease.partition if lease else None,
                      "lease_token": lease.token if lease else None,

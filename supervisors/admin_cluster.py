@@ -13,7 +13,6 @@ from persistence.store import Store
 from protocol.clock import Clock
 from protocol.errors import InvalidMessage, NotFound, Unavailable
 from protocol.messages import AdminCommand
-from protocol.subjects import partition_of
 from supervisors.request_service import Forwarded
 
 __all__ = ["ClusterVerbs", "FORWARDED_HEADER", "READ_VERBS"]
@@ -41,7 +40,7 @@ class ClusterVerbs:
         the requester directly. Raises :class:`Forwarded` once passed on."""
         if self.leases is None or self.leases.owns(task_id):
             return
-        lease = await self.store.lease(partition_of(task_id, self.leases.partitions))
+        lease = await self.leases.lease_of(task_id)
         forwarded_by = (msg.headers or {}).get(FORWARDED_HEADER)
         owner_alive = (lease is not None and lease.owner is not None
                        and lease.expires_at > self.clock.now())

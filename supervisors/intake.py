@@ -29,7 +29,7 @@ from protocol.codec import canonical, decode_envelope, encode, parse_body
 from protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
 from protocol.ids import new_id, request_hash, task_id_for
 from protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
-from protocol.subjects import STREAM_SUBMIT, check_token, dlq_subject, mail_subject
+from protocol.subjects import STREAM_SUBMIT, check_token, dlq_subject, is_token, mail_subject
 from supervisors.request_service import error_reply
 
 __all__ = ["Acceptor", "IntakeActor"]
@@ -110,7 +110,7 @@ def intake_durable(subject: str) -> str:
     """The durable consumer of one submit subject: ``intake-<tenant>`` (a subject whose
     tenant token is not valid gets a digest instead; its messages are dead-lettered)."""
     tenant = subject.split(".", 2)[2] if subject.count(".") >= 2 else ""
-    if tenant and all(c.isalnum() or c in "_-" for c in tenant) and len(tenant) <= 64:
+    if is_token(tenant):
         return f"intake-{tenant}"
     return f"intake-x{zlib.crc32(subject.encode()):08x}"
 

@@ -130,8 +130,9 @@ class LeaseManager(ServiceActor):
     def owns(self, task_id: str) -> bool:
         return partition_of(task_id, self.partitions) in self.held
 
-    def owns_partition(self, partition: int) -> bool:
-        return partition in self.held
+    async def lease_of(self, task_id: str) -> LeaseRow | None:
+        """The store's lease row of the task's partition (who owns it, whatever we think)."""
+        return await self.store.lease(partition_of(task_id, self.partitions))
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -219,7 +220,7 @@ class LeaseManager(ServiceActor):
         if lost:
             log.error("leases lost: another node holds them now; isolating",
                       partitions=lost)
-            await self._drop(lost)
+            self._drop(lost)
             await self.hooks.lost(lost)
 
     async def _expire_overdue(self) -> None:
@@ -227,10 +228,10 @@ class LeaseManager(ServiceActor):
         overdue = [p for p in self.held if now >= self._valid_until.get(p, 0.0)]
         if overdue:
             log.error("leases expired without renewal; isolating", partitions=overdue)
-            await self._drop(overdue)
+            self._drop(overdue)
             await self.hooks.lost(overdue)
 
-    async def _drop(self, partitions: list[int]) -> None:
+    def _drop(self, partitions: list[int]) -> None:
         for p in partitions:
             self.held.pop(p, None)
             self._valid_until.pop(p, None)
@@ -239,13 +240,10 @@ class LeaseManager(ServiceActor):
         if self.status != "active":
             return 0  # draining (or told to stop): hand everything over
         now = self.clock.now()
-        live = [n for n in await self.store.nodes()
-                if n.status == "active" and n.heartbeat_at > now - self.settings.ttl]
-        if not any(n.node_id == self.node_id for n in live):
-            live_count = len(live) + 1
-        else:
-            live_count = len(live)
-        return math.ceil(self.partitions / max(live_count, 1))
+        live = {n.node_id for n in await self.store.nodes()
+                if n.status == "active" and n.heartbeat_at > now - self.settings.ttl}
+        live.add(self.node_id)  # this node counts even if its heartbeat row lags
+        return math.ceil(self.partitions / len(live))
 
     async def _rebalance(self) -> None:
         target = await self._target()
@@ -288,7 +286,7 @@ class LeaseManager(ServiceActor):
             await self.hooks.handing_over(partitions)
             async with self._tick_lock:
                 released = {p: self.held[p] for p in partitions if p in self.held}
-                await self._drop(list(released))
+                self._drop(list(released))
                 await self.store.release_leases(self.node_id, released)
             log.info("partitions handed over", partitions=sorted(released), target=target,
                      status=self.status)

@@ -23,7 +23,7 @@ from protocol.codec import decode_envelope
 from protocol.errors import NotFound
 from protocol.subjects import STREAM_MAIL, dlq_subject
 from supervisors.routing import TaskRouter, deliver, settle_failure
-from supervisors.tasks import TaskSupervision, task_actor_name
+from supervisors.tasks import TaskSupervision
 
 __all__ = ["MailRouter", "mail_durable"]
 
@@ -65,10 +65,8 @@ class MailRouter(TaskRouter):
             if env.message_id in self._recent:
                 await msg.ack()
                 return
-            if env.type == "task.start" and self.tasks.admit is not None \
-                    and self.tasks.system.lookup(task_actor_name(task_id)) is None \
-                    and self.tasks.owns is not None and self.tasks.owns(task_id) \
-                    and not self.tasks.admit(task_id, str(env.body.get("tenant", ""))):
+            if env.type == "task.start" \
+                    and not self.tasks.admitted(task_id, str(env.body.get("tenant", ""))):
                 # Queued for a running slot (fair admission): the task is QUEUED in the
                 # store, so the scheduler (or recovery after a restart) starts it later.
                 self._seen(env.message_id)

@@ -21,7 +21,7 @@ import structlog
 from actors.bus import Bus
 from actors.core import ActorRef, ActorSystem
 from actors.switches import Switches
-from actors.task_actor import Advance, TaskDeps
+from actors.task_actor import TaskDeps
 from actors.workflow import Registry
 from persistence.store import Store
 from protocol.clock import Clock, SystemClock
@@ -45,7 +45,7 @@ from supervisors.restart_policy import Restart
 from supervisors.retention import RetentionSweeper
 from supervisors.scheduler import FairScheduler
 from supervisors.supervisor import ChildSpec, StopChild, Supervisor, WhichChildren
-from supervisors.tasks import TASKS_ROOT, TaskSupervision
+from supervisors.tasks import TaskSupervision
 from supervisors.timers import TimerService
 
 __all__ = ["Node", "NodeConfig"]
@@ -82,6 +82,7 @@ class NodeConfig:
     drain_timeout: float = 30.0
     #: Partition leases: seconds a lease lasts unrenewed, seconds between heartbeats.
     lease_ttl: float = 5.0
+    lease_interval: float = 1.0
     #: Fair admission: tasks running at once on this node; per-tenant caps and weights.
     max_running: int = 64
     #: Tasks queued for a running slot before intake pushes back (waits / answers BUSY).
@@ -94,7 +95,6 @@ class NodeConfig:
     recovery_window: float = 600.0
     #: At most one ``task.progress`` event per task per this many seconds.
     progress_interval: float = 5.0
-    lease_interval: float = 1.0
     #: ``loop``/``thread``/``auto`` (loop for NORMAL, thread for FULL): where commits run.
     #: Several nodes on one file wait on each other's write lock: ``thread`` keeps that
     #: wait off the event loop.
@@ -305,19 +305,14 @@ class Node:
             await self.relay.flush(timeout=5.0)
 
     def _heartbeat_info(self) -> dict[str, Any]:
-        return {"url": self.url, "live_tasks": self.system.count_live(TASKS_ROOT + "/", "/actor")}
+        return {"url": self.url, "live_tasks": len(self._tasks.live_actors())}
 
     async def _reload_switches(self) -> None:
         # Another node may have flipped a kill switch: each node re-reads them every tick.
         was_frozen = self.switches.frozen
         self.switches.load(await self._store.switches())
         if was_frozen and not self.switches.frozen:
-            # Thawed on another node: tasks waiting at their safe point here go on too.
-            for name in self.system.live():
-                if name.startswith(f"{TASKS_ROOT}/") and name.endswith("/actor"):
-                    ref = self.system.lookup(name)
-                    if ref is not None:
-                        ref.tell(Advance())
+            self._tasks.wake_all()  # thawed on another node: waiting tasks here go on too
 
     @property
     def _tasks(self) -> TaskSupervision:

@@ -150,13 +150,36 @@ class TaskSupervision:
         ref.tell(message)
         return True
 
+    def admitted(self, task_id: str, tenant: str) -> bool:
+        """Whether the task may start now: it is live already, or admission gives it a slot
+        (if not, admission queues it and starts it later). A task of another node's
+        partition is not this node's to queue: True, and activating it says so."""
+        if self.admit is None or self.system.lookup(task_actor_name(task_id)) is not None:
+            return True
+        if self.owns is not None and not self.owns(task_id):
+            return True
+        return self.admit(task_id, tenant)
+
     async def activate(self, task_id: str, tenant: str) -> ActorRef[Any] | None:
         """Start a QUEUED or RUNNING task through admission: its live actor, or None if it
         waits for a slot (or is between restarts)."""
-        if self.system.lookup(task_actor_name(task_id)) is None and self.admit is not None \
-                and not self.admit(task_id, tenant):
+        if not self.admitted(task_id, tenant):
             return None
         return await self.ensure_running(task_id)
+
+    def live_actors(self) -> list[ActorRef[Any]]:
+        """The live task actors of this node."""
+        return self.system.live_refs(f"{TASKS_ROOT}/", "/actor")
+
+    def wake_all(self) -> int:
+        """Tell every live task actor to go on (a task waiting at a safe point, e.g. for a
+        thaw, takes its next step); returns how many were told."""
+        from actors.task_actor import Advance
+
+        actors = self.live_actors()
+        for ref in actors:
+            ref.tell(Advance())
+        return len(actors)
 
     async def live_tasks(self) -> list[str]:
         """The task ids with a live supervisor on this node."""
