@@ -201,22 +201,19 @@ class LeaseRows(_StoreParts):
         return changed
 
     async def leases(self) -> list[LeaseRow]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT partition, owner, token, expires_at, previous_owner FROM leases"
-            " ORDER BY partition") as cur:
-            rows = await cur.fetchall()
+            " ORDER BY partition")
         return [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
 
     async def lease(self, partition: int) -> LeaseRow | None:
-        async with self._query(
+        r = await self._row(
             "SELECT partition, owner, token, expires_at, previous_owner FROM leases"
-            " WHERE partition = ?", (partition,)) as cur:
-            r = await cur.fetchone()
+            " WHERE partition = ?", (partition,))
         return None if r is None else LeaseRow(r[0], r[1], r[2], r[3], r[4])
 
     async def nodes(self) -> list[NodeRow]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT node_id, status, heartbeat_at, started_at, info FROM nodes"
-            " ORDER BY node_id") as cur:
-            rows = await cur.fetchall()
+            " ORDER BY node_id")
         return [NodeRow(r[0], r[1], r[2], r[3], dict(_unpack(r[4]) or {})) for r in rows]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -39,19 +38,6 @@ __all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord", "action_record"
 
 OutboxListener = Callable[[list[OutboxRow]], None]
 T = TypeVar("T")
-
-
-class Rows:
-    """The rows of one read, already fetched (see :meth:`Store._query`)."""
-
-    def __init__(self, rows: list[Any]) -> None:
-        self._rows = rows
-
-    async def fetchone(self) -> Any:
-        return self._rows[0] if self._rows else None
-
-    async def fetchall(self) -> list[Any]:
-        return self._rows
 
 
 class Fence(Protocol):
@@ -234,10 +220,8 @@ class Store(RowReads, AdminRows, LeaseRows):
 
     # -- reads -----------------------------------------------------------------------
 
-    @asynccontextmanager
-    async def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()
-                     ) -> AsyncIterator[Rows]:
-        """One read, executed and read to its end in a single call on the read connection.
+    async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        """Every row of one read, executed and read to its end in a single call.
 
         Why in one call: a statement left active (a cursor not read to its end) holds the
         connection's read transaction open, and every other read on the connection then
@@ -246,13 +230,17 @@ class Store(RowReads, AdminRows, LeaseRows):
         began_even_under_load``); read to the end at once, no statement outlives its call.
         (A lock around each read did it too, but halved concurrent throughput.)"""
         assert self._reader is not None, "Store.open() first"
-        yield Rows(list(await self._reader.execute_fetchall(sql, args)))
+        return list(await self._reader.execute_fetchall(sql, args))
+
+    async def _row(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> Any:
+        """The first row of one read (see :meth:`_rows`), or None."""
+        rows = await self._rows(sql, args)
+        return rows[0] if rows else None
 
     async def load_task(self, task_id: str) -> TaskRecord:
-        async with self._query(
+        row = await self._row(
             f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)
-        ) as cur:
-            row = await cur.fetchone()
+        )
         if row is None:
             raise NotFound("no such task", task_id=task_id)
         return _record(tuple(row))
@@ -274,14 +262,13 @@ class Store(RowReads, AdminRows, LeaseRows):
     async def load_state(self, task_id: str, checkpoint: int | None = None) -> LoadedState:
         """The state at ``checkpoint`` (default: the latest), rebuilt from the deltas."""
         upto = checkpoint if checkpoint is not None else 2**62
-        async with self._query(
+        rows = await self._rows(
             "SELECT v.key, v.inline, v.blob, v.deleted FROM checkpoint_values v"
             " JOIN (SELECT key, MAX(seq) AS seq FROM checkpoint_values"
             "       WHERE task_id = ? AND seq <= ? GROUP BY key) last"
             " ON v.key = last.key AND v.seq = last.seq WHERE v.task_id = ?",
             (task_id, upto, task_id),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         encoded: dict[str, bytes] = {}
         blob_refs: dict[str, str] = {}
         for key, inline, blob, deleted in rows:
@@ -292,8 +279,7 @@ class Store(RowReads, AdminRows, LeaseRows):
             else:
                 encoded[key] = inline
         for key, digest in blob_refs.items():
-            async with self._query("SELECT data FROM blobs WHERE digest = ?", (digest,)) as cur:
-                blob_row = await cur.fetchone()
+            blob_row = await self._row("SELECT data FROM blobs WHERE digest = ?", (digest,))
             if blob_row is None:
                 raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
             encoded[key] = blob_row[0]
@@ -303,29 +289,27 @@ class Store(RowReads, AdminRows, LeaseRows):
     async def active_tasks(self) -> list[tuple[str, str, str]]:
         """(task_id, tenant, status) of every task not in a terminal state."""
         terminal = tuple(s.value for s in TERMINAL)
-        async with self._query(
+        rows = await self._rows(
             "SELECT task_id, tenant, status FROM tasks WHERE status NOT IN (?,?,?)"
             " ORDER BY created_at",
             terminal,
-        ) as cur:
-            return [(r[0], r[1], r[2]) for r in await cur.fetchall()]
+        )
+        return [(r[0], r[1], r[2]) for r in rows]
 
     async def pending_outbox(self, limit: int = 1000, after_id: int = 0) -> list[OutboxRow]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT id, subject, msg_id, payload, headers FROM outbox WHERE id > ?"
             " ORDER BY id LIMIT ?",
             (after_id, limit),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [OutboxRow(r[0], r[1], r[2], r[3], _unpack(r[4])) for r in rows]
 
     async def events(self, task_id: str, after: int = 0) -> list[dict[str, Any]]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT sequence, event_id, type, aggregate_version, occurred_at, payload"
             " FROM events WHERE task_id = ? AND sequence > ? ORDER BY sequence",
             (task_id, after),
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [
             {"sequence": r[0], "event_id": r[1], "type": r[2], "aggregate_version": r[3],
              "occurred_at": r[4], "payload": _unpack(r[5])}
@@ -336,16 +320,14 @@ class Store(RowReads, AdminRows, LeaseRows):
         """Row count of one table (tests and operations)."""
         if not table.isidentifier():
             raise ValueError(table)
-        async with self._query(f"SELECT COUNT(*) FROM {table}") as cur:
-            row = await cur.fetchone()
+        row = await self._row(f"SELECT COUNT(*) FROM {table}")
         return int(row[0]) if row else 0
 
     async def dead_letters(self) -> list[dict[str, Any]]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT id, subject, error_code, error_message, details, received_at FROM dead_letters"
             " ORDER BY id"
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [
             {"id": r[0], "subject": r[1], "code": r[2], "message": r[3],
              "details": _unpack(r[4]), "received_at": r[5]}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
@@ -39,8 +38,10 @@ class _StoreParts:
 
     _writer: Writer
 
-    def _query(self, sql: str, args: tuple[Any, ...] | list[Any] = ()
-               ) -> AbstractAsyncContextManager[Any]:
+    async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    async def _row(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> Any:
         raise NotImplementedError
 
     def _announce(self, rows: list[OutboxRow]) -> None:
@@ -60,25 +61,23 @@ class RowReads(_StoreParts):
     # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
 
     async def get_action(self, tenant: str, key: str) -> ActionRecord | None:
-        async with self._query(
+        row = await self._row(
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key = ?",
             (tenant, key),
-        ) as cur:
-            row = await cur.fetchone()
+        )
         return None if row is None else action_record(row)
 
     async def task_actions(self, task_id: str) -> list[ActionRecord]:
         """The task's actions in the order they were first recorded."""
-        async with self._query(
+        rows = await self._rows(
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
-        ) as cur:
-            return [action_record(r) for r in await cur.fetchall()]
+        )
+        return [action_record(r) for r in rows]
 
     async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
-        async with self._query(
+        row = await self._row(
             "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)
-        ) as cur:
-            row = await cur.fetchone()
+        )
         return {} if row is None else dict(_unpack(row[0]))
 
     async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
@@ -93,24 +92,21 @@ class RowReads(_StoreParts):
         await self._writer.submit(self._fenced(task_id, txn))
 
     async def next_timer_due(self) -> float | None:
-        async with self._query(
-            "SELECT MIN(due_at) FROM timers WHERE fired_at IS NULL") as cur:
-            row = await cur.fetchone()
+        row = await self._row(
+            "SELECT MIN(due_at) FROM timers WHERE fired_at IS NULL")
         return None if row is None or row[0] is None else float(row[0])
 
     async def due_timers(self, now: float, limit: int = 500) -> list[dict[str, Any]]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT timer_id, task_id, kind, due_at, payload FROM timers"
             " WHERE fired_at IS NULL AND due_at <= ? ORDER BY due_at LIMIT ?", (now, limit)
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [{"timer_id": r[0], "task_id": r[1], "kind": r[2], "due_at": r[3],
                  "payload": _unpack(r[4])} for r in rows]
 
     async def timer_fired(self, timer_id: str) -> bool:
-        async with self._query(
-            "SELECT fired_at FROM timers WHERE timer_id = ?", (timer_id,)) as cur:
-            row = await cur.fetchone()
+        row = await self._row(
+            "SELECT fired_at FROM timers WHERE timer_id = ?", (timer_id,))
         return row is not None and row[0] is not None
 
     async def mark_timers_fired(self, fired: list[tuple[str, float]], now: float) -> None:
@@ -125,19 +121,17 @@ class RowReads(_StoreParts):
 
     async def find_wait(self, tenant: str, correlation_id: str) -> tuple[str, str] | None:
         """(task_id, kind) of an open wait, or None."""
-        async with self._query(
+        row = await self._row(
             "SELECT task_id, kind FROM waits WHERE tenant = ? AND correlation_id = ?"
             " AND resolved_at IS NULL", (tenant, correlation_id)
-        ) as cur:
-            row = await cur.fetchone()
+        )
         return None if row is None else (row[0], row[1])
 
     async def handoffs(self, task_id: str) -> list[dict[str, Any]]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT id, reason, package, created_at, resolved_at FROM handoffs WHERE task_id = ?"
             " ORDER BY id", (task_id,)
-        ) as cur:
-            rows = await cur.fetchall()
+        )
         return [{"id": r[0], "reason": r[1], "package": _unpack(r[2]), "created_at": r[3],
                  "resolved_at": r[4]} for r in rows]
 
@@ -160,25 +154,22 @@ class RowReads(_StoreParts):
         return bool(settled)
 
     async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
-        async with self._query(
+        rows = await self._rows(
             "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
-            (task_id, node)) as cur:
-            rows = await cur.fetchall()
+            (task_id, node))
         return {r[0]: _branch(r[1], r[2], r[3]) for r in rows}
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
-        async with self._query(
+        r = await self._row(
             "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"
-            " AND branch = ?", (task_id, node, branch)) as cur:
-            r = await cur.fetchone()
+            " AND branch = ?", (task_id, node, branch))
         return None if r is None else _branch(r[0], r[1], r[2])
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
-        async with self._query(
+        r = await self._row(
             "SELECT approval_id, task_id, node, request, request_hash, approvers, status,"
             " decided_by, reason, expires_at, created_at, decided_at FROM approvals"
-            " WHERE approval_id = ?", (approval_id,)) as cur:
-            r = await cur.fetchone()
+            " WHERE approval_id = ?", (approval_id,))
         if r is None:
             return None
         return {"approval_id": r[0], "task_id": r[1], "node": r[2], "request": _unpack(r[3]),
@@ -187,16 +178,16 @@ class RowReads(_StoreParts):
 
     async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
         """An agent node's log entries ``(kind, body)`` in order (messages and turns)."""
-        async with self._query(
+        rows = await self._rows(
             "SELECT kind, body FROM agent_log WHERE task_id = ? AND node = ? ORDER BY seq",
-            (task_id, node)) as cur:
-            return [(r[0], dict(_unpack(r[1]))) for r in await cur.fetchall()]
+            (task_id, node))
+        return [(r[0], dict(_unpack(r[1]))) for r in rows]
 
     async def checkpoint_names(self, task_id: str) -> list[str]:
         """The names of the nodes completed, in checkpoint order."""
-        async with self._query(
-            "SELECT step_name FROM checkpoints WHERE task_id = ? ORDER BY seq", (task_id,)) as cur:
-            return [r[0] for r in await cur.fetchall()]
+        rows = await self._rows(
+            "SELECT step_name FROM checkpoints WHERE task_id = ? ORDER BY seq", (task_id,))
+        return [r[0] for r in rows]
 
     async def recent_events(self, task_id: str, types: tuple[str, ...],
                             since: float) -> list[dict[str, Any]]:
@@ -205,11 +196,10 @@ class RowReads(_StoreParts):
         if not types:
             return []
         marks = ",".join("?" * len(types))
-        async with self._query(
+        rows = await self._rows(
             "SELECT sequence, event_id, type, aggregate_version, occurred_at, payload"
             f" FROM events WHERE task_id = ? AND type IN ({marks}) AND occurred_at >= ?"
-            " ORDER BY sequence", (task_id, *types, since)) as cur:
-            rows = await cur.fetchall()
+            " ORDER BY sequence", (task_id, *types, since))
         return [{"sequence": r[0], "event_id": r[1], "type": r[2], "aggregate_version": r[3],
                  "occurred_at": r[4], "payload": _unpack(r[5])} for r in rows]
 
@@ -260,13 +250,13 @@ class AdminRows(_StoreParts):
         for other in exclude or []:  # tenants with a period of their own
             where += " AND tenant != ?"
             args.append(other)  # type: ignore[arg-type]
-        async with self._query(f"SELECT task_id FROM tasks WHERE {where} LIMIT ?",
-                                    (*args, limit)) as cur:
-            return [r[0] for r in await cur.fetchall()]
+        rows = await self._rows(f"SELECT task_id FROM tasks WHERE {where} LIMIT ?",
+                                    (*args, limit))
+        return [r[0] for r in rows]
 
     async def switches(self) -> list[tuple[str, str]]:
-        async with self._query("SELECT kind, name FROM switches") as cur:
-            return [(r[0], r[1]) for r in await cur.fetchall()]
+        rows = await self._rows("SELECT kind, name FROM switches")
+        return [(r[0], r[1]) for r in rows]
 
     async def set_switch(self, kind: str, name: str, on: bool, by: str, reason: str | None,
                          now: float) -> None:
@@ -301,20 +291,18 @@ class AdminRows(_StoreParts):
                         limit: int = 500) -> list[dict[str, Any]]:
         where, args = ("WHERE seq > ?", [after]) if tenant is None else \
             ("WHERE seq > ? AND tenant = ?", [after, tenant])
-        async with self._query(
+        rows = await self._rows(
             "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
-            f" hash FROM audit {where} ORDER BY seq LIMIT ?", (*args, limit)) as cur:
-            rows = await cur.fetchall()
+            f" hash FROM audit {where} ORDER BY seq LIMIT ?", (*args, limit))
         return [{"seq": r[0], "tenant": r[1], "at": r[2], "principal": r[3], "verb": r[4],
                  "command_id": r[5], "task_id": r[6], "outcome": r[7], "detail": _unpack(r[8]),
                  "hash": r[9]} for r in rows]
 
     async def verify_audit(self) -> int | None:
         """None when the whole chain verifies, else the first broken entry's seq."""
-        async with self._query(
+        rows = await self._rows(
             "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
-            " prev_hash, hash FROM audit ORDER BY seq") as cur:
-            rows = await cur.fetchall()
+            " prev_hash, hash FROM audit ORDER BY seq")
         return verify_audit_rows([tuple(r) for r in rows])
 
     async def list_tasks(self, tenant: str, *, status: str | None = None,
@@ -333,11 +321,10 @@ class AdminRows(_StoreParts):
             created = float(created_text)
             clauses.append("(created_at < ? OR (created_at = ? AND task_id < ?))")
             args += [created, created, task_id]  # type: ignore[list-item]
-        async with self._query(
+        rows = await self._rows(
             "SELECT task_id, workflow, workflow_version, status, version, created_at,"
             f" updated_at FROM tasks WHERE {' AND '.join(clauses)}"
-            " ORDER BY created_at DESC, task_id DESC LIMIT ?", (*args, limit + 1)) as cur:
-            rows = list(await cur.fetchall())
+            " ORDER BY created_at DESC, task_id DESC LIMIT ?", (*args, limit + 1))
         page = [{"task_id": r[0], "workflow": r[1], "workflow_version": r[2], "status": r[3],
                  "version": r[4], "created_at": r[5], "updated_at": r[6]} for r in rows[:limit]]
         more = len(rows) > limit
