@@ -70,16 +70,19 @@ def proc_cpu_seconds(pid: int) -> float:
 class NodeProc:
     """A ``ratchet serve`` subprocess; ``start`` returns once it says it is serving."""
 
-    def __init__(self, state_dir: Path, nats_url: str, app: str = "bench.app:app", *,
+    def __init__(self, state_dir: Path, nats_url: str | None, app: str = "bench.app:app", *,
                  log_level: str = "warning", synchronous: str = SYNCHRONOUS,
                  env: dict[str, str] | None = None, args: tuple[str, ...] = (),
                  log_path: Path | None = None) -> None:
         """``args``: extra ``serve`` flags (``--node-id``, ``--writer``, ...); ``log_path``:
-        append the node's log (stderr) to this file instead of inheriting stderr."""
+        append the node's log (stderr) to this file instead of inheriting stderr;
+        ``nats_url`` None: the node starts its embedded server (``url`` once started)."""
         self.state_dir = state_dir
+        self.url = nats_url
+        joined = ["--nats-url", nats_url] if nats_url else []
         self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
                      "--log-level", log_level, "serve", "--app", app,
-                     "--nats-url", nats_url, "--synchronous", synchronous, *args]
+                     *joined, "--synchronous", synchronous, *args]
         self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -96,6 +99,7 @@ class NodeProc:
         line = self.proc.stdout.readline()
         if b"serving" not in line:
             raise RuntimeError(f"node did not start: {line!r}")
+        self.url = json.loads(line)["nats_url"]
 
     def status(self, field: str) -> int:
         assert self.proc is not None

@@ -14,6 +14,7 @@ import aiosqlite
 
 from persistence.checkpoints import decode_optional as _unpack
 from persistence.checkpoints import decode_value
+from persistence.connection import open_connection
 from persistence.leases import LeaseRows, check_fence
 from persistence.ledger import ActionRecord, action_record
 from persistence.migrations import migrate
@@ -29,7 +30,8 @@ from persistence.txns import (
     delete_outbox_txn,
     record_dead_letter_txn,
 )
-from persistence.writer import WriterStats, make_writer, open_connection
+from persistence.wal import DEFAULT_WAL_LIMIT, WalStats
+from persistence.writer import WriterStats, make_writer
 from protocol.errors import NotFound
 from protocol.messages import TaskSnapshot
 from protocol.states import TERMINAL
@@ -110,15 +112,17 @@ class Store(RowReads, AdminRows, LeaseRows):
         path: the SQLite file (created, and migrated, if needed).
         synchronous: ``NORMAL`` (default; in WAL, survives process crashes, may lose the
             last commits on OS crash or power loss) or ``FULL`` (fsync each commit).
+        writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
+        wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
     """
 
     def __init__(self, path: str | Path, synchronous: str = "NORMAL",
-                 writer: str = "auto") -> None:
+                 writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError("synchronous must be NORMAL or FULL")
         self.path = str(path)
         self.synchronous = synchronous
-        self._writer = make_writer(self.path, synchronous, writer)
+        self._writer = make_writer(self.path, synchronous, writer, wal_limit)
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
@@ -128,8 +132,8 @@ class Store(RowReads, AdminRows, LeaseRows):
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
-                   writer: str = "auto") -> Store:
-        store = cls(path, synchronous, writer)
+                   writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT) -> Store:
+        store = cls(path, synchronous, writer, wal_limit)
         await store._open()
         return store
 
@@ -159,6 +163,11 @@ class Store(RowReads, AdminRows, LeaseRows):
     @property
     def writer_stats(self) -> WriterStats:
         return self._writer.stats
+
+    @property
+    def wal_stats(self) -> WalStats:
+        """The WAL's size, peak, checkpoints and writer holds (see persistence/wal.py)."""
+        return self._writer.wal.stats
 
     def add_outbox_listener(self, listener: OutboxListener) -> None:
         """Called on the loop with the outbox rows of every commit that made some."""

@@ -11,11 +11,13 @@ Where the commit runs depends on what it costs:
   Handing it to a thread and back costs more than that (~100 µs of wake-ups measured), so
   :class:`LoopWriter` runs the batch on the event-loop thread, scheduled with
   ``call_soon`` so that every commit requested in the same loop iteration joins one batch.
-  Automatic WAL checkpoints (which fsync) are moved off the loop to a checkpointer thread.
+  WAL checkpoints (which fsync) run off the loop, on the :class:`~persistence.wal.WalGuard`
+  thread; when the WAL reaches its bound the writer holds its batches (the loop runs on)
+  while the guard resets the WAL.
 - ``synchronous=FULL``: each commit fsyncs (~0.15 ms here, milliseconds on real disks), so
   :class:`ThreadWriter` owns the connection on its own thread, which releases the GIL
   while it waits on the disk, and hands results back with one ``call_soon_threadsafe`` per
-  batch.
+  batch. At the WAL's bound this thread resets the WAL itself, between two batches.
 
 Why not aiosqlite for writes: every aiosqlite call is a round trip to its thread and it has
 no public way to run a function there, so a six-statement step would cost six round trips.
@@ -35,6 +37,9 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from persistence.connection import open_connection
+from persistence.wal import DEFAULT_WAL_LIMIT, WalGuard
+
 __all__ = ["Writer", "LoopWriter", "ThreadWriter", "WriterStats", "make_writer", "open_connection"]
 
 T = TypeVar("T")
@@ -43,16 +48,7 @@ log = structlog.get_logger("ratchet.store.writer")
 
 _STOP = object()
 _WAKE = object()  # an urgent item is waiting in the urgent lane
-
-
-def open_connection(path: str, synchronous: str) -> sqlite3.Connection:
-    """A connection with the pragmas every Ratchet connection uses."""
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute(f"PRAGMA synchronous={synchronous}")
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA busy_timeout=30000")
-    return conn
+_RESTART = object()  # (urgent lane) reset the WAL before the next batch
 
 
 @dataclass
@@ -73,6 +69,7 @@ class WriterStats:
 
 class Writer(Protocol):
     stats: WriterStats
+    wal: WalGuard
 
     def start(self) -> None: ...
 
@@ -133,31 +130,38 @@ def _settle(settled: list[tuple[asyncio.Future[Any], tuple[bool, Any]]]) -> None
             fut.set_exception(value)
 
 
+def _call_soon_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
+                          *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # the loop closed meanwhile: nobody is waiting
+        pass
+
+
 class LoopWriter:
     """Group commit on the event-loop thread (for ``synchronous=NORMAL``).
 
     A batch blocks the loop while it runs; ``stats.commit_seconds`` records how long (the
-    bench reports its p99). WAL checkpoints run on a separate thread and connection
-    (``PASSIVE``: they never block the writer).
+    bench reports its p99). Checkpoints run on the WAL guard's thread; while it resets the
+    WAL the writer holds (requests queue, the loop runs on) — see :mod:`persistence.wal`.
     """
 
     def __init__(self, path: str, synchronous: str = "NORMAL", max_batch: int = 128,
-                 checkpoint_every: int = 500) -> None:
+                 wal_limit: int = DEFAULT_WAL_LIMIT) -> None:
         self._path = path
         self._synchronous = synchronous
         self._max_batch = max_batch
         self._pending: list[tuple[Txn, asyncio.Future[Any]]] = []
         self._scheduled = False
+        self._held_since: float | None = None  # set while the guard resets the WAL
         self._conn: sqlite3.Connection | None = None
-        self._checkpoint_every = checkpoint_every
-        self._commits_since_checkpoint = 0
-        self._checkpointer = _Checkpointer(path, synchronous)
+        self.wal = WalGuard(path, synchronous, wal_limit)
         self.stats = WriterStats()
 
     def start(self) -> None:
         self._conn = open_connection(self._path, self._synchronous)
-        self._conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer thread does it
-        self._checkpointer.start()
+        self.wal.configure(self._conn)
+        self.wal.start()
 
     def submit(self, fn: Callable[[sqlite3.Connection], T],
                urgent: bool = False) -> asyncio.Future[T]:
@@ -169,36 +173,56 @@ class LoopWriter:
             self._pending.insert(0, (fn, fut))
         else:
             self._pending.append((fn, fut))
-        if not self._scheduled:
+        self._schedule(loop)
+        return fut
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if not self._scheduled and self._held_since is None:
             self._scheduled = True
             loop.call_soon(self._flush)
-        return fut
 
     def _flush(self) -> None:
         self._scheduled = False
+        if self._held_since is not None:
+            return  # _resume schedules the next batch
         batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch:]
-        if self._pending:
-            self._scheduled = True
-            asyncio.get_running_loop().call_soon(self._flush)
         if not batch:
             return
         assert self._conn is not None, "writer not started"
         started = time.perf_counter()
         outcomes = execute_batch(self._conn, [fn for fn, _ in batch])
         self.stats.record(len(batch), time.perf_counter() - started)
-        self._commits_since_checkpoint += 1
-        if self._commits_since_checkpoint >= self._checkpoint_every:
-            self._commits_since_checkpoint = 0
-            self._checkpointer.request()
+        loop = asyncio.get_running_loop()
+        if self.wal.due():
+            self.wal.prepare_restart(lambda: _call_soon_threadsafe(loop, self._hold, loop))
+        if self._pending:
+            self._schedule(loop)
         _settle([(fut, outcome) for (_, fut), outcome in zip(batch, outcomes, strict=True)])
+
+    def _hold(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Between two batches (we run on the loop): hold while the guard resets the WAL."""
+        if self._conn is None:
+            return  # stopped meanwhile
+        self._held_since = time.perf_counter()
+        self.wal.restart_soon(lambda: _call_soon_threadsafe(loop, self._resume, loop))
+
+    def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._held_since is None:
+            return
+        self.wal.stats.record_hold(time.perf_counter() - self._held_since)
+        self._held_since = None
+        if self._pending:
+            self._schedule(loop)
 
     def stop(self) -> None:
         """Run what is pending, close the connection. Idempotent."""
         if self._conn is None:
             return
+        self.wal.stop()  # finishes a restart in progress: nothing holds the writer after
+        self._held_since = None
         while self._pending:
             self._flush()
-        self._checkpointer.stop()
+        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         self._conn.close()
         self._conn = None
 
@@ -206,50 +230,11 @@ class LoopWriter:
         self.stop()
 
 
-class _Checkpointer:
-    """A thread that copies the WAL back into the database, off the event loop."""
-
-    def __init__(self, path: str, synchronous: str) -> None:
-        self._path = path
-        self._synchronous = synchronous
-        self._wanted = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="ratchet-wal-checkpoint",
-                                        daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def request(self) -> None:
-        self._wanted.set()
-
-    def stop(self) -> None:
-        if self._thread.is_alive():
-            self._stopping = True
-            self._wanted.set()
-            self._thread.join()
-
-    def _run(self) -> None:
-        conn = open_connection(self._path, self._synchronous)
-        try:
-            while True:
-                self._wanted.wait(timeout=1.0)
-                self._wanted.clear()
-                if self._stopping:
-                    break
-                try:
-                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-                except sqlite3.Error as exc:
-                    log.warning("wal checkpoint failed", error=repr(exc))
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
-        finally:
-            conn.close()
-
-
 class ThreadWriter:
     """Group commit on a dedicated thread (for ``synchronous=FULL``)."""
 
-    def __init__(self, path: str, synchronous: str = "FULL", max_batch: int = 512) -> None:
+    def __init__(self, path: str, synchronous: str = "FULL", max_batch: int = 512,
+                 wal_limit: int = DEFAULT_WAL_LIMIT) -> None:
         self._path = path
         self._synchronous = synchronous
         self._max_batch = max_batch
@@ -258,6 +243,7 @@ class ThreadWriter:
         self._thread = threading.Thread(target=self._run, name="ratchet-store-writer", daemon=True)
         self._ready = threading.Event()
         self._open_error: BaseException | None = None
+        self.wal = WalGuard(path, synchronous, wal_limit)
         self.stats = WriterStats()
 
     def start(self) -> None:
@@ -290,6 +276,8 @@ class ThreadWriter:
     def _run(self) -> None:
         try:
             conn = open_connection(self._path, self._synchronous)
+            self.wal.configure(conn)
+            self.wal.start()
         except BaseException as exc:  # reported to start()'s caller
             self._open_error = exc
             self._ready.set()
@@ -303,7 +291,11 @@ class ThreadWriter:
                     break
                 batch = []
                 while self._urgent:
-                    batch.append(self._urgent.popleft())
+                    item = self._urgent.popleft()
+                    if item is _RESTART:
+                        self._restart_wal(conn)
+                    else:
+                        batch.append(item)
                 if first is not _WAKE:
                     batch.append(first)
                 while len(batch) < self._max_batch:
@@ -322,8 +314,21 @@ class ThreadWriter:
                 outcomes = execute_batch(conn, [fn for fn, _, _ in batch])
                 self.stats.record(len(batch), time.perf_counter() - started)
                 self._hand_back(batch, outcomes)
+                if self.wal.due():
+                    self.wal.prepare_restart(self._ask_restart)
         finally:
+            self.wal.stop()
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             conn.close()
+
+    def _ask_restart(self) -> None:
+        self._urgent.append(_RESTART)
+        self._queue.put(_WAKE)
+
+    def _restart_wal(self, conn: sqlite3.Connection) -> None:
+        held = time.perf_counter()  # the queue waits meanwhile: that is the hold
+        self.wal.restart(conn)
+        self.wal.stats.record_hold(time.perf_counter() - held)
 
     @staticmethod
     def _hand_back(batch: list[Any], outcomes: list[tuple[bool, Any]]) -> None:
@@ -337,12 +342,13 @@ class ThreadWriter:
                 pass
 
 
-def make_writer(path: str, synchronous: str, kind: str = "auto") -> Writer:
+def make_writer(path: str, synchronous: str, kind: str = "auto",
+                wal_limit: int = DEFAULT_WAL_LIMIT) -> Writer:
     """The writer that suits the durability setting (see the module doc), or the ``kind``
     asked for: ``thread`` also suits several processes sharing the file, whose write locks
     would otherwise be waited for on the event loop."""
     if kind not in ("auto", "loop", "thread"):
         raise ValueError("writer must be auto, loop or thread")
     if kind == "thread" or (kind == "auto" and synchronous == "FULL"):
-        return ThreadWriter(path, synchronous)
-    return LoopWriter(path, synchronous)
+        return ThreadWriter(path, synchronous, wal_limit=wal_limit)
+    return LoopWriter(path, synchronous, wal_limit=wal_limit)

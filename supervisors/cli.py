@@ -90,7 +90,7 @@ async def _serve(args: argparse.Namespace) -> int:
                         synchronous=args.synchronous, partitions=args.partitions,
                         retention=pairs(args.retention, float), lease_ttl=args.lease_ttl,
                         lease_interval=args.lease_interval, writer=args.writer,
-                        max_running=args.max_running,
+                        wal_limit_mb=args.wal_limit_mb, max_running=args.max_running,
                         tenant_quotas=pairs(args.tenant_quota, int),
                         tenant_weights=pairs(args.tenant_weight, float))
     if args.node_id:
@@ -222,6 +222,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds between heartbeats (renewal, rebalancing, reaping)")
     s.add_argument("--writer", default="auto", choices=["auto", "loop", "thread"],
                    help="where commits run; 'thread' when several nodes share the store")
+    s.add_argument("--wal-limit-mb", type=float, default=16.0,
+                   help="WAL size at which writes pause (milliseconds) while it is reset")
     s.add_argument("--max-running", type=int, default=64,
                    help="tasks this node runs at once; more wait their (fair) turn")
     s.add_argument("--tenant-quota", action="append", default=[], metavar="TENANT=N",

@@ -99,6 +99,8 @@ class NodeConfig:
     #: Several nodes on one file wait on each other's write lock: ``thread`` keeps that
     #: wait off the event loop.
     writer: str = "auto"
+    #: The SQLite WAL's bound: at this size writes hold while it is reset (persistence/wal.py).
+    wal_limit_mb: float = 16.0
 
     @property
     def db_path(self) -> Path:
@@ -138,7 +140,8 @@ class Node:
     async def start(self) -> None:
         cfg = self.config
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
-        self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer)
+        self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
+                                      wal_limit=int(cfg.wal_limit_mb * 1024 * 1024))
         try:
             embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
             if cfg.nats_url:
@@ -248,9 +251,13 @@ class Node:
         def pct(p: float) -> float:
             return round(durations[int(p * (len(durations) - 1))] * 1000, 3) if durations else 0.0
 
+        wal = self.store.wal_stats
         return {"commit_batches": stats.batches, "commit_transactions": stats.transactions,
                 "largest_batch": stats.largest_batch, "commit_p50_ms": pct(0.5),
-                "commit_p99_ms": pct(0.99), "commit_max_ms": pct(1.0)}
+                "commit_p99_ms": pct(0.99), "commit_max_ms": pct(1.0),
+                "wal_peak_mb": round(wal.wal_peak_bytes / 1e6, 2), "wal_restarts": wal.restarts,
+                "wal_restart_failures": wal.restart_failures,
+                "wal_hold_max_ms": round(wal.hold_max_seconds * 1000, 2)}
 
     def _root_exited(self, _: ActorRef[Any], reason: BaseException | None) -> None:
         if reason is not None and not self._stopped:

@@ -1,0 +1,289 @@
+"""Keeps SQLite's write-ahead log bounded under any steady load.
+
+Why the WAL grew without bound (measured in a soak at 150 tasks/s): SQLite starts writing
+the WAL from its beginning again only when a writer opens a transaction while *every*
+frame has been copied back into the database and no reader is inside the WAL. Our
+checkpointer ran ``PASSIVE`` checkpoints on its own thread beside the writer; each one
+completed (``log == checkpointed``) for the frames that existed when it began, but the
+writer had appended more by the time it finished, so no transaction ever began on a fully
+checkpointed WAL. The file grew by ~40 MB/s, and the WAL index (``-shm``, mapped into the
+process) grew with it — most of the node's rising RSS.
+
+What bounds it now:
+
+- the guard thread keeps running ``PASSIVE`` checkpoints beside the writer (every
+  ``passive_interval``), so the database never falls far behind the WAL;
+- after each group commit the writer asks :meth:`WalGuard.due`: once the WAL file reaches
+  ``limit_bytes`` the writer *holds* (starts no batch) while a ``TRUNCATE`` checkpoint
+  copies the few frames the last passive one missed, waits for readers still inside the
+  WAL (our reads are single calls, so microseconds), and truncates the file to zero. The
+  hold lasts milliseconds and is measured (``hold_max_ms``);
+- a restart that cannot complete (a reader — another process — keeps an old snapshot past
+  ``busy_ms``) lets the writer go on and is retried with a doubling delay, logged as a
+  warning with the WAL's size: the file can outgrow the limit only while someone else holds
+  a read snapshot open.
+
+One checkpoint runs at a time in a process (SQLite refuses a second one with BUSY rather
+than waiting), so every checkpoint here takes :attr:`WalGuard.lock`.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import structlog
+
+from persistence.connection import open_connection
+
+__all__ = ["CheckpointResult", "WalGuard", "WalStats", "DEFAULT_WAL_LIMIT"]
+
+log = structlog.get_logger("ratchet.store.wal")
+
+#: The WAL size at which writers hold for a restart. Small enough that the file and its
+#: index stay a few MB; large enough that at ~40 MB/s of WAL traffic a restart (a few ms)
+#: comes a few times a second at most.
+DEFAULT_WAL_LIMIT = 16 * 1024 * 1024
+
+
+@dataclass
+class CheckpointResult:
+    """One ``PRAGMA wal_checkpoint``: its mode, SQLite's three figures, and its cost."""
+
+    mode: str
+    busy: bool  # SQLite could not finish (readers or another checkpoint in the way)
+    log_frames: int
+    checkpointed_frames: int
+    wal_bytes_before: int
+    seconds: float
+    at: float  # wall time it ended
+
+
+@dataclass
+class WalStats:
+    wal_bytes: int = 0  # as last seen after a commit
+    wal_peak_bytes: int = 0
+    passive_checkpoints: int = 0
+    restarts: int = 0  # TRUNCATE checkpoints that reset the WAL
+    restart_failures: int = 0
+    holds: int = 0
+    hold_seconds_total: float = 0.0
+    hold_max_seconds: float = 0.0
+    last: CheckpointResult | None = None
+    last_restart: CheckpointResult | None = None
+
+    def record_hold(self, seconds: float) -> None:
+        self.holds += 1
+        self.hold_seconds_total += seconds
+        self.hold_max_seconds = max(self.hold_max_seconds, seconds)
+
+    def summary(self) -> dict[str, Any]:
+        """Flat figures for a log line or a metric."""
+        return {
+            "wal_mb": round(self.wal_bytes / 1e6, 2),
+            "wal_peak_mb": round(self.wal_peak_bytes / 1e6, 2),
+            "passive_checkpoints": self.passive_checkpoints, "restarts": self.restarts,
+            "restart_failures": self.restart_failures, "holds": self.holds,
+            "hold_max_ms": round(self.hold_max_seconds * 1000, 2),
+            "last_checkpoint": None if self.last is None else asdict(self.last),
+        }
+
+
+@dataclass
+class _Backoff:
+    """Doubling delay between restart attempts that failed."""
+
+    base: float = 0.1
+    cap: float = 5.0
+    failures: int = 0
+    not_before: float = 0.0
+
+    def failed(self, now: float) -> float:
+        self.failures += 1
+        delay = min(self.cap, self.base * 2.0 ** min(self.failures - 1, 16))
+        self.not_before = now + delay
+        return delay
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.not_before = 0.0
+
+
+_Job = Callable[[sqlite3.Connection], None]  # runs on the guard thread, on its connection
+_STOP = object()
+
+
+class WalGuard:
+    """The WAL's bound and the thread that checkpoints it (see the module doc).
+
+    A restart has two phases so that the writer holds as briefly as possible: first a
+    ``PASSIVE`` checkpoint while writes go on (:meth:`prepare_restart`), then, with the
+    writer holding, a ``TRUNCATE`` that copies only what was appended meanwhile
+    (:meth:`restart` on the writer's thread, or :meth:`restart_soon` on the guard's).
+
+    Args:
+        path: the database file (the WAL is ``path + "-wal"``).
+        limit_bytes: the WAL size at which a restart begins.
+        passive_interval: seconds between background ``PASSIVE`` checkpoints.
+        busy_ms: how long a restart waits for readers before giving up this time.
+        summary_interval: seconds between the info log lines with :meth:`WalStats.summary`.
+    """
+
+    def __init__(self, path: str, synchronous: str, limit_bytes: int = DEFAULT_WAL_LIMIT,
+                 passive_interval: float = 0.25, busy_ms: int = 1000,
+                 summary_interval: float = 60.0) -> None:
+        if limit_bytes < 64 * 1024:
+            raise ValueError("limit_bytes must be at least 64 KiB")
+        self.path = path
+        self.wal_path = path + "-wal"
+        self._synchronous = synchronous
+        self.limit_bytes = limit_bytes
+        self._passive_interval = passive_interval
+        self._busy_ms = busy_ms
+        self._summary_interval = summary_interval
+        self.stats = WalStats()
+        self.lock = threading.Lock()  # one checkpoint at a time in this process
+        self._backoff = _Backoff()
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._restarting = False  # from prepare_restart until the restart's result
+        self._thread = threading.Thread(target=self._run, name="ratchet-wal-guard", daemon=True)
+
+    # -- the writer's side ------------------------------------------------------------
+
+    def configure(self, conn: sqlite3.Connection) -> None:
+        """Pragmas for the writing connection: no automatic checkpoints (the guard runs
+        them), and a WAL reset by any checkpoint truncates the file to the limit."""
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        conn.execute(f"PRAGMA journal_size_limit={self.limit_bytes}")
+
+    def due(self) -> bool:
+        """Called by the writer after each commit: True when the WAL reached the limit and
+        no restart is under way or backing off (the writer then calls
+        :meth:`prepare_restart`)."""
+        size = self._wal_size()
+        self.stats.wal_bytes = size
+        if size > self.stats.wal_peak_bytes:
+            self.stats.wal_peak_bytes = size
+        return (size >= self.limit_bytes and not self._restarting
+                and time.monotonic() >= self._backoff.not_before)
+
+    def prepare_restart(self, then: Callable[[], None]) -> None:
+        """Phase one, on the guard thread: a ``PASSIVE`` checkpoint while writes go on;
+        then ``then()`` (there), which makes the writer hold and ask for phase two."""
+        self._restarting = True
+
+        def job(conn: sqlite3.Connection) -> None:
+            try:
+                self._passive(conn)
+            finally:
+                then()
+
+        self._jobs.put(job)
+
+    def restart(self, conn: sqlite3.Connection) -> CheckpointResult:
+        """Phase two on the caller's thread: reset the WAL on ``conn``, a connection with
+        no transaction open whose writer starts none meanwhile."""
+        previous = conn.execute("PRAGMA busy_timeout").fetchone()[0]
+        conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        try:
+            result = self._checkpoint(conn, "TRUNCATE")
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(previous)}")
+            self._restarting = False
+        self._after_restart(result)
+        return result
+
+    def restart_soon(self, on_done: Callable[[], None]) -> None:
+        """Phase two on the guard thread (for a writer on the event loop, which holds its
+        batches meanwhile); ``on_done()`` is called there afterwards."""
+
+        def job(conn: sqlite3.Connection) -> None:
+            try:
+                self.restart(conn)
+            finally:
+                on_done()
+
+        self._jobs.put(job)
+
+    # -- the guard thread -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Finish the jobs asked for and join the thread (the writer truncates the WAL
+        after its last commit)."""
+        if self._thread.is_alive():
+            self._jobs.put(_STOP)
+            self._thread.join()
+
+    def _run(self) -> None:
+        conn = open_connection(self.path, self._synchronous)
+        conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+        next_summary = time.monotonic() + self._summary_interval
+        try:
+            while True:
+                try:
+                    job = self._jobs.get(timeout=self._passive_interval)
+                except queue.Empty:
+                    job = self._passive
+                if job is _STOP:
+                    break
+                try:
+                    job(conn)
+                except Exception as exc:  # a callback failed: the guard must go on
+                    log.error("wal guard job failed", error=repr(exc))
+                if time.monotonic() >= next_summary:
+                    next_summary = time.monotonic() + self._summary_interval
+                    log.info("wal", **self.stats.summary())
+        finally:
+            conn.close()
+
+    def _passive(self, conn: sqlite3.Connection) -> None:
+        if self._wal_size() == 0:
+            return
+        try:
+            self._checkpoint(conn, "PASSIVE")
+            self.stats.passive_checkpoints += 1
+        except sqlite3.Error as exc:  # the database is busy or failing: try at the next tick
+            log.warning("wal checkpoint failed", mode="PASSIVE", error=repr(exc))
+
+    def _checkpoint(self, conn: sqlite3.Connection, mode: str) -> CheckpointResult:
+        before = self._wal_size()
+        started = time.perf_counter()
+        with self.lock:
+            try:
+                busy, frames, done = conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
+            except sqlite3.OperationalError as exc:  # locked past the busy timeout
+                log.debug("wal checkpoint refused", mode=mode, error=repr(exc))
+                busy, frames, done = 1, -1, -1
+        result = CheckpointResult(mode, bool(busy), frames, done, before,
+                                  time.perf_counter() - started, time.time())
+        self.stats.last = result
+        return result
+
+    def _after_restart(self, result: CheckpointResult) -> None:
+        self.stats.last_restart = result
+        if not result.busy:
+            self.stats.restarts += 1
+            self._backoff.succeeded()
+            self.stats.wal_bytes = self._wal_size()
+            log.debug("wal restarted", **asdict(result))
+            return
+        self.stats.restart_failures += 1
+        delay = self._backoff.failed(time.monotonic())
+        log.warning("wal restart blocked (a reader holds an old snapshot); writers go on",
+                    wal_mb=round(result.wal_bytes_before / 1e6, 1), retry_in_s=delay,
+                    failures=self._backoff.failures)
+
+    def _wal_size(self) -> int:
+        try:
+            return os.stat(self.wal_path).st_size
+        except FileNotFoundError:
+            return 0
