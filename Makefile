@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test test-fast bench soak lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,10 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# Everything but the tests marked slow (real processes killed, a minute of soak).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
+
 # Each script prints one JSON object as its last line (figures in docs/operations.md).
 bench: $(STAMP)
 	$(BIN)/python bench/steps.py
@@ -28,6 +32,10 @@ bench: $(STAMP)
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/admin.py
 	$(BIN)/python bench/chaos.py --runs 200
+
+# Ten minutes of steady load at 150 tasks/s (WAL, memory and latency over time).
+soak: $(STAMP)
+	$(BIN)/python bench/soak.py --seconds 600
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import nats
@@ -33,6 +34,7 @@ from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
     DeliverPolicy,
+    DiscardPolicy,
     RetentionPolicy,
     StorageType,
     StreamConfig,
@@ -48,28 +50,55 @@ from protocol.subjects import (
     STREAM_SUBMIT,
 )
 
-__all__ = ["Bus", "deliveries", "stream_configs", "redelivery_delay"]
+__all__ = ["Bus", "MB", "StreamLimits", "deliveries", "stream_configs", "redelivery_delay"]
 
 log = structlog.get_logger("ratchet.bus")
 
 DAY = 24 * 3600.0
 
 
-def stream_configs(events_max_age: float = 7 * DAY, dlq_max_age: float = 30 * DAY) -> list[StreamConfig]:
+MB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    """What each JetStream stream may hold, and what happens at the limit.
+
+    - ``events`` (``RATCHET_EVENTS``, limits retention): at ``events_max_age`` or
+      ``events_max_bytes`` the *oldest* events are discarded. The store keeps every event
+      (``admin history``); only live ``watch`` replays from the stream.
+    - ``dlq`` (``RATCHET_DLQ``): the same, with ``dlq_max_age`` / ``dlq_max_bytes``; the
+      store's ``dead_letters`` table keeps a row per dead letter.
+    - the work queues (submit, mail, external, decisions) hold only what is not consumed
+      yet: at ``queue_max_bytes`` a stream refuses *new* messages (the publisher gets an
+      error: a producer's submit fails, the outbox relay keeps the row and retries), so a
+      stalled consumer never silently loses work and never fills the disk.
+    """
+
+    events_max_age: float = 7 * DAY
+    events_max_bytes: int = 1024 * MB
+    dlq_max_age: float = 30 * DAY
+    dlq_max_bytes: int = 256 * MB
+    queue_max_bytes: int = 1024 * MB
+
+
+def stream_configs(limits: StreamLimits | None = None) -> list[StreamConfig]:
+    lim = limits or StreamLimits()
     common: dict[str, Any] = {"storage": StorageType.FILE, "duplicate_window": 120.0}
+    queue: dict[str, Any] = {"retention": RetentionPolicy.WORK_QUEUE,
+                             "max_bytes": lim.queue_max_bytes, "discard": DiscardPolicy.NEW,
+                             **common}
+    kept: dict[str, Any] = {"retention": RetentionPolicy.LIMITS,
+                            "discard": DiscardPolicy.OLD, **common}
     return [
-        StreamConfig(name=STREAM_SUBMIT, subjects=["ratchet.submit.>"],
-                     retention=RetentionPolicy.WORK_QUEUE, **common),
-        StreamConfig(name=STREAM_MAIL, subjects=["ratchet.mail.>"],
-                     retention=RetentionPolicy.WORK_QUEUE, **common),
-        StreamConfig(name=STREAM_EXTERNAL, subjects=["ratchet.external.>"],
-                     retention=RetentionPolicy.WORK_QUEUE, **common),
-        StreamConfig(name=STREAM_DECISIONS, subjects=["ratchet.decisions.>"],
-                     retention=RetentionPolicy.WORK_QUEUE, **common),
+        StreamConfig(name=STREAM_SUBMIT, subjects=["ratchet.submit.>"], **queue),
+        StreamConfig(name=STREAM_MAIL, subjects=["ratchet.mail.>"], **queue),
+        StreamConfig(name=STREAM_EXTERNAL, subjects=["ratchet.external.>"], **queue),
+        StreamConfig(name=STREAM_DECISIONS, subjects=["ratchet.decisions.>"], **queue),
         StreamConfig(name=STREAM_EVENTS, subjects=["ratchet.events.>"],
-                     retention=RetentionPolicy.LIMITS, max_age=events_max_age, **common),
+                     max_age=lim.events_max_age, max_bytes=lim.events_max_bytes, **kept),
         StreamConfig(name=STREAM_DLQ, subjects=["ratchet.dlq.>"],
-                     retention=RetentionPolicy.LIMITS, max_age=dlq_max_age, **common),
+                     max_age=lim.dlq_max_age, max_bytes=lim.dlq_max_bytes, **kept),
     ]
 
 

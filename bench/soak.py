@@ -13,8 +13,8 @@ which it checks after every commit); ``db_mb_per_1k_tasks``; ``rss_growth_mb`` (
 of the last window minus that of the first window after warm-up; a window is a minute, or
 half of what follows the warm-up in a shorter run); ``p99_first_min_ms`` and
 ``p99_last_min_ms`` (submit → terminal event of the tasks that finished in those windows);
-``jetstream_mb`` (the embedded server's store at the end); the node's WAL restarts and
-longest writer hold.
+``jetstream_mb`` (the embedded server's store at the end); ``rss_peak_mb`` (the node's
+``VmHWM`` before it stops); the node's WAL restarts and longest writer hold.
 """
 
 from __future__ import annotations
@@ -97,6 +97,15 @@ async def _follow(client: ratchet.Client, tally: Tally) -> None:
     await client.nc.flush()
 
 
+def _report_window(tally: Tally, now: float) -> None:
+    """The last ten seconds, on stderr (stdout keeps the one JSON line)."""
+    s = tally.samples[-1]
+    print(json.dumps({"t": round(now - tally.samples[0].t), "done": len(tally.done),
+                      "p99_ms": tally.p99_ms(now - 10, now), "rss_mb": round(s.rss_mb, 1),
+                      "wal_mb": round(s.wal_mb, 1), "db_mb": round(s.db_mb, 1)}),
+          file=sys.stderr, flush=True)
+
+
 async def _drive(client: ratchet.Client, node: NodeProc, tally: Tally, rate: float,
                  seconds: float, sample_every: float) -> None:
     db = node.state_dir / "ratchet.db"
@@ -114,6 +123,8 @@ async def _drive(client: ratchet.Client, node: NodeProc, tally: Tally, rate: flo
             tally.samples.append(Sample(now, node.status("VmRSS") / 1024, _file_mb(wal),
                                         _file_mb(db)))
             next_sample += sample_every
+            if len(tally.samples) % 10 == 0:
+                _report_window(tally, now)
         if len(acks) > 1000:
             await asyncio.gather(*acks)  # a refused publish fails the run
             acks = []
@@ -142,6 +153,7 @@ async def run_soak(rate: float = 150.0, seconds: float = 600.0, synchronous: str
                 await asyncio.wait_for(tally.all_done.wait(), drain_timeout)
             jetstream_mb = _dir_mb(node.state_dir / "nats")
             db_mb = _file_mb(node.state_dir / "ratchet.db")
+            rss_peak_mb = node.status("VmHWM") / 1024
             await client.close()
         finally:
             closing = node.stop()
@@ -163,6 +175,7 @@ async def run_soak(rate: float = 150.0, seconds: float = 600.0, synchronous: str
         "rss_first_min_mb": round(tally.mean_rss(*first), 1),
         "rss_last_min_mb": round(tally.mean_rss(*last), 1),
         "rss_growth_mb": round(tally.mean_rss(*last) - tally.mean_rss(*first), 1),
+        "rss_peak_mb": round(rss_peak_mb, 1),
         "p99_first_min_ms": tally.p99_ms(*first), "p99_last_min_ms": tally.p99_ms(*last),
         "commit_p99_ms": closing.get("commit_p99_ms"),
     }

@@ -239,6 +239,9 @@ class Store(RowReads, AdminRows, LeaseRows):
         began_even_under_load``); read to the end at once, no statement outlives its call.
         (A lock around each read did it too, but halved concurrent throughput.)"""
         assert self._reader is not None, "Store.open() first"
+        gate = self._writer.wal.reads_open
+        if not gate.is_set():  # the WAL is being reset: milliseconds (persistence/wal.py)
+            await asyncio.to_thread(gate.wait, 5.0)
         return list(await self._reader.execute_fetchall(sql, args))
 
     async def _row(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> Any:

@@ -147,7 +147,7 @@ class LoopWriter:
     """
 
     def __init__(self, path: str, synchronous: str = "NORMAL", max_batch: int = 128,
-                 wal_limit: int = DEFAULT_WAL_LIMIT) -> None:
+                 wal_limit: int = DEFAULT_WAL_LIMIT, wal: WalGuard | None = None) -> None:
         self._path = path
         self._synchronous = synchronous
         self._max_batch = max_batch
@@ -155,7 +155,7 @@ class LoopWriter:
         self._scheduled = False
         self._held_since: float | None = None  # set while the guard resets the WAL
         self._conn: sqlite3.Connection | None = None
-        self.wal = WalGuard(path, synchronous, wal_limit)
+        self.wal = wal or WalGuard(path, synchronous, wal_limit)
         self.stats = WriterStats()
 
     def start(self) -> None:
@@ -193,8 +193,11 @@ class LoopWriter:
         outcomes = execute_batch(self._conn, [fn for fn, _ in batch])
         self.stats.record(len(batch), time.perf_counter() - started)
         loop = asyncio.get_running_loop()
-        if self.wal.due():
+        todo = self.wal.after_commit()
+        if todo == "restart":
             self.wal.prepare_restart(lambda: _call_soon_threadsafe(loop, self._hold, loop))
+        elif todo == "hold":  # over the hard cap: no batch until the restart is done
+            self._held_since = self._held_since or time.perf_counter()
         if self._pending:
             self._schedule(loop)
         _settle([(fut, outcome) for (_, fut), outcome in zip(batch, outcomes, strict=True)])
@@ -203,7 +206,7 @@ class LoopWriter:
         """Between two batches (we run on the loop): hold while the guard resets the WAL."""
         if self._conn is None:
             return  # stopped meanwhile
-        self._held_since = time.perf_counter()
+        self._held_since = self._held_since or time.perf_counter()
         self.wal.restart_soon(lambda: _call_soon_threadsafe(loop, self._resume, loop))
 
     def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -234,7 +237,7 @@ class ThreadWriter:
     """Group commit on a dedicated thread (for ``synchronous=FULL``)."""
 
     def __init__(self, path: str, synchronous: str = "FULL", max_batch: int = 512,
-                 wal_limit: int = DEFAULT_WAL_LIMIT) -> None:
+                 wal_limit: int = DEFAULT_WAL_LIMIT, wal: WalGuard | None = None) -> None:
         self._path = path
         self._synchronous = synchronous
         self._max_batch = max_batch
@@ -243,7 +246,7 @@ class ThreadWriter:
         self._thread = threading.Thread(target=self._run, name="ratchet-store-writer", daemon=True)
         self._ready = threading.Event()
         self._open_error: BaseException | None = None
-        self.wal = WalGuard(path, synchronous, wal_limit)
+        self.wal = wal or WalGuard(path, synchronous, wal_limit)
         self.stats = WriterStats()
 
     def start(self) -> None:
@@ -314,8 +317,11 @@ class ThreadWriter:
                 outcomes = execute_batch(conn, [fn for fn, _, _ in batch])
                 self.stats.record(len(batch), time.perf_counter() - started)
                 self._hand_back(batch, outcomes)
-                if self.wal.due():
+                todo = self.wal.after_commit()
+                if todo == "restart":
                     self.wal.prepare_restart(self._ask_restart)
+                elif todo == "hold":  # over the hard cap: restart before the next batch
+                    self._restart_wal(conn)
         finally:
             self.wal.stop()
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -326,6 +332,8 @@ class ThreadWriter:
         self._queue.put(_WAKE)
 
     def _restart_wal(self, conn: sqlite3.Connection) -> None:
+        if self.wal.wal_used() < self.wal.limit_bytes and not self.wal.restarting:
+            return  # already done (the hard cap came first)
         held = time.perf_counter()  # the queue waits meanwhile: that is the hold
         self.wal.restart(conn)
         self.wal.stats.record_hold(time.perf_counter() - held)

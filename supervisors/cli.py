@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from actors.bus import MB, StreamLimits
 from actors.client import Client, RemoteError
 from actors.workflow import Registry
 from protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
@@ -90,7 +91,10 @@ async def _serve(args: argparse.Namespace) -> int:
                         synchronous=args.synchronous, partitions=args.partitions,
                         retention=pairs(args.retention, float), lease_ttl=args.lease_ttl,
                         lease_interval=args.lease_interval, writer=args.writer,
-                        wal_limit_mb=args.wal_limit_mb, max_running=args.max_running,
+                        wal_limit_mb=args.wal_limit_mb,
+                        streams=StreamLimits(events_max_bytes=int(args.events_max_mb * MB),
+                                             dlq_max_bytes=int(args.dlq_max_mb * MB)),
+                        max_running=args.max_running,
                         tenant_quotas=pairs(args.tenant_quota, int),
                         tenant_weights=pairs(args.tenant_weight, float))
     if args.node_id:
@@ -224,6 +228,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="where commits run; 'thread' when several nodes share the store")
     s.add_argument("--wal-limit-mb", type=float, default=16.0,
                    help="WAL size at which writes pause (milliseconds) while it is reset")
+    s.add_argument("--events-max-mb", type=float, default=1024.0,
+                   help="JetStream events stream size; the oldest events go beyond it")
+    s.add_argument("--dlq-max-mb", type=float, default=256.0,
+                   help="dead-letter stream size; the oldest dead letters go beyond it")
     s.add_argument("--max-running", type=int, default=64,
                    help="tasks this node runs at once; more wait their (fair) turn")
     s.add_argument("--tenant-quota", action="append", default=[], metavar="TENANT=N",

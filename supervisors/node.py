@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from actors.bus import Bus
+from actors.bus import Bus, StreamLimits, stream_configs
 from actors.core import ActorRef, ActorSystem
 from actors.switches import Switches
 from actors.task_actor import TaskDeps
@@ -101,6 +101,8 @@ class NodeConfig:
     writer: str = "auto"
     #: The SQLite WAL's bound: at this size writes hold while it is reset (persistence/wal.py).
     wal_limit_mb: float = 16.0
+    #: JetStream: what the events, dead-letter and work-queue streams may hold (actors/bus.py).
+    streams: StreamLimits = field(default_factory=StreamLimits)
 
     @property
     def db_path(self) -> Path:
@@ -155,7 +157,7 @@ class Node:
                 self.embedded = embedded
                 self.url = await self.embedded.start()
             self.bus = await Bus.connect(self.url, name=cfg.node_id)
-            await self.bus.ensure_streams()
+            await self.bus.ensure_streams(stream_configs(cfg.streams))
         except BaseException:
             await self.stop()
             raise

@@ -9,6 +9,10 @@ Rows are published in id order per batch, so a task's events keep their order.
 Deleting published rows is batched (every ``delete_interval`` or ``delete_batch`` rows):
 it keeps a second write off every step's path; a crash before the delete only republishes
 rows JetStream (within its window) or subscribers (by sequence) drop.
+
+Memory is bounded: at most ``max_pending`` rows wait here (NATS slow or down). Beyond that
+announced rows are left in the table and ignored until the relay has caught up; it then
+reads them back in id order, so no task's events are ever published out of order.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class OutboxRelay(ServiceActor):
     def __init__(self, bus: Bus, store: Store, clock: Clock, *, batch: int = 1000,
                  sweep_interval: float = 5.0, publish_timeout: float = 10.0,
                  delete_interval: float = 0.2, delete_batch: int = 2000,
-                 linger: float = 0.002) -> None:
+                 linger: float = 0.002, max_pending: int = 20_000) -> None:
         self.bus = bus
         self.store = store
         self.clock = clock
@@ -48,14 +52,24 @@ class OutboxRelay(ServiceActor):
         self._published_ids: list[int] = []
         self._delete_due: float | None = None
         self._pending: OrderedDict[int, OutboxRow] = OrderedDict()
+        self.max_pending = max_pending
+        self._overflow = False  # rows beyond max_pending wait in the table, not here
+        self.overflows = 0
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self.published = 0
         self._next_sweep = 0.0
 
     def _on_rows(self, rows: list[OutboxRow]) -> None:
-        for row in rows:
-            self._pending[row.id] = row
+        if self._overflow:
+            return  # read back from the table, in order, once the relay caught up
+        if len(self._pending) + len(rows) > self.max_pending:
+            self._overflow = True
+            self.overflows += 1
+            log.warning("outbox relay behind; rows wait in the table", pending=len(self._pending))
+        else:
+            for row in rows:
+                self._pending[row.id] = row
         self._idle.clear()
         self._wake.set()
 
@@ -76,6 +90,9 @@ class OutboxRelay(ServiceActor):
         sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
         try:
             while True:
+                if not self._pending and self._overflow:
+                    await self._sweep()  # caught up: read what waited in the table
+                    continue
                 if not self._pending:
                     self._idle.set()
                     self._wake.clear()
@@ -100,12 +117,23 @@ class OutboxRelay(ServiceActor):
 
     async def _sweep(self) -> None:
         self._next_sweep = self.clock.monotonic() + self.sweep_interval
-        rows = await self.store.pending_outbox(limit=100_000)
+        self._overflow = False  # rows announced from now on are kept (merged below)
+        room = max(1, self.max_pending - len(self._pending))
+        rows = await self.store.pending_outbox(limit=room)
         published = set(self._published_ids)
         fresh = [r for r in rows if r.id not in self._pending and r.id not in published]
-        if fresh:
-            self._on_rows(fresh)
-            self._pending = OrderedDict(sorted(self._pending.items()))
+        for row in fresh:
+            self._pending[row.id] = row
+        self._pending = OrderedDict(sorted(self._pending.items()))
+        if len(rows) == room:
+            # More may wait in the table: keep nothing newer than what was read, or a
+            # newer event of a task could be published before an older one.
+            last = rows[-1].id
+            self._pending = OrderedDict((i, r) for i, r in self._pending.items() if i <= last)
+            self._overflow = True
+        if self._pending:
+            self._idle.clear()
+            self._wake.set()
 
     async def _publish_some(self) -> None:
         ids = list(self._pending)[: self.batch]
@@ -152,7 +180,7 @@ class OutboxRelay(ServiceActor):
 
     async def flush(self, timeout: float) -> bool:
         """Wait until everything announced so far is published (used at shutdown)."""
-        if not self._pending:
+        if not self._pending and not self._overflow:
             return True
         try:
             await asyncio.wait_for(self._idle.wait(), timeout)

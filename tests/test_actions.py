@@ -397,6 +397,7 @@ async def test_compensation_still_runs_when_the_task_failed_on_its_deadline(
     assert finance.effects()["refund:s8:travel"] == 1
 
 
+@pytest.mark.slow
 async def test_a_retry_delay_survives_a_node_killed_during_it(
     nats_url: str, client: ratchet.Client, finance: FinanceClient, simulator: Any,
     node_process: Any,

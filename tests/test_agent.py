@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import ratchet
 from tests.agent_apps import app, happy, sloppy
 from tests.conftest import NodeFactory, NodeProcess, assert_contiguous, wait_terminal
@@ -142,6 +144,7 @@ def test_agent_nodes_export_their_outcomes() -> None:
     assert sloppy.node("assistant").kind == "agent"
 
 
+@pytest.mark.slow
 async def test_a_node_killed_mid_conversation_resumes_it_without_asking_again(
     nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
     tmp_path: Path,

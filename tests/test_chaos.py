@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from bench.chaos import run_chaos
+
+pytestmark = pytest.mark.slow  # real node processes, killed
 
 
 async def test_killing_nodes_never_doubles_loses_or_drops_an_effect() -> None:

@@ -7,9 +7,13 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import ratchet
 from protocol.subjects import STREAM_EVENTS
 from tests.conftest import NodeProcess, assert_contiguous, wait_terminal
+
+pytestmark = pytest.mark.slow  # real node processes, killed
 
 
 async def _stream_events(client: ratchet.Client, task_id: str) -> list[ratchet.Event]:

@@ -8,8 +8,12 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 import ratchet
 from tests.conftest import NodeProcess, assert_contiguous, wait_terminal
+
+pytestmark = pytest.mark.slow  # real node processes, killed
 
 
 async def test_a_fanout_interrupted_by_sigkill_resumes_without_rerunning_finished_branches(

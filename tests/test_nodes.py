@@ -19,10 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 
 import ratchet
 from protocol.ids import new_id
 from tests.conftest import NodeProcess
+
+pytestmark = pytest.mark.slow  # real node processes, killed
 
 LEASE = ("--lease-ttl", "3", "--lease-interval", "0.5")
 
