@@ -177,8 +177,15 @@ async def run_soak(rate: float = 150.0, seconds: float = 600.0, synchronous: str
         "rss_growth_mb": round(tally.mean_rss(*last) - tally.mean_rss(*first), 1),
         "rss_peak_mb": round(rss_peak_mb, 1),
         "p99_first_min_ms": tally.p99_ms(*first), "p99_last_min_ms": tally.p99_ms(*last),
+        # Every minute after warm-up: a trend shows here, one stall in a minute does too.
+        "p99_by_min_ms": [tally.p99_ms(t, t + 60) for t in
+                          _minutes(t0 + warmup, t0 + seconds)],
         "commit_p99_ms": closing.get("commit_p99_ms"),
     }
+
+
+def _minutes(start: float, end: float) -> list[float]:
+    return [start + 60 * i for i in range(int((end - start) // 60))]
 
 
 def main() -> None:
