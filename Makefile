@@ -17,7 +17,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ratchet --log-level warning demo
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
 
 # Everything but the tests marked slow (real processes killed, a minute of soak).

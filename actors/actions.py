@@ -23,16 +23,16 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from actors.backoff import backoff_delay
-from actors.core import ActorRef
-from actors.tool_session import Invoke
-from actors.tools import Accepted, Decision, Tool, classify
-from persistence.ledger import ActionKeyTaken, ActionWrite
-from persistence.store import ActionRecord, Store, action_record
-from protocol.clock import Clock
-from protocol.codec import canonical, encode
-from protocol.errors import ErrorCode, RatchetError, ToolDeadlineExceeded, ToolRateLimited
-from protocol.ids import request_hash
+from ratchet.actors.backoff import backoff_delay
+from ratchet.actors.core import ActorRef
+from ratchet.actors.tool_session import Invoke
+from ratchet.actors.tools import Accepted, Decision, Tool, classify
+from ratchet.persistence.ledger import ActionKeyTaken, ActionWrite
+from ratchet.persistence.store import ActionRecord, Store, action_record
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import canonical, encode
+from ratchet.protocol.errors import ErrorCode, RatchetError, ToolDeadlineExceeded, ToolRateLimited
+from ratchet.protocol.ids import request_hash
 
 __all__ = [
     "ActionFailed",

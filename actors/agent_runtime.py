@@ -21,18 +21,18 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from actors.actions import ActionFailed, TaskSuspended
-from actors.loop_detect import LoopPolicy, TurnRecord, detect
-from actors.models import Message, Model, ModelRequest, ToolSpec
-from actors.nodes import FAIL, AgentNode
-from actors.tools import RetryPolicy, Tool, ToolContext
-from persistence.ledger import ActionWrite
-from protocol.codec import canonical, encode
-from protocol.errors import BudgetExhausted, ErrorCode, RatchetError
-from protocol.ids import request_hash
+from ratchet.actors.actions import ActionFailed, TaskSuspended
+from ratchet.actors.loop_detect import LoopPolicy, TurnRecord, detect
+from ratchet.actors.models import Message, Model, ModelRequest, ToolSpec
+from ratchet.actors.nodes import FAIL, AgentNode
+from ratchet.actors.tools import RetryPolicy, Tool, ToolContext
+from ratchet.persistence.ledger import ActionWrite
+from ratchet.protocol.codec import canonical, encode
+from ratchet.protocol.errors import BudgetExhausted, ErrorCode, RatchetError
+from ratchet.protocol.ids import request_hash
 
 if TYPE_CHECKING:
-    from actors.task_actor import TaskActor
+    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["run_agent", "BudgetExhausted", "LoopDetected"]
 
@@ -175,7 +175,7 @@ def _exhausted(actor: TaskActor, spent: dict[str, float]) -> str | None:
 async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     """Run one turn; True when the task can go on (another turn, or the next node)."""
     assert actor.record is not None and actor.workflow is not None
-    from actors.task_waits import fail_with_saga, suspend
+    from ratchet.actors.task_waits import fail_with_saga, suspend
 
     model: Model = node.model if not isinstance(node.model, str) else \
         actor.deps.registry.resources[node.model]
@@ -340,7 +340,7 @@ def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
 
 async def _stop(actor: TaskActor, node: AgentNode, conv: _Conversation, route: str, event: str,
                 evidence: dict[str, Any], error: RatchetError) -> bool:
-    from actors.task_waits import fail_with_saga
+    from ratchet.actors.task_waits import fail_with_saga
 
     pending = conv.flush()
     if route == FAIL:

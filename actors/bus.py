@@ -41,7 +41,7 @@ from nats.js.api import (
 )
 from nats.js.errors import BadRequestError, NotFoundError
 
-from protocol.subjects import (
+from ratchet.protocol.subjects import (
     STREAM_DECISIONS,
     STREAM_DLQ,
     STREAM_EVENTS,

@@ -14,11 +14,19 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
-from protocol.codec import decode_map, encode
-from protocol.errors import ErrorCode, RatchetError
-from protocol.ids import new_id, task_id_for
-from protocol.messages import Budget, Envelope, Event, GetTask, Reply, SubmitTask, TaskSnapshot
-from protocol.subjects import api_subject, submit_subject, task_events_filter
+from ratchet.protocol.codec import decode_map, encode
+from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.ids import new_id, task_id_for
+from ratchet.protocol.messages import (
+    Budget,
+    Envelope,
+    Event,
+    GetTask,
+    Reply,
+    SubmitTask,
+    TaskSnapshot,
+)
+from ratchet.protocol.subjects import api_subject, submit_subject, task_events_filter
 
 __all__ = ["Client", "RemoteError", "TERMINAL_EVENTS"]
 

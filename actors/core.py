@@ -22,9 +22,9 @@ from typing import Any, Generic, TypeVar
 
 import structlog
 
-from protocol.clock import Clock, SystemClock
-from protocol.errors import RatchetError, Unavailable
-from protocol.ids import new_id
+from ratchet.protocol.clock import Clock, SystemClock
+from ratchet.protocol.errors import RatchetError, Unavailable
+from ratchet.protocol.ids import new_id
 
 __all__ = [
     "Actor",

@@ -14,18 +14,18 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any
 
-from actors.actions import HandoffRequired
-from actors.saga import pending_compensations
-from actors.task_waits import fail_with_saga, handoff_package, unresolved_actions
-from persistence.graph_rows import ApprovalWrite
-from protocol.codec import canonical
-from protocol.errors import RatchetError
-from protocol.ids import new_id, request_hash
-from protocol.messages import Envelope
-from protocol.states import TaskEvent, TaskStatus
+from ratchet.actors.actions import HandoffRequired
+from ratchet.actors.saga import pending_compensations
+from ratchet.actors.task_waits import fail_with_saga, handoff_package, unresolved_actions
+from ratchet.persistence.graph_rows import ApprovalWrite
+from ratchet.protocol.codec import canonical
+from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.ids import new_id, request_hash
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import TaskEvent, TaskStatus
 
 if TYPE_CHECKING:
-    from actors.task_actor import TaskActor
+    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["RECOVERY_NODE", "crash_loop", "on_recovery_decision", "record_recovery"]
 
@@ -164,7 +164,7 @@ async def on_recovery_decision(actor: TaskActor, env: Envelope) -> str | None:
     """A human's decision on a crash-loop handoff: approve resumes the task from its
     checkpoint, reject ends it FAILED (after compensating). None when the approval is not a
     crash-loop one: the graph's approval nodes handle it."""
-    from actors.task_actor import error_of
+    from ratchet.actors.task_actor import error_of
 
     body = env.body
     decision = body.get("decision")
@@ -218,6 +218,6 @@ async def on_recovery_decision(actor: TaskActor, env: Envelope) -> str | None:
 
 
 def _advance() -> Any:
-    from actors.task_actor import Advance  # imported late: task_actor imports this module
+    from ratchet.actors.task_actor import Advance  # imported late: task_actor imports this module
 
     return Advance()

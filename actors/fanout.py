@@ -29,19 +29,19 @@ from typing import Any
 
 import structlog
 
-from actors.actions import ActionRunner, CallEnv, TaskSuspended
-from actors.core import Actor
-from actors.graph import Workflow
-from actors.join_policy import JoinVerdict, decide
-from actors.nodes import END, ChoiceNode, JoinPolicy, RouteNode, StepContext, StepNode
-from persistence.ledger import TimerWrite
-from persistence.store import Store
-from persistence.txns import TaskChange
-from protocol.clock import Clock
-from protocol.codec import encode
-from protocol.ids import new_id
-from protocol.messages import Envelope
-from protocol.subjects import DEFAULT_PARTITIONS, mail_subject
+from ratchet.actors.actions import ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.core import Actor
+from ratchet.actors.graph import Workflow
+from ratchet.actors.join_policy import JoinVerdict, decide
+from ratchet.actors.nodes import END, ChoiceNode, JoinPolicy, RouteNode, StepContext, StepNode
+from ratchet.persistence.ledger import TimerWrite
+from ratchet.persistence.store import Store
+from ratchet.persistence.txns import TaskChange
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import encode
+from ratchet.protocol.ids import new_id
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import DEFAULT_PARTITIONS, mail_subject
 
 __all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "JoinActor", "JoinDone",
            "JoinTimeout", "ResendVerdict", "branch_done_change", "branch_slot", "branch_timer",

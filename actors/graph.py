@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from actors.nodes import (
+from ratchet.actors.nodes import (
     CANCEL,
     END,
     FAIL,

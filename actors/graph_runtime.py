@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors.fanout import (
+from ratchet.actors.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchActor,
     BranchDone,
@@ -21,7 +21,7 @@ from actors.fanout import (
     branch_timer,
     branch_timer_id,
 )
-from actors.nodes import (
+from ratchet.actors.nodes import (
     CANCEL,
     FAIL,
     AgentNode,
@@ -34,16 +34,16 @@ from actors.nodes import (
     StepNode,
     WaitNode,
 )
-from persistence.graph_rows import ApprovalWrite, BranchWrites
-from persistence.ledger import TimerWrite
-from protocol.codec import canonical
-from protocol.errors import IllegalTransition, InvalidMessage, RatchetError
-from protocol.ids import new_id, request_hash
-from protocol.messages import Envelope
-from protocol.states import TaskEvent, TaskStatus
+from ratchet.persistence.graph_rows import ApprovalWrite, BranchWrites
+from ratchet.persistence.ledger import TimerWrite
+from ratchet.protocol.codec import canonical
+from ratchet.protocol.errors import IllegalTransition, InvalidMessage, RatchetError
+from ratchet.protocol.ids import new_id, request_hash
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import TaskEvent, TaskStatus
 
 if TYPE_CHECKING:
-    from actors.task_actor import TaskActor
+    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_done",
            "on_decision", "on_timer", "on_wait_resolved", "stop_fanout_children"]
@@ -62,7 +62,7 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
             key = node.key(actor.state)
             target = node.table.get(key)  # an unhashable key raises here, inside the guard
         except Exception as exc:
-            from actors.task_waits import fail_with_saga
+            from ratchet.actors.task_waits import fail_with_saga
 
             await fail_with_saga(actor, exc, f"routing key of {node.name} raised")
             return False
@@ -81,7 +81,7 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
         await wait_external(actor, node)
         return False
     if isinstance(node, AgentNode):
-        from actors.agent_runtime import run_agent
+        from ratchet.actors.agent_runtime import run_agent
 
         return await run_agent(actor, node)
     assert isinstance(node, JoinNode)
@@ -90,7 +90,7 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
 
 
 async def _choose(actor: TaskActor, node: ChoiceNode) -> bool:
-    from actors.task_waits import fail_with_saga
+    from ratchet.actors.task_waits import fail_with_saga
 
     try:
         target = node.guard(actor.state)
@@ -128,7 +128,7 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
                 raise TypeError(f"branch_input must return a dict, got {type(value).__name__}")
             inputs[b] = value
     except Exception as exc:
-        from actors.task_waits import fail_with_saga
+        from ratchet.actors.task_waits import fail_with_saga
 
         await fail_with_saga(actor, exc, f"branch_input of {node.name} raised")
         return
@@ -202,8 +202,8 @@ async def on_branch_done(actor: TaskActor, env: Envelope) -> str:
 
 
 async def on_join_done(actor: TaskActor, done: JoinDone) -> None:
-    from actors.task_actor import Advance
-    from actors.task_waits import fail_with_saga
+    from ratchet.actors.task_actor import Advance
+    from ratchet.actors.task_waits import fail_with_saga
 
     assert actor.workflow is not None
     if actor.current != done.node or _fanout_key(actor, done.node) != done.key:
@@ -246,7 +246,7 @@ async def request_approval(actor: TaskActor, node: ApprovalNode) -> None:
     try:
         request = node.request(actor.state) if node.request else {}
     except Exception as exc:
-        from actors.task_waits import fail_with_saga
+        from ratchet.actors.task_waits import fail_with_saga
 
         await fail_with_saga(actor, exc, f"approval request of {node.name} raised")
         return
@@ -269,7 +269,7 @@ async def request_approval(actor: TaskActor, node: ApprovalNode) -> None:
 
 
 async def on_decision(actor: TaskActor, env: Envelope) -> str:
-    from actors.task_actor import Advance
+    from ratchet.actors.task_actor import Advance
 
     body = env.body
     approval_id = str(body.get("approval_id", ""))
@@ -313,7 +313,7 @@ async def wait_external(actor: TaskActor, node: WaitNode) -> None:
     try:
         correlation = node.correlation(actor.state)
     except Exception as exc:
-        from actors.task_waits import fail_with_saga
+        from ratchet.actors.task_waits import fail_with_saga
 
         await fail_with_saga(actor, exc, f"correlation of {node.name} raised")
         return
@@ -329,7 +329,7 @@ async def wait_external(actor: TaskActor, node: WaitNode) -> None:
 
 
 async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
-    from actors.task_actor import Advance
+    from ratchet.actors.task_actor import Advance
 
     if actor.status is not TaskStatus.WAITING_EXTERNAL:
         return "late"
@@ -340,7 +340,7 @@ async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
         return "ignored"
     cid = str(env.body.get("correlation_id"))
     if env.body.get("outcome", "completed") != "completed":
-        from actors.task_waits import fail_with_saga
+        from ratchet.actors.task_waits import fail_with_saga
 
         await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
                            cancel_timers=[_wait_timer(actor, node.name)],
@@ -363,8 +363,8 @@ async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
 # -- timers ------------------------------------------------------------------------------------
 
 async def on_timer(actor: TaskActor, env: Envelope) -> str:
-    from actors.task_actor import Advance
-    from actors.task_waits import fail_with_saga
+    from ratchet.actors.task_actor import Advance
+    from ratchet.actors.task_waits import fail_with_saga
 
     kind, payload = env.body.get("kind"), dict(env.body.get("payload") or {})
     assert actor.workflow is not None and actor.record is not None

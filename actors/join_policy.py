@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.nodes import JoinPolicy
+from ratchet.actors.nodes import JoinPolicy
 
 __all__ = ["JoinVerdict", "decide"]
 

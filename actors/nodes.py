@@ -25,11 +25,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from actors.tools import Tool
-from protocol.clock import Clock
+from ratchet.actors.tools import Tool
+from ratchet.protocol.clock import Clock
 
 if TYPE_CHECKING:
-    from actors.graph import Workflow
+    from ratchet.actors.graph import Workflow
 
 __all__ = [
     "END",

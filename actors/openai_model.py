@@ -31,8 +31,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from actors.models import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
-from protocol.errors import (
+from ratchet.actors.models import Message, ModelRequest, ModelResponse, ToolCall, ToolSpec, Usage
+from ratchet.protocol.errors import (
     ToolError,
     ToolInvalidArgument,
     ToolPermissionDenied,

@@ -12,10 +12,10 @@ from typing import Any
 
 import structlog
 
-from actors.actions import ActionFailed, ActionRunner, HandoffRequired
-from actors.workflow import Registry
-from persistence.ledger import ActionWrite
-from persistence.store import ActionRecord, Store
+from ratchet.actors.actions import ActionFailed, ActionRunner, HandoffRequired
+from ratchet.actors.workflow import Registry
+from ratchet.persistence.ledger import ActionWrite
+from ratchet.persistence.store import ActionRecord, Store
 
 __all__ = ["compensate_task", "pending_compensations"]
 

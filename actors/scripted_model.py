@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from actors.models import Message, ModelRequest, ModelResponse, ToolCall, Usage
+from ratchet.actors.models import Message, ModelRequest, ModelResponse, ToolCall, Usage
 
 __all__ = ["ScriptedModel", "reply"]
 

@@ -32,20 +32,20 @@ from typing import Any
 
 import structlog
 
-from actors import crash_loop, graph_runtime, task_control, task_waits
-from actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
-from actors.core import Actor, ActorRef
-from actors.nodes import END, StepContext, StepNode
-from actors.progress import ProgressMeter, progress_payload
-from actors.workflow import Registry, Workflow, bind_step_logger
-from persistence.checkpoints import StateTracker
-from persistence.store import Store, TaskRecord
-from persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
-from protocol.clock import Clock
-from protocol.errors import BudgetExhausted, RatchetError, UnknownWorkflow
-from protocol.messages import Envelope
-from protocol.states import TaskEvent, TaskStatus, is_terminal
-from protocol.subjects import DEFAULT_PARTITIONS
+from ratchet.actors import crash_loop, graph_runtime, task_control, task_waits
+from ratchet.actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.core import Actor, ActorRef
+from ratchet.actors.nodes import END, StepContext, StepNode
+from ratchet.actors.progress import ProgressMeter, progress_payload
+from ratchet.actors.workflow import Registry, Workflow, bind_step_logger
+from ratchet.persistence.checkpoints import StateTracker
+from ratchet.persistence.store import Store, TaskRecord
+from ratchet.persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import BudgetExhausted, RatchetError, UnknownWorkflow
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
+from ratchet.protocol.subjects import DEFAULT_PARTITIONS
 
 __all__ = ["TaskActor", "TaskDeps", "Advance", "DeliverMail", "fail_task"]
 
@@ -464,7 +464,7 @@ async def fail_task(deps: TaskDeps, task_id: str, cause: BaseException | None, r
     """End a task whose supervisor gave up. With side effects left to compensate it goes to
     a human (WAITING_APPROVAL with a handoff package) instead of FAILED: compensation needs
     a live actor, and the actor is what keeps crashing. No-op if already terminal."""
-    from actors.saga import pending_compensations
+    from ratchet.actors.saga import pending_compensations
 
     error = error_of(cause, reason)
     for _ in range(5):

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors.actions import HandoffRequired
-from persistence.ledger import ActionWrite
-from protocol.messages import Envelope
-from protocol.states import TaskEvent, TaskStatus, is_terminal
+from ratchet.actors.actions import HandoffRequired
+from ratchet.persistence.ledger import ActionWrite
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 
 if TYPE_CHECKING:
-    from actors.task_actor import TaskActor
+    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["handle_control", "apply_pending_control"]
 
@@ -61,7 +61,7 @@ async def handle_control(actor: TaskActor, env: Envelope) -> str:
 
 
 async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
-    from actors.saga import compensate_task
+    from ratchet.actors.saga import compensate_task
 
     assert actor.workflow is not None
     await actor.deps.stop_children(actor.task_id, None)  # branches, joins, tool sessions
@@ -73,7 +73,7 @@ async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
             compensated = await compensate_task(runner, actor.deps.store, actor.deps.registry,
                                                 actor.task_id)
         except HandoffRequired as signal:  # an undo that failed for good: a human decides
-            from actors.task_waits import suspend
+            from ratchet.actors.task_waits import suspend
 
             signal.package["cancel"] = request
             await actor.commit(control={}, events=[("task.cancel_incomplete", {
@@ -109,7 +109,7 @@ async def pause(actor: TaskActor, request: dict[str, Any] | None = None,
 
 
 async def resume(actor: TaskActor, request: dict[str, Any]) -> str:
-    from actors.task_actor import Advance
+    from ratchet.actors.task_actor import Advance
 
     assert actor.record is not None and actor.workflow is not None
     # Refusals are answers, not raises: a raise here would crash the actor.

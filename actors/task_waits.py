@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from actors.actions import (
+from ratchet.actors.actions import (
     ActionFailed,
     ActionRunner,
     AwaitExternal,
@@ -18,14 +18,14 @@ from actors.actions import (
     PauseRequested,
     TaskSuspended,
 )
-from actors.saga import compensate_task
-from actors.tools import Accepted
-from persistence.ledger import ActionRecord, ActionWrite, TimerWrite
-from protocol.messages import Envelope
-from protocol.states import TaskEvent, TaskStatus
+from ratchet.actors.saga import compensate_task
+from ratchet.actors.tools import Accepted
+from ratchet.persistence.ledger import ActionRecord, ActionWrite, TimerWrite
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import TaskEvent, TaskStatus
 
 if TYPE_CHECKING:
-    from actors.task_actor import TaskActor
+    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["suspend", "handoff_package", "fail_with_saga", "handle_wait_mail",
            "MAX_PENDING_REARMS", "unresolved_actions"]
@@ -41,7 +41,7 @@ def _timer_id(task_id: str, correlation_id: str) -> str:
 async def suspend(actor: TaskActor, signal: TaskSuspended) -> None:
     """Record why the task cannot go on, then passivate (stop this actor)."""
     if isinstance(signal, PauseRequested):
-        from actors.task_control import pause
+        from ratchet.actors.task_control import pause
 
         await pause(actor, before_tool=signal.tool)
         return
@@ -93,7 +93,7 @@ async def fail_with_saga(actor: TaskActor, cause: BaseException, reason: str) ->
     A write whose outcome is not known (IN_FLIGHT or UNKNOWN: the step gave up while it was
     in flight) must not be forgotten by a FAILED: the task goes UNKNOWN with a handoff
     naming it instead — a human decides, nothing is compensated or resent blindly."""
-    from actors.task_actor import error_of
+    from ratchet.actors.task_actor import error_of
 
     actions = await actor.deps.store.task_actions(actor.task_id)
     unresolved = unresolved_actions(actions)
@@ -221,7 +221,7 @@ async def external_timeout(actor: TaskActor, env: Envelope, payload: dict[str, A
     return "processed"
 
 def _advance() -> Any:
-    from actors.task_actor import Advance
+    from ratchet.actors.task_actor import Advance
 
     return Advance()
 

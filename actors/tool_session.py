@@ -21,11 +21,11 @@ from typing import Any
 import pykka
 import structlog
 
-from actors.core import Actor
-from actors.tools import Tool, ToolContext
-from persistence.store import Store
-from protocol.clock import Clock
-from protocol.errors import ToolOutcomeUnknown
+from ratchet.actors.core import Actor
+from ratchet.actors.tools import Tool, ToolContext
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import ToolOutcomeUnknown
 
 __all__ = ["ToolSession", "Invoke", "BlockingRunner"]
 

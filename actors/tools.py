@@ -21,7 +21,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel
 
-from protocol.errors import (
+from ratchet.protocol.errors import (
     ToolConflict,
     ToolDeadlineExceeded,
     ToolInvalidArgument,

@@ -18,10 +18,10 @@ from typing import Any
 
 import structlog
 
-from actors.graph import Workflow
-from actors.nodes import StepContext, StepFn, WorkflowDefinitionError
-from actors.tools import Tool
-from protocol.errors import UnknownWorkflow
+from ratchet.actors.graph import Workflow
+from ratchet.actors.nodes import StepContext, StepFn, WorkflowDefinitionError
+from ratchet.actors.tools import Tool
+from ratchet.protocol.errors import UnknownWorkflow
 
 __all__ = ["StepContext", "StepFn", "Workflow", "Registry", "WorkflowDefinitionError",
            "bind_step_logger"]

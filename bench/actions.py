@@ -21,12 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
-from actors.tools import ToolContext
 from bench.steps import percentile
-from examples.expense import ClaimArgs, _submit_claim, refund_claim, submit_claim
-from simulators import FinanceSimulatorProcess
-from supervisors.cli import configure_logging
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.actors.tools import ToolContext
+from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.testing import FinanceSimulatorProcess
+from ratchet.testing.expense import ClaimArgs, _submit_claim, refund_claim, submit_claim
 
 TIMINGS: list[float] = []
 

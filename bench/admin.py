@@ -24,9 +24,9 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.steps import NodeProc, percentile, publish_submit
-from protocol.ids import new_id, task_id_for
-from supervisors.cli import configure_logging
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.protocol.ids import new_id, task_id_for
+from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.embedded_nats import EmbeddedNats
 
 OPERATOR = {"name": "bench", "roles": ["operator"]}
 

@@ -27,12 +27,12 @@ import itertools
 from pydantic import BaseModel
 
 import ratchet
-from actors.loop_detect import LoopPolicy
-from actors.models import ModelRequest, ModelResponse
-from actors.scripted_model import ScriptedModel, reply
 from bench.steps import percentile
-from supervisors.cli import configure_logging
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.actors.loop_detect import LoopPolicy
+from ratchet.actors.models import ModelRequest, ModelResponse
+from ratchet.actors.scripted_model import ScriptedModel, reply
+from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.embedded_nats import EmbeddedNats
 
 TURNS = 200
 LIVE = 200

@@ -34,11 +34,11 @@ sys.path.insert(0, str(ROOT))
 import ratchet
 from bench.nodes import Cluster, StoreView
 from bench.steps import NodeProc
-from protocol.ids import task_id_for
-from protocol.subjects import partition_of
-from simulators import FinanceClient, FinanceSimulatorProcess
-from supervisors.cli import configure_logging
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.protocol.ids import task_id_for
+from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 
 KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random")
 PARKED = {"task.unknown", "task.handoff"}
@@ -46,7 +46,7 @@ TERMINAL = {"task.succeeded", "task.failed", "task.cancelled"}
 
 
 def _node(state_dir: Path, nats_url: str, finance_url: str) -> NodeProc:
-    return NodeProc(state_dir, nats_url, app="examples.expense:app", log_level="error",
+    return NodeProc(state_dir, nats_url, app="ratchet.testing.expense:app", log_level="error",
                     synchronous="NORMAL",
                     env={"RATCHET_FINANCE_URL": finance_url,
                          "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"})
@@ -194,7 +194,7 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1) -> dict[str, Any]:
         else:
             # Its own generator: the runs draw the same kill points as with one node.
             cluster = Nodes(Cluster(base, url, ("--writer", "thread"),
-                                    app="examples.expense:app", log_level="error",
+                                    app="ratchet.testing.expense:app", log_level="error",
                                     env={"RATCHET_FINANCE_URL": sim.url,
                                          "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}),
                             nodes, random.Random(seed + 1))

@@ -25,12 +25,12 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.steps import NodeProc, publish_submit
-from protocol.codec import decode_map, encode
-from protocol.ids import new_id, task_id_for
-from protocol.messages import Envelope
-from protocol.subjects import decision_subject
-from supervisors.cli import configure_logging
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.protocol.codec import decode_map, encode
+from ratchet.protocol.ids import new_id, task_id_for
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import decision_subject
+from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.embedded_nats import EmbeddedNats
 
 PARKED = 10_000
 

@@ -52,11 +52,11 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.steps import NodeProc, percentile, proc_cpu_seconds, publish_submit
-from protocol.codec import decode_map
-from protocol.ids import task_id_for
-from protocol.subjects import DEFAULT_PARTITIONS, partition_of
-from supervisors.cli import configure_logging
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.protocol.codec import decode_map
+from ratchet.protocol.ids import task_id_for
+from ratchet.protocol.subjects import DEFAULT_PARTITIONS, partition_of
+from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.embedded_nats import EmbeddedNats
 
 LONG_STEPS = 60
 LONG_STEP_S = 0.1

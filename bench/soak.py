@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.steps import NodeProc, percentile, publish_submit
-from protocol.codec import decode_map
-from protocol.ids import task_id_for
+from ratchet.protocol.codec import decode_map
+from ratchet.protocol.ids import task_id_for
 
 TENANT = "soak"
 TERMINAL = ("task.succeeded", "task.failed", "task.cancelled")

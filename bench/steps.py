@@ -31,15 +31,16 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+RATCHET_BIN = Path(sys.executable).with_name("ratchet")  # the installed entry point
 sys.path.insert(0, str(ROOT))
 
 import ratchet
-from protocol.codec import decode_map, encode
-from protocol.ids import new_id, task_id_for
-from protocol.messages import Envelope, SubmitTask
-from protocol.subjects import submit_subject
-from supervisors.cli import configure_logging
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.protocol.codec import decode_map, encode
+from ratchet.protocol.ids import new_id, task_id_for
+from ratchet.protocol.messages import Envelope, SubmitTask
+from ratchet.protocol.subjects import submit_subject
+from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.embedded_nats import EmbeddedNats
 
 SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "NORMAL")
 
@@ -80,10 +81,10 @@ class NodeProc:
         self.state_dir = state_dir
         self.url = nats_url
         joined = ["--nats-url", nats_url] if nats_url else []
-        self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
+        self.args = [str(RATCHET_BIN), "--state-dir", str(state_dir),
                      "--log-level", log_level, "serve", "--app", app,
                      *joined, "--synchronous", synchronous, *args]
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 

@@ -1,1 +1,1 @@
-"""Example workflows (the demo app)."""
+"""Example workflows for the README (not installed; serve them from the repository root)."""

@@ -1,8 +1,8 @@
 """The Store (SQLite, WAL, group commit), checkpoints with blob dedup, migrations."""
 
-from persistence.checkpoints import BLOB_THRESHOLD, StateDelta, StateTracker
-from persistence.store import LoadedState, Store, TaskRecord
-from persistence.txns import (
+from ratchet.persistence.checkpoints import BLOB_THRESHOLD, StateDelta, StateTracker
+from ratchet.persistence.store import LoadedState, Store, TaskRecord
+from ratchet.persistence.txns import (
     AcceptResult,
     ChangeResult,
     CheckpointWrite,

@@ -9,7 +9,7 @@ from typing import Any
 
 import msgpack
 
-from protocol.codec import canonical
+from ratchet.protocol.codec import canonical
 
 __all__ = ["AuditEntry", "append_audit_txn", "claim_command_txn", "release_command_txn",
            "store_reply_txn", "verify_audit_rows", "entry_hash"]

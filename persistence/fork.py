@@ -14,8 +14,8 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
-from persistence.txns import NewTask, accept_submission_txn
-from protocol.errors import NotFound
+from ratchet.persistence.txns import NewTask, accept_submission_txn
+from ratchet.protocol.errors import NotFound
 
 __all__ = ["ForkRequest", "fork_txn"]
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import msgpack
 
-from persistence.checkpoints import decode_optional as _unpack
-from persistence.store_rows import _StoreParts
-from protocol.errors import ErrorCode, RatchetError
+from ratchet.persistence.checkpoints import decode_optional as _unpack
+from ratchet.persistence.store_rows import _StoreParts
+from ratchet.protocol.errors import ErrorCode, RatchetError
 
 __all__ = [
     "Fenced",

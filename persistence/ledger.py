@@ -12,8 +12,8 @@ from typing import Any
 
 import msgpack
 
-from persistence.checkpoints import decode_optional
-from protocol.errors import NotFound
+from ratchet.persistence.checkpoints import decode_optional
+from ratchet.protocol.errors import NotFound
 
 __all__ = ["ACTION_COLUMNS", "ActionKeyTaken", "ActionRecord", "ActionWrite", "TimerWrite",
            "action_record", "write_action", "write_timers_waits_handoff"]

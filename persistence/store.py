@@ -12,14 +12,14 @@ from typing import Any, Protocol, TypeVar
 
 import aiosqlite
 
-from persistence.checkpoints import decode_optional as _unpack
-from persistence.checkpoints import decode_value
-from persistence.connection import open_connection
-from persistence.leases import LeaseRows, check_fence
-from persistence.ledger import ActionRecord, action_record
-from persistence.migrations import migrate
-from persistence.store_rows import AdminRows, RowReads
-from persistence.txns import (
+from ratchet.persistence.checkpoints import decode_optional as _unpack
+from ratchet.persistence.checkpoints import decode_value
+from ratchet.persistence.connection import open_connection
+from ratchet.persistence.leases import LeaseRows, check_fence
+from ratchet.persistence.ledger import ActionRecord, action_record
+from ratchet.persistence.migrations import migrate
+from ratchet.persistence.store_rows import AdminRows, RowReads
+from ratchet.persistence.txns import (
     AcceptResult,
     ChangeResult,
     NewTask,
@@ -30,11 +30,11 @@ from persistence.txns import (
     delete_outbox_txn,
     record_dead_letter_txn,
 )
-from persistence.wal import DEFAULT_WAL_LIMIT, WalStats
-from persistence.writer import WriterStats, make_writer
-from protocol.errors import NotFound
-from protocol.messages import TaskSnapshot
-from protocol.states import TERMINAL
+from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
+from ratchet.persistence.writer import WriterStats, make_writer
+from ratchet.protocol.errors import NotFound
+from ratchet.protocol.messages import TaskSnapshot
+from ratchet.protocol.states import TERMINAL
 
 __all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord", "action_record"]
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgpack
 
-from persistence.admin_rows import (
+from ratchet.persistence.admin_rows import (
     AuditEntry,
     append_audit_txn,
     claim_command_txn,
@@ -18,15 +18,15 @@ from persistence.admin_rows import (
     store_reply_txn,
     verify_audit_rows,
 )
-from persistence.checkpoints import decode_optional as _unpack
-from persistence.fork import ForkRequest, fork_txn
-from persistence.graph_rows import finish_branch_txn
-from persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
-from persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
-from protocol.states import TERMINAL
+from ratchet.persistence.checkpoints import decode_optional as _unpack
+from ratchet.persistence.fork import ForkRequest, fork_txn
+from ratchet.persistence.graph_rows import finish_branch_txn
+from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
+from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
+from ratchet.protocol.states import TERMINAL
 
 if TYPE_CHECKING:
-    from persistence.writer import Writer
+    from ratchet.persistence.writer import Writer
 
 __all__ = ["AdminRows", "RowReads"]
 

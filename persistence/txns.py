@@ -13,25 +13,25 @@ from typing import Any
 
 import msgpack
 
-from persistence.checkpoints import StateDelta
-from persistence.graph_rows import (
+from ratchet.persistence.checkpoints import StateDelta
+from ratchet.persistence.graph_rows import (
     ApprovalWrite,
     BranchWrites,
     write_approval,
     write_branches,
 )
-from persistence.ledger import (
+from ratchet.persistence.ledger import (
     ActionKeyTaken,
     ActionWrite,
     TimerWrite,
     write_action,
     write_timers_waits_handoff,
 )
-from protocol.errors import BudgetExhausted, NotFound, VersionConflict
-from protocol.ids import new_id
-from protocol.messages import SCHEMA_VERSION
-from protocol.states import TaskEvent, TaskStatus, transition
-from protocol.subjects import event_subject
+from ratchet.protocol.errors import BudgetExhausted, NotFound, VersionConflict
+from ratchet.protocol.ids import new_id
+from ratchet.protocol.messages import SCHEMA_VERSION
+from ratchet.protocol.states import TaskEvent, TaskStatus, transition
+from ratchet.protocol.subjects import event_subject
 
 __all__ = [
     "DuplicateMessage",

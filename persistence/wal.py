@@ -56,7 +56,7 @@ from typing import Any
 
 import structlog
 
-from persistence.connection import open_connection
+from ratchet.persistence.connection import open_connection
 
 __all__ = ["CheckpointResult", "WalGuard", "WalStats", "DEFAULT_WAL_LIMIT"]
 

@@ -37,8 +37,8 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
-from persistence.connection import open_connection
-from persistence.wal import DEFAULT_WAL_LIMIT, WalGuard
+from ratchet.persistence.connection import open_connection
+from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalGuard
 
 __all__ = ["Writer", "LoopWriter", "ThreadWriter", "WriterStats", "make_writer", "open_connection"]
 

@@ -3,9 +3,9 @@
 Imports nothing else of Ratchet's.
 """
 
-from protocol.clock import Clock, FakeClock, SystemClock
-from protocol.codec import canonical, decode_envelope, decode_map, encode, parse_body
-from protocol.errors import (
+from ratchet.protocol.clock import Clock, FakeClock, SystemClock
+from ratchet.protocol.codec import canonical, decode_envelope, decode_map, encode, parse_body
+from ratchet.protocol.errors import (
     ErrorCode,
     IllegalTransition,
     InvalidMessage,
@@ -16,8 +16,8 @@ from protocol.errors import (
     UnknownWorkflow,
     VersionConflict,
 )
-from protocol.ids import new_id, request_hash, task_id_for
-from protocol.messages import (
+from ratchet.protocol.ids import new_id, request_hash, task_id_for
+from ratchet.protocol.messages import (
     SCHEMA_VERSION,
     Envelope,
     ErrorBody,
@@ -29,7 +29,14 @@ from protocol.messages import (
     TaskAccepted,
     TaskSnapshot,
 )
-from protocol.states import TERMINAL, TRANSITIONS, TaskEvent, TaskStatus, is_terminal, transition
+from ratchet.protocol.states import (
+    TERMINAL,
+    TRANSITIONS,
+    TaskEvent,
+    TaskStatus,
+    is_terminal,
+    transition,
+)
 
 __all__ = [
     "Clock",

@@ -7,8 +7,8 @@ from typing import Any, TypeVar
 import msgpack
 from pydantic import BaseModel, ValidationError
 
-from protocol.errors import InvalidMessage
-from protocol.messages import Envelope
+from ratchet.protocol.errors import InvalidMessage
+from ratchet.protocol.messages import Envelope
 
 __all__ = ["encode", "decode_map", "decode_envelope", "parse_body", "canonical", "MAX_MESSAGE_BYTES"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from protocol.errors import IllegalTransition
+from ratchet.protocol.errors import IllegalTransition
 
 __all__ = ["TaskStatus", "TaskEvent", "TRANSITIONS", "TERMINAL", "transition", "is_terminal"]
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import zlib
 
-from protocol.errors import InvalidMessage
+from ratchet.protocol.errors import InvalidMessage
 
 __all__ = [
     "DEFAULT_PARTITIONS",

@@ -1,8 +1,8 @@
 """Supervision trees, the node, embedded NATS, intake, outbox relay, API, CLI."""
 
-from supervisors.node import Node, NodeConfig
-from supervisors.restart_policy import Restart, Strategy, backoff_delay, intensity_exceeded
-from supervisors.supervisor import ChildSpec, Escalation, Supervisor
+from ratchet.supervisors.node import Node, NodeConfig
+from ratchet.supervisors.restart_policy import Restart, Strategy, backoff_delay, intensity_exceeded
+from ratchet.supervisors.supervisor import ChildSpec, Escalation, Supervisor
 
 __all__ = [
     "Node",

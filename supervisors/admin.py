@@ -17,16 +17,16 @@ from typing import Any
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
-from actors.core import ActorSystem
-from actors.task_actor import DeliverMail
-from persistence.admin_rows import AuditEntry
-from persistence.store import Store
-from persistence.txns import TaskChange
-from protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
-from protocol.clock import Clock
-from protocol.codec import canonical, parse_body
-from protocol.errors import (
+from ratchet.actors.bus import Bus
+from ratchet.actors.core import ActorSystem
+from ratchet.actors.task_actor import DeliverMail
+from ratchet.persistence.admin_rows import AuditEntry
+from ratchet.persistence.store import Store
+from ratchet.persistence.txns import TaskChange
+from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import canonical, parse_body
+from ratchet.protocol.errors import (
     ErrorCode,
     IllegalTransition,
     InvalidMessage,
@@ -34,14 +34,14 @@ from protocol.errors import (
     RatchetError,
     Unavailable,
 )
-from protocol.ids import new_id, request_hash
-from protocol.messages import AdminCommand, Envelope
-from protocol.states import TaskStatus, is_terminal
-from protocol.subjects import partition_of
-from supervisors.admin_cluster import ClusterVerbs
-from supervisors.request_service import RequestService
-from supervisors.supervisor import RestartChild, WhichChildren
-from supervisors.tasks import (
+from ratchet.protocol.ids import new_id, request_hash
+from ratchet.protocol.messages import AdminCommand, Envelope
+from ratchet.protocol.states import TaskStatus, is_terminal
+from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.admin_cluster import ClusterVerbs
+from ratchet.supervisors.request_service import RequestService
+from ratchet.supervisors.supervisor import RestartChild, WhichChildren
+from ratchet.supervisors.tasks import (
     TASKS_ROOT,
     TaskFinished,
     TaskSupervision,
@@ -269,11 +269,11 @@ class AdminActor(ClusterVerbs, RequestService):
     async def _fork(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Retry from a historical checkpoint as a new task (``fork_of`` the original),
         optionally with changed input; the original's history is untouched."""
-        from persistence.fork import ForkRequest
-        from persistence.txns import NewTask
-        from protocol.codec import encode
-        from protocol.messages import StartTask
-        from protocol.subjects import mail_subject
+        from ratchet.persistence.fork import ForkRequest
+        from ratchet.persistence.txns import NewTask
+        from ratchet.protocol.codec import encode
+        from ratchet.protocol.messages import StartTask
+        from ratchet.protocol.subjects import mail_subject
 
         rec = await self._task(tenant, cmd)
         new_input = cmd.args.get("input", rec.input)

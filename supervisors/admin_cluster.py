@@ -8,12 +8,12 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
-from persistence.store import Store
-from protocol.clock import Clock
-from protocol.errors import InvalidMessage, NotFound, Unavailable
-from protocol.messages import AdminCommand
-from supervisors.request_service import Forwarded
+from ratchet.actors.bus import Bus
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import InvalidMessage, NotFound, Unavailable
+from ratchet.protocol.messages import AdminCommand
+from ratchet.supervisors.request_service import Forwarded
 
 __all__ = ["ClusterVerbs", "FORWARDED_HEADER", "READ_VERBS"]
 

@@ -9,13 +9,13 @@ from typing import Any
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
-from persistence.store import Store
-from protocol.codec import parse_body
-from protocol.errors import InvalidMessage, RatchetError
-from protocol.messages import Envelope, GetTask
-from supervisors.intake import Acceptor
-from supervisors.request_service import RequestService
+from ratchet.actors.bus import Bus
+from ratchet.persistence.store import Store
+from ratchet.protocol.codec import parse_body
+from ratchet.protocol.errors import InvalidMessage, RatchetError
+from ratchet.protocol.messages import Envelope, GetTask
+from ratchet.supervisors.intake import Acceptor
+from ratchet.supervisors.request_service import RequestService
 
 __all__ = ["ApiActor"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib
+import importlib.metadata
 import json
 import os
 import signal
@@ -16,11 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from actors.bus import MB, StreamLimits
-from actors.client import Client, RemoteError
-from actors.workflow import Registry
-from protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
-from protocol.errors import RatchetError
+from ratchet.actors.bus import MB, StreamLimits
+from ratchet.actors.client import Client, RemoteError
+from ratchet.actors.workflow import Registry
+from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.errors import RatchetError
 
 __all__ = ["main", "load_app"]
 
@@ -76,7 +77,7 @@ def configure_logging(level: str) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from supervisors.node import Node, NodeConfig
+    from ratchet.supervisors.node import Node, NodeConfig
 
     registry = load_app(args.app)
 
@@ -175,7 +176,7 @@ def _graph(args: argparse.Namespace) -> int:
 
 
 async def _admin(args: argparse.Namespace) -> int:
-    from protocol.ids import new_id
+    from ratchet.protocol.ids import new_id
 
     cluster = args.verb in CLUSTER_VERBS  # about nodes: the system tenant's subject
     client = await Client.connect(_nats_url(args), SYSTEM_TENANT if cluster else args.tenant)
@@ -203,6 +204,8 @@ async def _admin(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
+    p.add_argument("--version", action="version",
+                   version=f"ratchet {importlib.metadata.version('ratchet-runtime')}")
     p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: .ratchet")
     p.add_argument("--log-level", default=os.environ.get("RATCHET_LOG_LEVEL", "info"))
     sub = p.add_subparsers(dest="command", required=True)
@@ -288,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "graph":
             return _graph(args)
         if args.command == "demo":
-            from examples.demo import run_demo
+            from ratchet.testing.demo import run_demo
 
             return asyncio.run(run_demo(Path(args.state_dir), args.nats_url))
         return asyncio.run(handlers[args.command](args))

@@ -12,11 +12,11 @@ from __future__ import annotations
 import structlog
 from nats.aio.msg import Msg
 
-from protocol.codec import decode_envelope, parse_body
-from protocol.errors import InvalidMessage, NotFound
-from protocol.messages import ApprovalDecision
-from protocol.subjects import STREAM_DECISIONS, dlq_subject
-from supervisors.routing import TaskRouter, deliver, settle_failure, subject_tenant
+from ratchet.protocol.codec import decode_envelope, parse_body
+from ratchet.protocol.errors import InvalidMessage, NotFound
+from ratchet.protocol.messages import ApprovalDecision
+from ratchet.protocol.subjects import STREAM_DECISIONS, dlq_subject
+from ratchet.supervisors.routing import TaskRouter, deliver, settle_failure, subject_tenant
 
 __all__ = ["DecisionRouter"]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import structlog
 
-from protocol.errors import Unavailable
+from ratchet.protocol.errors import Unavailable
 
 __all__ = ["EmbeddedNats", "find_nats_server", "free_port"]
 

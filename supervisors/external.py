@@ -12,11 +12,17 @@ from __future__ import annotations
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import redelivery_delay
-from protocol.codec import decode_envelope
-from protocol.errors import InvalidMessage
-from protocol.subjects import STREAM_EXTERNAL, dlq_subject
-from supervisors.routing import TaskRouter, deliver, deliveries, settle_failure, subject_tenant
+from ratchet.actors.bus import redelivery_delay
+from ratchet.protocol.codec import decode_envelope
+from ratchet.protocol.errors import InvalidMessage
+from ratchet.protocol.subjects import STREAM_EXTERNAL, dlq_subject
+from ratchet.supervisors.routing import (
+    TaskRouter,
+    deliver,
+    deliveries,
+    settle_failure,
+    subject_tenant,
+)
 
 __all__ = ["ExternalRouter", "EARLY_RETRIES"]
 

@@ -19,18 +19,24 @@ from typing import Any
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, redelivery_delay
-from actors.core import ServiceActor
-from actors.workflow import Registry
-from persistence.store import Store
-from persistence.txns import NewTask
-from protocol.clock import Clock
-from protocol.codec import canonical, decode_envelope, encode, parse_body
-from protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
-from protocol.ids import new_id, request_hash, task_id_for
-from protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
-from protocol.subjects import STREAM_SUBMIT, check_token, dlq_subject, is_token, mail_subject
-from supervisors.request_service import error_reply
+from ratchet.actors.bus import Bus, redelivery_delay
+from ratchet.actors.core import ServiceActor
+from ratchet.actors.workflow import Registry
+from ratchet.persistence.store import Store
+from ratchet.persistence.txns import NewTask
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import canonical, decode_envelope, encode, parse_body
+from ratchet.protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
+from ratchet.protocol.ids import new_id, request_hash, task_id_for
+from ratchet.protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
+from ratchet.protocol.subjects import (
+    STREAM_SUBMIT,
+    check_token,
+    dlq_subject,
+    is_token,
+    mail_subject,
+)
+from ratchet.supervisors.request_service import error_reply
 
 __all__ = ["Acceptor", "IntakeActor"]
 

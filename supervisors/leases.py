@@ -30,12 +30,12 @@ from typing import Any
 
 import structlog
 
-from actors.core import ServiceActor
-from persistence.leases import Fenced, LeaseRow
-from persistence.store import Store
-from protocol.clock import Clock
-from protocol.errors import RatchetError
-from protocol.subjects import partition_of
+from ratchet.actors.core import ServiceActor
+from ratchet.persistence.leases import Fenced, LeaseRow
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.subjects import partition_of
 
 __all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings"]
 

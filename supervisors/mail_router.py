@@ -16,14 +16,14 @@ from collections import OrderedDict
 import structlog
 from nats.aio.msg import Msg
 
-from actors.bus import Bus
-from persistence.store import Store
-from protocol.clock import Clock
-from protocol.codec import decode_envelope
-from protocol.errors import NotFound
-from protocol.subjects import STREAM_MAIL, dlq_subject
-from supervisors.routing import TaskRouter, deliver, settle_failure
-from supervisors.tasks import TaskSupervision
+from ratchet.actors.bus import Bus
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import decode_envelope
+from ratchet.protocol.errors import NotFound
+from ratchet.protocol.subjects import STREAM_MAIL, dlq_subject
+from ratchet.supervisors.routing import TaskRouter, deliver, settle_failure
+from ratchet.supervisors.tasks import TaskSupervision
 
 __all__ = ["MailRouter", "RecentIds", "mail_durable"]
 

@@ -18,35 +18,35 @@ from typing import Any
 
 import structlog
 
-from actors.bus import Bus, StreamLimits, stream_configs
-from actors.core import ActorRef, ActorSystem
-from actors.switches import Switches
-from actors.task_actor import TaskDeps
-from actors.workflow import Registry
-from persistence.store import Store
-from protocol.clock import Clock, SystemClock
-from protocol.codec import encode
-from protocol.errors import RatchetError
-from protocol.messages import Envelope
-from protocol.subjects import DEFAULT_PARTITIONS, STREAM_MAIL, mail_subject, partition_of
-from supervisors.admin import AdminActor
-from supervisors.api import ApiActor
-from supervisors.decisions import DecisionRouter
-from supervisors.embedded_nats import EmbeddedNats
-from supervisors.external import ExternalRouter
-from supervisors.intake import Acceptor, IntakeActor
-from supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
-from supervisors.mail_router import MailRouter
-from supervisors.outbox_relay import OutboxRelay
-from supervisors.partitions import PartitionWork
-from supervisors.recovery import RecoverySweeper
-from supervisors.request_service import Ready
-from supervisors.restart_policy import Restart
-from supervisors.retention import RetentionSweeper
-from supervisors.scheduler import FairScheduler
-from supervisors.supervisor import ChildSpec, StopChild, Supervisor, WhichChildren
-from supervisors.tasks import TaskSupervision
-from supervisors.timers import TimerService
+from ratchet.actors.bus import Bus, StreamLimits, stream_configs
+from ratchet.actors.core import ActorRef, ActorSystem
+from ratchet.actors.switches import Switches
+from ratchet.actors.task_actor import TaskDeps
+from ratchet.actors.workflow import Registry
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock, SystemClock
+from ratchet.protocol.codec import encode
+from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import DEFAULT_PARTITIONS, STREAM_MAIL, mail_subject, partition_of
+from ratchet.supervisors.admin import AdminActor
+from ratchet.supervisors.api import ApiActor
+from ratchet.supervisors.decisions import DecisionRouter
+from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.external import ExternalRouter
+from ratchet.supervisors.intake import Acceptor, IntakeActor
+from ratchet.supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
+from ratchet.supervisors.mail_router import MailRouter
+from ratchet.supervisors.outbox_relay import OutboxRelay
+from ratchet.supervisors.partitions import PartitionWork
+from ratchet.supervisors.recovery import RecoverySweeper
+from ratchet.supervisors.request_service import Ready
+from ratchet.supervisors.restart_policy import Restart
+from ratchet.supervisors.retention import RetentionSweeper
+from ratchet.supervisors.scheduler import FairScheduler
+from ratchet.supervisors.supervisor import ChildSpec, StopChild, Supervisor, WhichChildren
+from ratchet.supervisors.tasks import TaskSupervision
+from ratchet.supervisors.timers import TimerService
 
 __all__ = ["Node", "NodeConfig"]
 

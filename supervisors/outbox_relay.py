@@ -24,11 +24,11 @@ from collections import OrderedDict
 import structlog
 from nats.errors import MaxPayloadError
 
-from actors.bus import Bus
-from actors.core import ServiceActor
-from persistence.store import Store
-from persistence.txns import OutboxRow
-from protocol.clock import Clock
+from ratchet.actors.bus import Bus
+from ratchet.actors.core import ServiceActor
+from ratchet.persistence.store import Store
+from ratchet.persistence.txns import OutboxRow
+from ratchet.protocol.clock import Clock
 
 __all__ = ["OutboxRelay"]
 

@@ -16,14 +16,14 @@ from typing import Any
 
 import structlog
 
-from actors.core import ActorRef
-from persistence.leases import LeaseRow
-from persistence.store import Store
-from protocol.subjects import partition_of
-from supervisors.mail_router import MailRouter
-from supervisors.restart_policy import Restart
-from supervisors.supervisor import ChildSpec, StartChild, StopChildren, Supervisor
-from supervisors.tasks import TaskSupervision, task_actor_name
+from ratchet.actors.core import ActorRef
+from ratchet.persistence.leases import LeaseRow
+from ratchet.persistence.store import Store
+from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.mail_router import MailRouter
+from ratchet.supervisors.restart_policy import Restart
+from ratchet.supervisors.supervisor import ChildSpec, StartChild, StopChildren, Supervisor
+from ratchet.supervisors.tasks import TaskSupervision, task_actor_name
 
 __all__ = ["PartitionWork"]
 

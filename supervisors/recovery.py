@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import structlog
 
-from actors.core import PeriodicService
-from persistence.store import Store
-from protocol.clock import Clock
-from supervisors.tasks import TaskSupervision, task_supervisor_name
+from ratchet.actors.core import PeriodicService
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock
+from ratchet.supervisors.tasks import TaskSupervision, task_supervisor_name
 
 __all__ = ["RecoverySweeper"]
 

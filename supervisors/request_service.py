@@ -16,11 +16,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
 
-from actors.bus import Bus
-from actors.core import ServiceActor
-from protocol.codec import decode_envelope, encode
-from protocol.errors import RatchetError
-from protocol.messages import Envelope, Reply
+from ratchet.actors.bus import Bus
+from ratchet.actors.core import ServiceActor
+from ratchet.protocol.codec import decode_envelope, encode
+from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.messages import Envelope, Reply
 
 __all__ = ["Forwarded", "Ready", "RequestService", "error_reply"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import StrEnum
 
-from actors.backoff import backoff_delay
+from ratchet.actors.backoff import backoff_delay
 
 __all__ = ["Restart", "Strategy", "should_restart", "intensity_exceeded", "backoff_delay"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import structlog
 
-from actors.core import PeriodicService
-from persistence.store import Store
-from protocol.clock import Clock
+from ratchet.actors.core import PeriodicService
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock
 
 __all__ = ["RetentionSweeper"]
 

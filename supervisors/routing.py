@@ -15,14 +15,14 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from actors.bus import Bus, deliveries, redelivery_delay
-from actors.core import ActorCrashed, ServiceActor
-from actors.task_actor import DeliverMail
-from persistence.store import Store, TaskRecord
-from protocol.clock import Clock
-from protocol.errors import InvalidMessage, RatchetError
-from protocol.messages import Envelope
-from supervisors.tasks import TaskFinished, TaskSupervision
+from ratchet.actors.bus import Bus, deliveries, redelivery_delay
+from ratchet.actors.core import ActorCrashed, ServiceActor
+from ratchet.actors.task_actor import DeliverMail
+from ratchet.persistence.store import Store, TaskRecord
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import InvalidMessage, RatchetError
+from ratchet.protocol.messages import Envelope
+from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
 
 __all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure", "subject_tenant",
            "POISON_AFTER"]

@@ -18,9 +18,9 @@ from typing import Any
 
 import structlog
 
-from actors.core import Actor, ActorRef, ActorSystem
-from protocol.errors import RatchetError
-from supervisors.restart_policy import (
+from ratchet.actors.core import Actor, ActorRef, ActorSystem
+from ratchet.protocol.errors import RatchetError
+from ratchet.supervisors.restart_policy import (
     Restart,
     Strategy,
     backoff_delay,

@@ -13,14 +13,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from actors.core import Actor, ActorRef, ActorSystem
-from actors.task_actor import TaskActor, TaskDeps, fail_task
-from actors.tool_session import ToolSession
-from persistence.store import TaskRecord
-from protocol.errors import ErrorCode, RatchetError
-from protocol.states import TaskStatus, is_terminal
-from supervisors.restart_policy import Restart
-from supervisors.supervisor import (
+from ratchet.actors.core import Actor, ActorRef, ActorSystem
+from ratchet.actors.task_actor import TaskActor, TaskDeps, fail_task
+from ratchet.actors.tool_session import ToolSession
+from ratchet.persistence.store import TaskRecord
+from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.states import TaskStatus, is_terminal
+from ratchet.supervisors.restart_policy import Restart
+from ratchet.supervisors.supervisor import (
     ChildSpec,
     StartChild,
     StartChildren,
@@ -174,7 +174,7 @@ class TaskSupervision:
     def wake_all(self) -> int:
         """Tell every live task actor to go on (a task waiting at a safe point, e.g. for a
         thaw, takes its next step); returns how many were told."""
-        from actors.task_actor import Advance
+        from ratchet.actors.task_actor import Advance
 
         actors = self.live_actors()
         for ref in actors:

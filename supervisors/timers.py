@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import structlog
 
-from actors.core import ServiceActor
-from actors.task_actor import DeliverMail
-from persistence.store import Store
-from protocol.clock import Clock
-from protocol.messages import Envelope
-from supervisors.tasks import TaskFinished, TaskSupervision
+from ratchet.actors.core import ServiceActor
+from ratchet.actors.task_actor import DeliverMail
+from ratchet.persistence.store import Store
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.messages import Envelope
+from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
 
 __all__ = ["TimerService"]
 

@@ -10,10 +10,10 @@ from typing import Any
 from pydantic import BaseModel
 
 import ratchet
-from actors.loop_detect import LoopPolicy
-from actors.models import ModelRequest
-from actors.scripted_model import ScriptedModel, reply
 from ratchet import END
+from ratchet.actors.loop_detect import LoopPolicy
+from ratchet.actors.models import ModelRequest
+from ratchet.actors.scripted_model import ScriptedModel, reply
 
 
 class Category(BaseModel):

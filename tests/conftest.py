@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 
 import ratchet
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.embedded_nats import EmbeddedNats
 from tests.apps import RUNS, app
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The installed entry point (``make install``); its working directory (ROOT) is on its
+#: sys.path for ``--app tests.apps:app``.
+RATCHET_BIN = Path(sys.executable).with_name("ratchet")
 
 
 @pytest.fixture(autouse=True)
@@ -85,10 +88,10 @@ class NodeProcess:
     def __init__(self, state_dir: Path, nats_url: str, env: dict[str, str],
                  app_spec: str = "tests.apps:app", args: tuple[str, ...] = (),
                  log_level: str = "warning") -> None:
-        self.args = [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state_dir),
+        self.args = [str(RATCHET_BIN), "--state-dir", str(state_dir),
                      "--log-level", log_level, "serve", "--app", app_spec, "--nats-url",
                      nats_url, *args]
-        self.env = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+        self.env = {**os.environ, **env}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> None:

@@ -11,14 +11,14 @@ import pytest
 from pydantic import BaseModel
 
 import ratchet
-from actors.tools import Tool
-from examples.expense import ClaimArgs, ClaimResult, _submit_claim
-from examples.expense import app as expense_app
-from protocol.codec import encode
-from protocol.ids import task_id_for
-from protocol.messages import Envelope
-from protocol.subjects import external_subject
-from simulators import FinanceClient, FinanceSimulatorProcess
+from ratchet.actors.tools import Tool
+from ratchet.protocol.codec import encode
+from ratchet.protocol.ids import task_id_for
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import external_subject
+from ratchet.testing import FinanceClient, FinanceSimulatorProcess
+from ratchet.testing.expense import ClaimArgs, ClaimResult, _submit_claim
+from ratchet.testing.expense import app as expense_app
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
 
 
@@ -314,7 +314,7 @@ async def _until(predicate: Any) -> None:
 async def test_a_step_timeout_bounds_the_tool_calls_inside_it(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from examples.expense import refund_claim, submit_claim
+    from ratchet.testing.expense import refund_claim, submit_claim
 
     wf = ratchet.Workflow("timed", version=1)
 
@@ -341,7 +341,7 @@ async def test_a_step_timeout_bounds_the_tool_calls_inside_it(
 async def test_a_still_pending_action_rearms_its_timer_then_goes_to_a_human(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from actors.task_waits import MAX_PENDING_REARMS
+    from ratchet.actors.task_waits import MAX_PENDING_REARMS
 
     clock = ratchet.FakeClock()
     await start_node(expense_app, clock=clock)
@@ -403,7 +403,7 @@ async def test_a_retry_delay_survives_a_node_killed_during_it(
     node_process: Any,
 ) -> None:
     node = node_process(nats_url, {"RATCHET_FINANCE_URL": simulator.url},
-                        app_spec="examples.expense:app")
+                        app_spec="ratchet.testing.expense:app")
     await asyncio.to_thread(node.start)
     finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 1.5}])
     task_id = await client.submit("expense.agent", REPORT, key="r-1")
@@ -439,7 +439,7 @@ async def test_the_tool_call_budget_stops_a_step_and_the_undo_still_runs(
 async def test_branches_draw_on_the_tasks_remaining_budget_together(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from examples.expense import refund_claim, submit_claim
+    from ratchet.testing.expense import refund_claim, submit_claim
 
     branch = ratchet.Workflow("claim-branch")
 
@@ -467,8 +467,8 @@ async def test_an_agent_whose_write_is_accepted_parks_and_resumes_without_asking
 ) -> None:
     import json as _json
 
-    from actors.scripted_model import ScriptedModel, reply
-    from examples.expense import refund_claim, submit_claim
+    from ratchet.actors.scripted_model import ScriptedModel, reply
+    from ratchet.testing.expense import refund_claim, submit_claim
 
     claim = {"report_id": "ag1", "employee": "e", "amount": 12.0}
     model = ScriptedModel([reply(tool_calls=[("submit_claim", claim)]),
@@ -518,7 +518,7 @@ async def test_a_fork_reuses_the_side_effects_completed_before_its_fork_point(
 async def test_a_task_that_fails_with_a_write_in_flight_goes_to_a_human_not_failed(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from examples.expense import refund_claim, submit_claim
+    from ratchet.testing.expense import refund_claim, submit_claim
 
     wf = ratchet.Workflow("hasty")
 
@@ -558,7 +558,7 @@ async def test_cancel_during_a_tool_call_that_cannot_be_interrupted_marks_it_unk
 async def test_a_cancel_compensates_when_the_workflow_declares_it(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from examples.expense import refund_claim, submit_claim
+    from ratchet.testing.expense import refund_claim, submit_claim
     from tests.test_admin import OPERATOR, admin
 
     wf = ratchet.Workflow("undoable", compensate_on_cancel=True)
@@ -612,7 +612,7 @@ async def test_a_disabled_tool_is_refused_everywhere_and_the_handoff_verb_shows_
 async def test_a_pause_takes_effect_at_the_next_tool_call_inside_a_step(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from examples.expense import refund_claim, submit_claim
+    from ratchet.testing.expense import refund_claim, submit_claim
     from tests.test_admin import OPERATOR, admin
 
     wf = ratchet.Workflow("two_calls")
@@ -651,7 +651,7 @@ async def test_a_pause_takes_effect_at_the_next_tool_call_inside_a_step(
 async def test_a_cancel_whose_undo_fails_goes_to_a_human(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from examples.expense import refund_claim, submit_claim
+    from ratchet.testing.expense import refund_claim, submit_claim
     from tests.test_admin import OPERATOR, admin
 
     wf = ratchet.Workflow("undo_fails", compensate_on_cancel=True)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from actors.core import Actor, ActorCrashed, ActorStopped, ActorSystem, AskTimeout
+from ratchet.actors.core import Actor, ActorCrashed, ActorStopped, ActorSystem, AskTimeout
 
 
 class Echo(Actor):

@@ -8,8 +8,8 @@ import msgpack
 import pytest
 
 import ratchet
-from protocol.codec import encode
-from protocol.messages import Envelope, Reply
+from ratchet.protocol.codec import encode
+from ratchet.protocol.messages import Envelope, Reply
 from tests.conftest import NodeFactory, wait_terminal
 
 VIEWER = {"name": "vic", "roles": ["viewer"]}
@@ -278,7 +278,7 @@ async def test_a_disabled_tool_is_refused_and_freeze_holds_new_steps_until_thawe
 async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    from supervisors.retention import RetentionSweeper
+    from ratchet.supervisors.retention import RetentionSweeper
 
     wf = ratchet.Workflow("bulky")
 
@@ -396,9 +396,9 @@ async def test_a_command_id_still_running_is_not_run_twice_and_retryable_errors_
 ) -> None:
     node = await start_node()
     assert node.store is not None
-    from protocol.codec import canonical
-    from protocol.ids import request_hash
-    from protocol.messages import AdminCommand
+    from ratchet.protocol.codec import canonical
+    from ratchet.protocol.ids import request_hash
+    from ratchet.protocol.messages import AdminCommand
 
     body = AdminCommand(command_id="busy-id", principal=VIEWER).model_dump()  # type: ignore[arg-type]
     digest = request_hash(canonical({"verb": "list", "body": body}))

@@ -8,15 +8,15 @@ import pytest
 from nats.js.api import DiscardPolicy, RetentionPolicy
 from nats.js.errors import APIError
 
-from actors.bus import Bus, StreamLimits, stream_configs
-from actors.core import ActorSystem
-from persistence.store import Store
-from persistence.txns import NewTask, TaskChange
-from protocol.clock import FakeClock, SystemClock
-from protocol.codec import decode_map
-from protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT
-from supervisors.mail_router import RecentIds
-from supervisors.outbox_relay import OutboxRelay
+from ratchet.actors.bus import Bus, StreamLimits, stream_configs
+from ratchet.actors.core import ActorSystem
+from ratchet.persistence.store import Store
+from ratchet.persistence.txns import NewTask, TaskChange
+from ratchet.protocol.clock import FakeClock, SystemClock
+from ratchet.protocol.codec import decode_map
+from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT
+from ratchet.supervisors.mail_router import RecentIds
+from ratchet.supervisors.outbox_relay import OutboxRelay
 
 
 def test_recent_ids_forget_what_is_older_than_their_age() -> None:

@@ -6,18 +6,15 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
-from tests.conftest import ROOT
+from tests.conftest import RATCHET_BIN, ROOT
 
 
 def _ratchet(state: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state),
-         "--log-level", "warning", *args],
+        [str(RATCHET_BIN), "--state-dir", str(state), "--log-level", "warning", *args],
         cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
 
 
@@ -32,10 +29,9 @@ def _alive(pid: int) -> bool:
 def test_serve_submit_watch_status_and_a_clean_ctrl_c(tmp_path: Path) -> None:
     state = tmp_path / "state"
     serve = subprocess.Popen(
-        [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state), "--log-level",
+        [str(RATCHET_BIN), "--state-dir", str(state), "--log-level",
          "warning", "serve", "--app", "examples.report:app"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert serve.stdout is not None
@@ -84,10 +80,9 @@ def test_graph_prints_the_transition_table_and_a_mermaid_diagram(tmp_path: Path)
 def test_admin_verbs_are_wrapped_by_the_cli(tmp_path: Path) -> None:
     state = tmp_path / "state"
     serve = subprocess.Popen(
-        [sys.executable, "-m", "supervisors.cli", "--state-dir", str(state), "--log-level",
+        [str(RATCHET_BIN), "--state-dir", str(state), "--log-level",
          "warning", "serve", "--app", "examples.report:app"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert serve.stdout is not None

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import ratchet
-from protocol.subjects import STREAM_EVENTS
+from ratchet.protocol.subjects import STREAM_EVENTS
 from tests.conftest import NodeProcess, assert_contiguous, wait_terminal
 
 pytestmark = pytest.mark.slow  # real node processes, killed
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # real node processes, killed
 
 async def _stream_events(client: ratchet.Client, task_id: str) -> list[ratchet.Event]:
     """Every message the events stream holds for the task, duplicates included."""
-    from protocol.codec import decode_map
+    from ratchet.protocol.codec import decode_map
 
     sub = await client.js.subscribe(f"ratchet.events.acme.{task_id}.>", stream=STREAM_EVENTS,
                                     ordered_consumer=True)

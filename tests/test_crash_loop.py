@@ -11,9 +11,9 @@ import pytest
 import structlog
 
 import ratchet
-from actors.crash_loop import RECOVERY_NODE, crash_loop, record_recovery
-from actors.task_actor import TaskDeps
-from protocol.clock import FakeClock
+from ratchet.actors.crash_loop import RECOVERY_NODE, crash_loop, record_recovery
+from ratchet.actors.task_actor import TaskDeps
+from ratchet.protocol.clock import FakeClock
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
 from tests.test_admin import APPROVER, admin

@@ -8,9 +8,9 @@ import msgpack
 import pytest
 
 import ratchet
-from protocol.codec import decode_map
-from protocol.messages import Reply
-from protocol.subjects import STREAM_DLQ
+from ratchet.protocol.codec import decode_map
+from ratchet.protocol.messages import Reply
+from ratchet.protocol.subjects import STREAM_DLQ
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
 

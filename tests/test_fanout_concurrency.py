@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import ratchet
-from actors.fanout import _gates, branch_slot
 from ratchet import JoinPolicy
+from ratchet.actors.fanout import _gates, branch_slot
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
 
 #: What the branch bodies of the running test report: how many run now, and the peak.

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from protocol.errors import (
+from ratchet.protocol.errors import (
     ToolConflict,
     ToolInvalidArgument,
     ToolOutcomeUnknown,
@@ -23,7 +23,7 @@ from protocol.errors import (
     ToolRateLimited,
     ToolTransient,
 )
-from simulators import FinanceClient, FinanceSimulatorProcess
+from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 
 CLAIM = {"employee": "e-17", "amount": 120.5, "currency": "EUR", "claim_id": "c-1"}
 

@@ -7,10 +7,10 @@ import asyncio
 from typing import Any
 
 import ratchet
-from protocol.codec import encode
-from protocol.messages import Envelope
-from protocol.subjects import external_subject
 from ratchet import END, JoinPolicy
+from ratchet.protocol.codec import encode
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import external_subject
 from tests.conftest import NodeFactory, wait_terminal
 
 
@@ -112,7 +112,7 @@ async def test_an_agent_node_visited_twice_starts_a_fresh_conversation(
 ) -> None:
     import json
 
-    from actors.scripted_model import ScriptedModel, reply
+    from ratchet.actors.scripted_model import ScriptedModel, reply
     from tests.agent_apps import Verdict, lookup_policy
 
     model = ScriptedModel([reply(json.dumps({"category": "x", "limit": 1.0}))])

@@ -8,9 +8,9 @@ import asyncio
 from typing import Any
 
 import ratchet
-from protocol.codec import encode
-from protocol.messages import Envelope
-from protocol.subjects import decision_subject, external_subject, mail_subject
+from ratchet.protocol.codec import encode
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import decision_subject, external_subject, mail_subject
 from tests.conftest import NodeFactory, assert_contiguous
 from tests.graph_apps import app
 

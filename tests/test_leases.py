@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from persistence.leases import Fenced, LeaseRow, PartitionCountMismatch
-from persistence.store import Store
-from persistence.txns import NewTask, TaskChange
-from protocol.clock import FakeClock
-from protocol.subjects import partition_of
-from supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
+from ratchet.persistence.leases import Fenced, LeaseRow, PartitionCountMismatch
+from ratchet.persistence.store import Store
+from ratchet.persistence.txns import NewTask, TaskChange
+from ratchet.protocol.clock import FakeClock
+from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
 
 P = 4
 
@@ -186,7 +186,7 @@ async def test_nodes_share_partitions_hand_over_on_drain_and_reap_the_dead(
 
 async def test_a_second_live_process_under_the_same_node_id_is_refused(
         tmp_path: Path, monkeypatch: Any) -> None:
-    import supervisors.leases as leases_module
+    import ratchet.supervisors.leases as leases_module
 
     clock = FakeClock(start=1000.0)
     a_store, b_store = await _stores(tmp_path)

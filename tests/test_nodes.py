@@ -22,7 +22,7 @@ import msgpack
 import pytest
 
 import ratchet
-from protocol.ids import new_id
+from ratchet.protocol.ids import new_id
 from tests.conftest import NodeProcess
 
 pytestmark = pytest.mark.slow  # real node processes, killed

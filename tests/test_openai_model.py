@@ -8,16 +8,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from actors.models import Message, ModelRequest, ToolCall, ToolSpec
-from actors.openai_model import OpenAICompatibleModel
-from protocol.errors import (
+from ratchet.actors.models import Message, ModelRequest, ToolCall, ToolSpec
+from ratchet.actors.openai_model import OpenAICompatibleModel
+from ratchet.protocol.errors import (
     ToolError,
     ToolInvalidArgument,
     ToolPermissionDenied,
     ToolRateLimited,
     ToolTransient,
 )
-from simulators.model_stub_process import ModelStubProcess
+from ratchet.testing.model_stub_process import ModelStubProcess
 
 SECRET = "sk-test-do-not-leak-0123456789"
 HELLO = ModelRequest(messages=[Message(role="user", content="hello")])

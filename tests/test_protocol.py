@@ -6,7 +6,7 @@ import msgpack
 import pytest
 
 import ratchet
-from protocol import (
+from ratchet.protocol import (
     Envelope,
     InvalidMessage,
     SubmitTask,
@@ -16,7 +16,7 @@ from protocol import (
     parse_body,
     task_id_for,
 )
-from protocol.subjects import mail_subject, partition_of, submit_subject
+from ratchet.protocol.subjects import mail_subject, partition_of, submit_subject
 
 
 def _submit_envelope(**body: object) -> Envelope:
@@ -81,6 +81,7 @@ def test_the_facade_exports_exactly_its_public_names() -> None:
         "NotFound", "RatchetError", "RequestConflict", "UnknownWorkflow", "Event",
         "TaskSnapshot", "TaskEvent", "TaskStatus", "transition", "Node", "NodeConfig",
         "END", "CANCEL", "FAIL", "JoinPolicy", "ActionFailed", "Accepted", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
+        "__version__",
     ])
     for name in ratchet.__all__:
         assert getattr(ratchet, name) is not None

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import ratchet
-from protocol.codec import encode
-from protocol.messages import Envelope, StartTask
-from protocol.subjects import STREAM_DLQ, mail_subject
-from supervisors.recovery import RecoverySweeper
-from supervisors.supervisor import StopChild
+from ratchet.protocol.codec import encode
+from ratchet.protocol.messages import Envelope, StartTask
+from ratchet.protocol.subjects import STREAM_DLQ, mail_subject
+from ratchet.supervisors.recovery import RecoverySweeper
+from ratchet.supervisors.supervisor import StopChild
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, wait_terminal
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocol import IllegalTransition, TaskEvent, TaskStatus, transition
-from protocol.states import TERMINAL, TRANSITIONS
+from ratchet.protocol import IllegalTransition, TaskEvent, TaskStatus, transition
+from ratchet.protocol.states import TERMINAL, TRANSITIONS
 
 ALL_PAIRS = list(itertools.product(TaskStatus, TaskEvent))
 

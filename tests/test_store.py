@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from persistence import CheckpointWrite, DuplicateMessage, NewTask, StateTracker, Store, TaskChange
-from persistence.migrations import MIGRATIONS, migrate
-from protocol import IllegalTransition, TaskEvent, VersionConflict
+from ratchet.persistence import (
+    CheckpointWrite,
+    DuplicateMessage,
+    NewTask,
+    StateTracker,
+    Store,
+    TaskChange,
+)
+from ratchet.persistence.migrations import MIGRATIONS, migrate
+from ratchet.protocol import IllegalTransition, TaskEvent, VersionConflict
 
 
 def _new_task(task_id: str = "t1", key: str = "k1", digest: str = "sha256:aa") -> NewTask:
@@ -46,7 +53,7 @@ def test_a_database_made_by_the_first_release_gains_the_later_columns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     conn = sqlite3.connect(tmp_path / "old.db", isolation_level=None)
-    monkeypatch.setattr("persistence.migrations.MIGRATIONS", MIGRATIONS[:1])
+    monkeypatch.setattr("ratchet.persistence.migrations.MIGRATIONS", MIGRATIONS[:1])
     assert migrate(conn) == 1  # as the first release left it
     monkeypatch.undo()
     assert migrate(conn) == MIGRATIONS[-1][0]

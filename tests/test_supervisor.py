@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from actors.core import Actor, ActorSystem
-from protocol import FakeClock
-from supervisors import ChildSpec, Restart, Supervisor, backoff_delay, intensity_exceeded
-from supervisors.restart_policy import should_restart
-from supervisors.supervisor import WhichChildren
+from ratchet.actors.core import Actor, ActorSystem
+from ratchet.protocol import FakeClock
+from ratchet.supervisors import ChildSpec, Restart, Supervisor, backoff_delay, intensity_exceeded
+from ratchet.supervisors.restart_policy import should_restart
+from ratchet.supervisors.supervisor import WhichChildren
 
 
 def test_restart_types_follow_otp() -> None:

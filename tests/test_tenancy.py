@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 import ratchet
-from protocol.ids import task_id_for
-from supervisors.embedded_nats import EmbeddedNats
+from ratchet.protocol.ids import task_id_for
+from ratchet.supervisors.embedded_nats import EmbeddedNats
 from tests.apps import app
 from tests.conftest import ROOT
 

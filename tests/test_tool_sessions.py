@@ -11,11 +11,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from actors.core import ActorSystem
-from actors.tool_session import Invoke, ToolSession
-from actors.tools import Tool, ToolContext
-from persistence import Store
-from protocol import FakeClock
+from ratchet.actors.core import ActorSystem
+from ratchet.actors.tool_session import Invoke, ToolSession
+from ratchet.actors.tools import Tool, ToolContext
+from ratchet.persistence import Store
+from ratchet.protocol import FakeClock
 
 
 class PageArgs(BaseModel):

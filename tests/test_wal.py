@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from persistence.connection import open_connection
-from persistence.store import Store
-from persistence.wal import WalGuard
-from persistence.writer import LoopWriter
+from ratchet.persistence.connection import open_connection
+from ratchet.persistence.store import Store
+from ratchet.persistence.wal import WalGuard
+from ratchet.persistence.writer import LoopWriter
 
 LIMIT = 512 * 1024
 ROW = os.urandom(3000)

@@ -1,6 +1,6 @@
 """An OpenAI-compatible chat-completions server on loopback: scripted replies, injected faults.
 
-Run it as its own process: ``python -m simulators.model_stub [--host H] [--port 0]`` prints
+Run it as its own process: ``python -m ratchet.testing.model_stub [--host H] [--port 0]`` prints
 one JSON line ``{"url": "http://H:PORT/v1", "pid": N}`` once listening, then serves until
 SIGTERM/SIGINT.
 
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-from simulators.http_server import JsonHandler, SimulatorServer, serve_main
+from ratchet.testing.http_server import JsonHandler, SimulatorServer, serve_main
 
 __all__ = [
     "MODES", "FaultRule", "ModelStubServer", "Reject", "StubState", "check_reply", "completion",
@@ -278,7 +278,7 @@ class _Handler(JsonHandler):
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; announce ``{"url", "pid"}`` on stdout once listening."""
-    return serve_main(argv, prog="python -m simulators.model_stub", description=__doc__,
+    return serve_main(argv, prog="python -m ratchet.testing.model_stub", description=__doc__,
                       make_server=lambda address, verbose: ModelStubServer(address,
                                                                            verbose=verbose),
                       url_path="/v1", formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -18,13 +18,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-from pathlib import Path
 from types import TracebackType
 from typing import IO, NoReturn, Self
 
 __all__ = ["FinanceSimulatorProcess", "SimulatorProcess", "SimulatorStartError"]
 
-ROOT = Path(__file__).resolve().parent.parent
 _PR_SET_PDEATHSIG = 1
 
 
@@ -71,7 +69,6 @@ class SimulatorProcess:
         if self._url is not None:
             return self._url
         env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
         env["PYTHONUNBUFFERED"] = "1"
         command = [sys.executable, "-m", self.module, "--host", self.host, "--port", "0"]
         if self.verbose:
@@ -80,7 +77,6 @@ class SimulatorProcess:
         self._stderr = tempfile.TemporaryFile()
         self._proc = subprocess.Popen(
             command,
-            cwd=ROOT,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -157,7 +153,7 @@ class SimulatorProcess:
 
 
 class FinanceSimulatorProcess(SimulatorProcess):
-    """The finance-system simulator (:mod:`simulators.finance`) as a child process."""
+    """The finance-system simulator (:mod:`ratchet.testing.finance`) as a child process."""
 
-    module = "simulators.finance"
+    module = "ratchet.testing.finance"
     label = "finance simulator"

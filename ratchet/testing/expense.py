@@ -1,9 +1,9 @@
 """The seeds' running example: an expense agent that submits claims to a finance system.
 
-Tools talk to the finance-system simulator (``simulators.finance``) over HTTP with a
+Tools talk to the finance-system simulator (``ratchet.testing.finance``) over HTTP with a
 blocking client, so they run on their tool session's pykka thread. The finance URL comes
 from ``app.resources["finance_url"]`` (set from ``$RATCHET_FINANCE_URL`` at import, or by
-whoever builds the node). ``ratchet serve --app examples.expense:app`` serves it.
+whoever builds the node). ``ratchet serve --app ratchet.testing.expense:app`` serves it.
 
 Workflows:
 - ``expense.agent``: check the report, submit one claim, report back. The demo drops the
@@ -24,8 +24,8 @@ from typing import Any
 from pydantic import BaseModel
 
 import ratchet
-from actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext
-from simulators.finance_client import FinanceClient
+from ratchet.actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext
+from ratchet.testing.finance_client import FinanceClient
 
 
 class ClaimArgs(BaseModel):

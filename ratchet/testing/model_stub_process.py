@@ -14,7 +14,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from simulators.process import SimulatorProcess, SimulatorStartError
+from ratchet.testing.process import SimulatorProcess, SimulatorStartError
 
 __all__ = ["ModelStubProcess", "SimulatorStartError"]
 
@@ -22,14 +22,14 @@ Json = dict[str, Any]
 
 
 class ModelStubProcess(SimulatorProcess):
-    """One ``python -m simulators.model_stub`` child on a free loopback port.
+    """One ``python -m ratchet.testing.model_stub`` child on a free loopback port.
 
     :meth:`start` returns the API URL (ending in ``/v1``); :meth:`stop` is idempotent; also
     a context manager. :meth:`script`, :meth:`faults`, :meth:`requests` and :meth:`reset`
-    drive the stub's test controls (formats in :mod:`simulators.model_stub`).
+    drive the stub's test controls (formats in :mod:`ratchet.testing.model_stub`).
     """
 
-    module = "simulators.model_stub"
+    module = "ratchet.testing.model_stub"
     label = "model stub"
 
     def __init__(self, host: str = "127.0.0.1", *, verbose: bool = False) -> None:

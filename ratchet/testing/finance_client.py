@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from protocol.errors import (
+from ratchet.protocol.errors import (
     ToolConflict,
     ToolError,
     ToolInvalidArgument,
@@ -48,7 +48,7 @@ _TRANSIENT_STATUSES = frozenset({500, 502, 503, 504})
 
 
 class FinanceClient:
-    """Blocking HTTP client for ``simulators.finance``.
+    """Blocking HTTP client for ``ratchet.testing.finance``.
 
     Args:
         base_url: the simulator's URL, e.g. ``http://127.0.0.1:8123``.
@@ -100,7 +100,7 @@ class FinanceClient:
     # -- admin helpers (tests, benchmarks, demos) ------------------------------------------
 
     def add_faults(self, rules: list[Json]) -> None:
-        """Append fault rules (format in ``simulators.finance``)."""
+        """Append fault rules (format in ``ratchet.testing.finance``)."""
         self._admin("POST", "/_faults", {"rules": rules})
 
     def clear_faults(self) -> None:

@@ -1,6 +1,6 @@
 """A finance provider (claims and refunds) simulated over HTTP on loopback, with fault injection.
 
-Run it as its own process: ``python -m simulators.finance [--host H] [--port 0]`` prints one
+Run it as its own process: ``python -m ratchet.testing.finance [--host H] [--port 0]`` prints one
 JSON line ``{"url": ..., "pid": ...}`` once listening, then serves until SIGTERM/SIGINT.
 
 Provider: ``POST /claims`` and ``POST /refunds`` (body ``{"idempotency_key": k, ...}``, key
@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
-from simulators.http_server import JsonHandler, SimulatorServer, serve_main
+from ratchet.testing.http_server import JsonHandler, SimulatorServer, serve_main
 
 __all__ = ["MODES", "OPS", "FaultRule", "FinanceServer", "FinanceState", "Reject", "main"]
 
@@ -360,7 +360,7 @@ class _Status(Reject):
 
 def main(argv: list[str] | None = None) -> int:
     """Serve until SIGTERM/SIGINT; announce ``{"url", "pid"}`` on stdout once listening."""
-    return serve_main(argv, prog="python -m simulators.finance", description=__doc__,
+    return serve_main(argv, prog="python -m ratchet.testing.finance", description=__doc__,
                       make_server=lambda address, verbose: FinanceServer(address,
                                                                          verbose=verbose))
 

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import ratchet
-from examples.expense import app
-from simulators import FinanceClient, FinanceSimulatorProcess
+from ratchet.testing import FinanceClient, FinanceSimulatorProcess
+from ratchet.testing.expense import app
 
 __all__ = ["run_demo"]
 

@@ -9,15 +9,19 @@
         return {"amount": ctx.input["amount"]}
 
     app = ratchet.Registry([expense])      # ratchet serve --app mymodule:app
+
+The layers below are importable as ``ratchet.protocol``, ``ratchet.persistence``,
+``ratchet.actors`` and ``ratchet.supervisors``; test components (a fake clock, the
+finance and model simulators, the demo) as ``ratchet.testing``.
 """
 
-from actors.actions import ActionFailed
-from actors.client import Client, RemoteError
-from actors.nodes import CANCEL, END, FAIL, JoinPolicy
-from actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext, tool
-from actors.workflow import Registry, StepContext, Workflow, WorkflowDefinitionError
-from protocol.clock import Clock, FakeClock, SystemClock
-from protocol.errors import (
+from ratchet.actors.actions import ActionFailed
+from ratchet.actors.client import Client, RemoteError
+from ratchet.actors.nodes import CANCEL, END, FAIL, JoinPolicy
+from ratchet.actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext, tool
+from ratchet.actors.workflow import Registry, StepContext, Workflow, WorkflowDefinitionError
+from ratchet.protocol.clock import Clock, FakeClock, SystemClock
+from ratchet.protocol.errors import (
     ErrorCode,
     IllegalTransition,
     InvalidMessage,
@@ -26,11 +30,14 @@ from protocol.errors import (
     RequestConflict,
     UnknownWorkflow,
 )
-from protocol.messages import Event, TaskSnapshot
-from protocol.states import TaskEvent, TaskStatus, transition
-from supervisors.node import Node, NodeConfig
+from ratchet.protocol.messages import Event, TaskSnapshot
+from ratchet.protocol.states import TaskEvent, TaskStatus, transition
+from ratchet.supervisors.node import Node, NodeConfig
+
+__version__ = "0.2.0"
 
 __all__ = [
+    "__version__",
     "END",
     "CANCEL",
     "FAIL",

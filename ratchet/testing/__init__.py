@@ -1,0 +1,11 @@
+"""Simulators of the outside world (providers), with fault injection.
+
+The finance provider itself lives in :mod:`ratchet.testing.finance` (run it with
+``python -m ratchet.testing.finance``, or from code with :class:`FinanceSimulatorProcess`); it is
+not re-exported here so that running it with ``-m`` does not import it twice.
+"""
+
+from ratchet.testing.finance_client import FinanceClient
+from ratchet.testing.process import FinanceSimulatorProcess, SimulatorStartError
+
+__all__ = ["FinanceClient", "FinanceSimulatorProcess", "SimulatorStartError"]
