@@ -27,8 +27,8 @@ from ratchet.actors.backoff import backoff_delay
 from ratchet.actors.core import ActorRef
 from ratchet.actors.tool_session import Invoke
 from ratchet.actors.tools import Accepted, Decision, Tool, classify
-from ratchet.persistence.ledger import ActionKeyTaken, ActionWrite
-from ratchet.persistence.store import ActionRecord, Store, action_record
+from ratchet.persistence.ledger import ActionKeyTaken, ActionRecord, ActionWrite, action_record
+from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, encode
 from ratchet.protocol.errors import ErrorCode, RatchetError, ToolDeadlineExceeded, ToolRateLimited
@@ -95,7 +95,7 @@ class CallEnv:
     task_id: str
     tenant: str
     step_index: int
-    store: Store
+    store: TaskStore
     clock: Clock
     commit: Commit  # commit(**TaskChange fields) under the actor's version
     session: Callable[[str], Awaitable[ActorRef[Any]]]

@@ -35,7 +35,7 @@ from ratchet.actors.graph import Workflow
 from ratchet.actors.join_policy import JoinVerdict, decide
 from ratchet.actors.nodes import END, ChoiceNode, JoinPolicy, RouteNode, StepContext, StepNode
 from ratchet.persistence.ledger import TimerWrite
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import encode
@@ -141,7 +141,7 @@ class BranchActor(Actor):
 
     def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
                  graph: Workflow, task_input: dict[str, Any], state: dict[str, Any],
-                 store: Store, clock: Clock, producer: str, session: Any,
+                 store: TaskStore, clock: Clock, producer: str, session: Any,
                  switches: Any = None, max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
                  arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
@@ -228,7 +228,7 @@ class JoinActor(Actor):
     """Keeps a fan-out's completion set and tells the task when the policy has decided."""
 
     def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
-                 branches: list[str], store: Store, tell_task: Any,
+                 branches: list[str], store: TaskStore, tell_task: Any,
                  timer_fired: bool) -> None:
         self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
         # By name, not by ref: the task actor may be restarted while the branches run.

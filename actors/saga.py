@@ -14,15 +14,15 @@ import structlog
 
 from ratchet.actors.actions import ActionFailed, ActionRunner, HandoffRequired
 from ratchet.actors.workflow import Registry
-from ratchet.persistence.ledger import ActionWrite
-from ratchet.persistence.store import ActionRecord, Store
+from ratchet.persistence.ledger import ActionRecord, ActionWrite
+from ratchet.persistence.ports import TaskStore
 
 __all__ = ["compensate_task", "pending_compensations"]
 
 log = structlog.get_logger("ratchet.saga")
 
 
-async def pending_compensations(store: Store, registry: Registry, task_id: str,
+async def pending_compensations(store: TaskStore, registry: Registry, task_id: str,
                                 actions: list[ActionRecord] | None = None) -> list[ActionRecord]:
     """Succeeded writes of the task that declare a compensation, newest first. ``actions``:
     the task's ledger rows when the caller has just read them (saves a second read)."""
@@ -42,7 +42,7 @@ async def pending_compensations(store: Store, registry: Registry, task_id: str,
     return out
 
 
-async def compensate_task(runner: ActionRunner, store: Store, registry: Registry,
+async def compensate_task(runner: ActionRunner, store: TaskStore, registry: Registry,
                           task_id: str, actions: list[ActionRecord] | None = None) -> list[str]:
     """Compensate every pending action in reverse order; returns the keys compensated.
     ``actions``: as for :func:`pending_compensations`.

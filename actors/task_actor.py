@@ -39,7 +39,7 @@ from ratchet.actors.nodes import END, StepContext, StepNode
 from ratchet.actors.progress import ProgressMeter, progress_payload
 from ratchet.actors.workflow import Registry, Workflow, bind_step_logger
 from ratchet.persistence.checkpoints import StateTracker
-from ratchet.persistence.store import Store, TaskRecord
+from ratchet.persistence.ports import TaskRecord, TaskStore
 from ratchet.persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import BudgetExhausted, RatchetError, UnknownWorkflow
@@ -54,7 +54,7 @@ log = structlog.get_logger("ratchet.task")
 
 @dataclass
 class TaskDeps:
-    store: Store
+    store: TaskStore
     registry: Registry
     clock: Clock
     producer: str

@@ -23,7 +23,7 @@ import structlog
 
 from ratchet.actors.core import Actor
 from ratchet.actors.tools import Tool, ToolContext
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import ToolOutcomeUnknown
 
@@ -77,7 +77,7 @@ class ToolSession(Actor):
     """Answers :class:`Invoke` with ``(True, result)`` or ``(False, exception)``: a tool's
     failure is an answer, not a crash of the session."""
 
-    def __init__(self, task_id: str, tenant: str, name: str, store: Store, clock: Clock,
+    def __init__(self, task_id: str, tenant: str, name: str, store: TaskStore, clock: Clock,
                  resources: Mapping[str, Any]) -> None:
         self.task_id = task_id
         self.tenant = tenant

@@ -1,6 +1,8 @@
-"""The Store (SQLite, WAL, group commit), checkpoints with blob dedup, migrations."""
+"""The Store (SQLite, WAL, group commit), checkpoints with blob dedup, migrations, and the
+ports (``ports``): the store interfaces the upper layers depend on, which SQLite implements."""
 
 from ratchet.persistence.checkpoints import BLOB_THRESHOLD, StateDelta, StateTracker
+from ratchet.persistence.ports import AdminStore, LeaseStore, OutboxStore, StorePort, TaskStore
 from ratchet.persistence.store import LoadedState, Store, TaskRecord
 from ratchet.persistence.txns import (
     AcceptResult,
@@ -13,6 +15,11 @@ from ratchet.persistence.txns import (
 )
 
 __all__ = [
+    "AdminStore",
+    "LeaseStore",
+    "OutboxStore",
+    "StorePort",
+    "TaskStore",
     "BLOB_THRESHOLD",
     "StateDelta",
     "StateTracker",

@@ -21,7 +21,7 @@ from ratchet.actors.bus import Bus
 from ratchet.actors.core import ActorSystem
 from ratchet.actors.task_actor import DeliverMail
 from ratchet.persistence.admin_rows import AuditEntry
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import StorePort
 from ratchet.persistence.txns import TaskChange
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.clock import Clock
@@ -68,8 +68,9 @@ class CommandConflict(RatchetError):
 class AdminActor(ClusterVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
+    store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
 
-    def __init__(self, bus: Bus, store: Store, system: ActorSystem, clock: Clock,
+    def __init__(self, bus: Bus, store: StorePort, system: ActorSystem, clock: Clock,
                  node_id: str, tasks: TaskSupervision, switches: Any = None,
                  leases: Any = None) -> None:
         super().__init__(bus)

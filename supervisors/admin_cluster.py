@@ -9,7 +9,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from ratchet.actors.bus import Bus
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import LeaseStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import InvalidMessage, NotFound, Unavailable
 from ratchet.protocol.messages import AdminCommand
@@ -25,7 +25,7 @@ FORWARDED_HEADER = "Ratchet-Forwarded-By"
 
 class ClusterVerbs:
     bus: Bus
-    store: Store
+    store: LeaseStore
     clock: Clock
     node_id: str
     leases: Any  # supervisors.leases.LeaseManager (None: one node owns all)

@@ -10,7 +10,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from ratchet.actors.bus import Bus
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.codec import parse_body
 from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.messages import Envelope, GetTask
@@ -26,7 +26,7 @@ class ApiActor(RequestService):
     subject = "ratchet.api.*.*"
     queue = "ratchet-api"
 
-    def __init__(self, bus: Bus, acceptor: Acceptor, store: Store, max_in_flight: int = 256) -> None:
+    def __init__(self, bus: Bus, acceptor: Acceptor, store: TaskStore, max_in_flight: int = 256) -> None:
         super().__init__(bus, max_in_flight)
         self.acceptor = acceptor
         self.store = store

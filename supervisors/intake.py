@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from ratchet.actors.bus import Bus, redelivery_delay
 from ratchet.actors.core import ServiceActor
 from ratchet.actors.workflow import Registry
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import NewTask
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, decode_envelope, encode, parse_body
@@ -46,7 +46,7 @@ log = structlog.get_logger("ratchet.intake")
 class Acceptor:
     """Validation and acceptance shared by the JetStream intake and the request/reply API."""
 
-    def __init__(self, store: Store, registry: Registry, clock: Clock, producer: str,
+    def __init__(self, store: TaskStore, registry: Registry, clock: Clock, producer: str,
                  partitions: int, has_room: Callable[[], bool] | None = None,
                  wait_for_room: Callable[[], Awaitable[Any]] | None = None) -> None:
         self.store = store

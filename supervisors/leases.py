@@ -13,7 +13,7 @@ Every ``interval`` (about ttl / 4) it:
    or expired leases — that is the reaper: a dead node's leases expire and the survivors
    take them, bumping the fencing token, and recover the tasks from their checkpoints.
 
-It is also the node's :class:`~persistence.store.Fence`: the token a task's writes carry.
+It is also the node's :class:`~persistence.ports.Fence`: the token a task's writes carry.
 A partition whose lease the node could not renew in time stops being writable locally
 (``token_for`` raises) before the store would refuse it, so no new side effect starts.
 """
@@ -32,7 +32,7 @@ import structlog
 
 from ratchet.actors.core import ServiceActor
 from ratchet.persistence.leases import Fenced, LeaseRow
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import LeaseStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.subjects import partition_of
@@ -89,7 +89,7 @@ def _pid_alive(pid: Any) -> bool:
 
 
 class LeaseManager(ServiceActor):
-    def __init__(self, store: Store, clock: Clock, node_id: str, partitions: int,
+    def __init__(self, store: LeaseStore, clock: Clock, node_id: str, partitions: int,
                  hooks: LeaseHooks, settings: LeaseSettings | None = None) -> None:
         self.store = store
         self.clock = clock

@@ -17,7 +17,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from ratchet.actors.bus import Bus
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import NotFound
@@ -68,7 +68,7 @@ class MailRouter(TaskRouter):
     stream = STREAM_MAIL
     batch = 512
 
-    def __init__(self, bus: Bus, tasks: TaskSupervision, store: Store, clock: Clock,
+    def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock,
                  partition: int) -> None:
         super().__init__(bus, tasks, store, clock)
         self.partition = partition

@@ -23,7 +23,8 @@ from ratchet.actors.core import ActorRef, ActorSystem
 from ratchet.actors.switches import Switches
 from ratchet.actors.task_actor import TaskDeps
 from ratchet.actors.workflow import Registry
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import StorePort
+from ratchet.persistence.store import Store  # the composition root: it opens the store
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.codec import encode
 from ratchet.protocol.errors import RatchetError
@@ -119,7 +120,7 @@ class Node:
         # time, not the tasks' clock (which a test may move by hours).
         self.lease_clock = lease_clock or SystemClock()
         self.system = ActorSystem(self.clock)
-        self.store: Store | None = None
+        self.store: StorePort | None = None
         self.bus: Bus | None = None
         self.embedded: EmbeddedNats | None = None
         self.url: str | None = None
@@ -135,7 +136,7 @@ class Node:
         self.failed = asyncio.Event()
 
     @property
-    def _store(self) -> Store:
+    def _store(self) -> StorePort:
         assert self.store is not None
         return self.store
 

@@ -26,7 +26,7 @@ from nats.errors import MaxPayloadError
 
 from ratchet.actors.bus import Bus
 from ratchet.actors.core import ServiceActor
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import OutboxStore
 from ratchet.persistence.txns import OutboxRow
 from ratchet.protocol.clock import Clock
 
@@ -36,7 +36,7 @@ log = structlog.get_logger("ratchet.outbox")
 
 
 class OutboxRelay(ServiceActor):
-    def __init__(self, bus: Bus, store: Store, clock: Clock, *, batch: int = 1000,
+    def __init__(self, bus: Bus, store: OutboxStore, clock: Clock, *, batch: int = 1000,
                  sweep_interval: float = 5.0, publish_timeout: float = 10.0,
                  delete_interval: float = 0.2, delete_batch: int = 2000,
                  linger: float = 0.002, max_pending: int = 20_000) -> None:

@@ -18,7 +18,7 @@ import structlog
 
 from ratchet.actors.core import ActorRef
 from ratchet.persistence.leases import LeaseRow
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.mail_router import MailRouter
 from ratchet.supervisors.restart_policy import Restart
@@ -31,7 +31,7 @@ log = structlog.get_logger("ratchet.partitions")
 
 
 class PartitionWork:
-    def __init__(self, *, node_id: str, partitions: int, store: Store, tasks: TaskSupervision,
+    def __init__(self, *, node_id: str, partitions: int, store: TaskStore, tasks: TaskSupervision,
                  mail_supervisor: Callable[[], ActorRef[Supervisor] | None],
                  make_router: Callable[[int], MailRouter],
                  flush_outbox: Callable[[], Any],

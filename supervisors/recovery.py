@@ -12,7 +12,7 @@ from __future__ import annotations
 import structlog
 
 from ratchet.actors.core import PeriodicService
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.supervisors.tasks import TaskSupervision, task_supervisor_name
 
@@ -22,7 +22,7 @@ log = structlog.get_logger("ratchet.recovery")
 
 
 class RecoverySweeper(PeriodicService):
-    def __init__(self, store: Store, tasks: TaskSupervision, clock: Clock,
+    def __init__(self, store: TaskStore, tasks: TaskSupervision, clock: Clock,
                  interval: float = 30.0) -> None:
         self.store = store
         self.tasks = tasks

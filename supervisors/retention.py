@@ -11,7 +11,7 @@ from __future__ import annotations
 import structlog
 
 from ratchet.actors.core import PeriodicService
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import AdminStore
 from ratchet.protocol.clock import Clock
 
 __all__ = ["RetentionSweeper"]
@@ -20,7 +20,7 @@ log = structlog.get_logger("ratchet.retention")
 
 
 class RetentionSweeper(PeriodicService):
-    def __init__(self, store: Store, clock: Clock, retention: dict[str, float],
+    def __init__(self, store: AdminStore, clock: Clock, retention: dict[str, float],
                  interval: float = 600.0) -> None:
         """``retention``: tenant → seconds to keep finished tasks; key ``"*"`` for any
         tenant not named. A tenant with no entry (and no ``"*"``) keeps them for ever."""

@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 from ratchet.actors.bus import Bus, deliveries, redelivery_delay
 from ratchet.actors.core import ActorCrashed, ServiceActor
 from ratchet.actors.task_actor import DeliverMail
-from ratchet.persistence.store import Store, TaskRecord
+from ratchet.persistence.ports import TaskRecord, TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.messages import Envelope
@@ -45,7 +45,7 @@ class TaskRouter(ServiceActor):
     filter_subject = ""
     batch = 256
 
-    def __init__(self, bus: Bus, tasks: TaskSupervision, store: Store, clock: Clock) -> None:
+    def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock) -> None:
         self.bus = bus
         self.tasks = tasks
         self.store = store
@@ -82,7 +82,7 @@ async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg,
     return await ref.ask(DeliverMail(env), timeout=60.0, correlation_id=env.correlation_id)
 
 
-async def settle_failure(msg: Msg, exc: Exception, *, store: Store, clock: Clock, dlq: str,
+async def settle_failure(msg: Msg, exc: Exception, *, store: TaskStore, clock: Clock, dlq: str,
                          log: Any) -> None:
     """Ack, NAK or dead-letter a message whose delivery raised ``exc``."""
     if isinstance(exc, TaskFinished):

@@ -16,7 +16,7 @@ from typing import Any
 from ratchet.actors.core import Actor, ActorRef, ActorSystem
 from ratchet.actors.task_actor import TaskActor, TaskDeps, fail_task
 from ratchet.actors.tool_session import ToolSession
-from ratchet.persistence.store import TaskRecord
+from ratchet.persistence.ports import TaskRecord
 from ratchet.protocol.errors import ErrorCode, RatchetError
 from ratchet.protocol.states import TaskStatus, is_terminal
 from ratchet.supervisors.restart_policy import Restart

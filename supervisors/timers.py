@@ -13,7 +13,7 @@ import structlog
 
 from ratchet.actors.core import ServiceActor
 from ratchet.actors.task_actor import DeliverMail
-from ratchet.persistence.store import Store
+from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.messages import Envelope
 from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
@@ -24,7 +24,7 @@ log = structlog.get_logger("ratchet.timers")
 
 
 class TimerService(ServiceActor):
-    def __init__(self, store: Store, tasks: TaskSupervision, clock: Clock,
+    def __init__(self, store: TaskStore, tasks: TaskSupervision, clock: Clock,
                  poll: float = 1.0) -> None:
         self.store = store
         self.tasks = tasks

@@ -94,3 +94,41 @@ def test_the_wheel_installs_one_top_level_name_that_a_users_own_modules_cannot_s
         capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == __import__("ratchet").__version__
+
+
+PUBLIC = {
+    "ratchet.protocol": [
+        "Clock", "FakeClock", "SystemClock", "canonical", "decode_envelope", "decode_map",
+        "encode", "parse_body", "ErrorCode", "IllegalTransition", "InvalidMessage", "NotFound",
+        "RatchetError", "RequestConflict", "Unavailable", "UnknownWorkflow", "VersionConflict",
+        "new_id", "request_hash", "task_id_for", "SCHEMA_VERSION", "Envelope", "ErrorBody",
+        "Event", "GetTask", "Reply", "StartTask", "SubmitTask", "TaskAccepted", "TaskSnapshot",
+        "TERMINAL", "TRANSITIONS", "TaskEvent", "TaskStatus", "is_terminal", "transition",
+    ],
+    "ratchet.persistence": [
+        "AdminStore", "LeaseStore", "OutboxStore", "StorePort", "TaskStore", "BLOB_THRESHOLD",
+        "StateDelta", "StateTracker", "LoadedState", "Store", "TaskRecord", "AcceptResult",
+        "ChangeResult", "CheckpointWrite", "DuplicateMessage", "NewTask", "OutboxRow",
+        "TaskChange",
+    ],
+    "ratchet.actors": [
+        "Client", "RemoteError", "Actor", "ActorCrashed", "ActorRef", "ActorStopped",
+        "ActorSystem", "AskTimeout", "Registry", "StepContext", "Workflow",
+        "WorkflowDefinitionError",
+    ],
+    "ratchet.supervisors": [
+        "Node", "NodeConfig", "Restart", "Strategy", "backoff_delay", "intensity_exceeded",
+        "ChildSpec", "Escalation", "Supervisor",
+    ],
+    "ratchet.testing": [
+        "FakeClock", "FinanceClient", "FinanceSimulatorProcess", "SimulatorStartError",
+    ],
+}
+
+
+@pytest.mark.parametrize("package", sorted(PUBLIC))
+def test_each_sub_package_exports_exactly_its_public_names(package: str) -> None:
+    module = __import__(package, fromlist=["__all__"])
+    assert sorted(module.__all__) == sorted(PUBLIC[package])
+    for name in module.__all__:
+        assert getattr(module, name) is not None
