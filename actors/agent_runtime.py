@@ -15,16 +15,18 @@ routed along declared edges.
 
 from __future__ import annotations
 
-import hashlib
 import json
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
-from ratchet.actors.actions import ActionFailed, TaskSuspended
+from ratchet.actors.actions import ActionFailed, ActionRunner, TaskSuspended
+from ratchet.actors.agent_conversation import Conversation, digest
 from ratchet.actors.loop_detect import LoopPolicy, TurnRecord, detect
 from ratchet.actors.models import Message, Model, ModelRequest, ToolSpec
 from ratchet.actors.nodes import FAIL, AgentNode
+from ratchet.actors.task_waits import fail_with_saga, suspend
 from ratchet.actors.tools import RetryPolicy, Tool, ToolContext
 from ratchet.persistence.ledger import ActionWrite
 from ratchet.protocol.codec import canonical, encode
@@ -99,65 +101,9 @@ def _specs(node: AgentNode) -> tuple[list[ToolSpec], str]:
     if cached is None:
         specs = [ToolSpec(t.name, (t.fn.__doc__ or t.name).strip().split("\n")[0],
                           t.args.model_json_schema()) for t in node.tools]
-        cached = (specs, _digest([(x.name, x.parameters) for x in specs]))
+        cached = (specs, digest([(x.name, x.parameters) for x in specs]))
         _SPECS[id(node)] = cached
     return cached
-
-
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-class _Conversation:
-    """An agent node's messages and turn records: kept in memory by the task actor, appended
-    to the agent log in the turn's own transaction, read back from it after a restart."""
-
-    def __init__(self, actor: TaskActor, scope: str, log: list[tuple[str, dict[str, Any]]]):
-        self.state = actor.state
-        self.p = f"agent.{scope}."
-        self.node = scope
-        # Kept as Message objects, so a turn does not rebuild the whole conversation.
-        self.messages: list[Message] = []
-        self.hash = ""
-        for k, b in log:
-            if k == "message":
-                self.messages.append(Message.from_dict(b))
-                self.hash = _digest([self.hash, b])
-        self.turns = [TurnRecord.from_dict(b) for k, b in log if k == "turn"]
-        self.seq = len(log)
-        self.seen = {str(b.get("artifact")) for k, b in log if k == "artifact"}
-        self.pending: list[tuple[str, int, str, dict[str, Any]]] = []
-
-    def _log(self, kind: str, body: dict[str, Any]) -> None:
-        self.pending.append((self.node, self.seq, kind, body))
-        self.seq += 1
-
-    def add(self, message: dict[str, Any]) -> None:
-        self.messages.append(Message.from_dict(message))
-        self.hash = _digest([self.hash, message])
-        self._log("message", message)
-
-    def add_turn(self, record: TurnRecord) -> None:
-        self.turns.append(record)
-        self._log("turn", record.to_dict())
-
-    def see(self, artifact: str) -> bool:
-        """Note a tool result; True when it was not seen before in this conversation."""
-        if artifact in self.seen:
-            return False
-        self.seen.add(artifact)
-        self._log("artifact", {"artifact": artifact})
-        return True
-
-    def flush(self) -> list[tuple[str, int, str, dict[str, Any]]]:
-        out, self.pending = self.pending, []
-        return out
-
-    def get(self, what: str, default: Any = None) -> Any:
-        return self.state.get(f"{self.p}{what}", default)
-
-    def set(self, what: str, value: Any) -> None:
-        self.state[f"{self.p}{what}"] = value
 
 
 def _exhausted(actor: TaskActor, spent: dict[str, float]) -> str | None:
@@ -172,24 +118,31 @@ def _exhausted(actor: TaskActor, spent: dict[str, float]) -> str | None:
     return None
 
 
+@dataclass(slots=True)
+class _Turn:
+    """One turn in progress: what was proposed, by which model, and what it cost so far."""
+
+    conv: Conversation
+    number: int
+    spent: dict[str, float]  # the task's spending before this turn
+    proposed: Message
+    answered_by: str = ""
+    version: str = ""
+    record: ActionWrite | None = None  # the model call's ledger row (None: not asked again)
+    spend: dict[str, float] = field(default_factory=dict)  # this turn's, tool calls included
+    upto: int = 0  # how many pending agent-log entries belong to the proposal
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
 async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     """Run one turn; True when the task can go on (another turn, or the next node)."""
     assert actor.record is not None and actor.workflow is not None
-    from ratchet.actors.task_waits import fail_with_saga, suspend
-
     model: Model = node.model if not isinstance(node.model, str) else \
         actor.deps.registry.resources[node.model]
     # Each visit of the node is its own conversation (a bounded loop may come back to it).
     visit = actor.visits.get(node.name, 0)
     scope = f"{node.name}#{visit}"
-    conv = actor.conversations.get(scope)
-    if conv is None:
-        conv = _Conversation(actor, scope, await actor.deps.store.agent_log(actor.task_id, scope))
-        actor.conversations[scope] = conv
-    if not conv.messages:
-        if node.system:
-            conv.add(Message("system", node.system).to_dict())
-        conv.add(Message("user", node.prompt(actor.state, actor.record.input)).to_dict())
+    conv = await _open_conversation(actor, node, scope)
     turn = int(conv.get("turn", 0))
     spent = dict(actor.spent)
     dim = _exhausted(actor, spent)
@@ -199,115 +152,172 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
                            {"dimension": dim or "turns", "spent": spent,
                             "budget": actor.record.budget},
                            BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
-
-    tools = {t.name: t for t in node.tools}
-    specs, specs_digest = _specs(node)
     runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
+    t = await _propose(actor, node, model, runner, conv, visit, turn, spent)
+    # Each outcome below is final when it is True or False; None: the turn commits as usual.
+    if not t.proposed.tool_calls:
+        outcome = await _take_answer(actor, node, t)
+    else:
+        outcome = await _run_calls(actor, node, t, runner, scope)
+    if outcome is not None:
+        return outcome
+    return await _end_turn(actor, node, t)
+
+
+async def _open_conversation(actor: TaskActor, node: AgentNode, scope: str) -> Conversation:
+    """The conversation of this visit of the node: kept by the actor, else read back from
+    the agent log, else started with the node's system message and prompt."""
+    assert actor.record is not None
+    conv: Conversation | None = actor.conversations.get(scope)
+    if conv is None:
+        conv = Conversation(actor, scope, await actor.deps.store.agent_log(actor.task_id, scope))
+        actor.conversations[scope] = conv
+    if not conv.messages:
+        if node.system:
+            conv.add(Message("system", node.system).to_dict())
+        conv.add(Message("user", node.prompt(actor.state, actor.record.input)).to_dict())
+    return conv
+
+
+async def _propose(actor: TaskActor, node: AgentNode, model: Model, runner: ActionRunner,
+                   conv: Conversation, visit: int, turn: int,
+                   spent: dict[str, float]) -> _Turn:
+    """Ask the model for this turn's proposal (a read, recorded by the turn's commit)."""
+    specs, specs_digest = _specs(node)
     last = conv.messages[-1]
-    record: ActionWrite | None = None
-    spend: dict[str, float] = {}
-    upto = 0
     if last.role == "assistant" and last.tool_calls:
         # The proposal was recorded before the task parked on one of its calls (an accepted
         # write, a handoff): run the calls again — the ledger answers for what already
         # happened — and do not ask the model again.
-        proposed, answered_by, version = last, "", ""
-    else:
-        request = ModelRequest(messages=list(conv.messages), tools=specs,
-                               params=dict(node.params))
-        asked = ModelCall(
-            key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
-            messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
-            model=f"{model.name}:{model.version}")
-        answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
-        record = _record(asked, answer, node, actor.next_step)
-        spend = {"tokens": answer.prompt_tokens + answer.completion_tokens,
-                 "model_calls": 1, "money": answer.cost}
-        conv.add(answer.message)
-        proposed, answered_by, version = conv.messages[-1], answer.model, answer.version
-        upto = len(conv.pending)
-    events: list[tuple[str, dict[str, Any]]] = []
+        return _Turn(conv, turn, spent, last)
+    request = ModelRequest(messages=list(conv.messages), tools=specs, params=dict(node.params))
+    asked = ModelCall(
+        key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
+        messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
+        model=f"{model.name}:{model.version}")
+    answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
+    record = _record(asked, answer, node, actor.next_step)
+    spend: dict[str, float] = {"tokens": answer.prompt_tokens + answer.completion_tokens,
+                               "model_calls": 1, "money": answer.cost}
+    conv.add(answer.message)
+    return _Turn(conv, turn, spent, conv.messages[-1], answered_by=answer.model,
+                 version=answer.version, record=record, spend=spend, upto=len(conv.pending))
 
-    if not proposed.tool_calls:
-        try:
-            output = node.output.model_validate_json(proposed.content or "")
-        except ValidationError as exc:
-            repairs = int(conv.get("repairs", 0)) + 1
-            conv.set("repairs", repairs)
-            if repairs > node.repair_attempts:
-                error = RatchetError(f"answer failed validation {repairs} times",
-                                     node=node.name, problems=str(exc)[:500])
-                await actor.move(node.name, node.name, [("agent.turn", {
-                    "node": node.name, "turn": turn, "outcome": "invalid answer"})],
-                    spend=spend, agent_log=conv.flush(), action=record, count_visit=False)
-                await fail_with_saga(actor, error, "agent answer invalid")
-                return False
-            conv.add(Message("user", "Your answer did not validate against the required "
-                             f"schema {node.output.model_json_schema()}: "
-                             f"{exc.errors()[:3]}. Reply with JSON only.").to_dict())
-            events.append(("agent.repair", {"node": node.name, "turn": turn,
-                                            "attempt": repairs}))
-        else:
-            actor.state[node.name] = output.model_dump(mode="json")
-            conv.set("turn", turn + 1)
-            actor.spent = _add(spent, spend)
-            await actor.move(node.name, node.next, [("agent.answered", {
-                "node": node.name, "turn": turn, "model": answered_by,
-                "version": version, "tokens": spend.get("tokens", 0)})], spend=spend,
-                agent_log=conv.flush(), action=record)
-            return True
-    else:
-        new_artifacts = False
-        result: Any = None
-        try:
-            for call in proposed.tool_calls:
-                result = await _execute(actor, runner, tools, call.name, call.arguments, spent,
-                                        spend)
-                new_artifacts = conv.see(_digest(result)) or new_artifacts
-                conv.add(Message("tool", json.dumps(result, default=str), tool_call_id=call.id,
-                                 name=call.name).to_dict())
-        except TaskSuspended as signal:
-            # Keep the proposal (and what it cost) before parking, so the model is not asked
-            # this turn again; the calls run again on resume, answered by the ledger.
-            # Tool calls are counted when the turn completes (they run again on resume).
-            parked = {k: v for k, v in spend.items() if k != "tool_calls"}
-            await actor.commit(agent_log=conv.pending[:upto], action=record, spend=parked or None,
-                               events=[("agent.turn", {"node": node.name, "turn": turn,
-                                                       "outcome": "parked"})])
-            actor.conversations.pop(scope, None)
-            await suspend(actor, signal)
+
+async def _take_answer(actor: TaskActor, node: AgentNode, t: _Turn) -> bool | None:
+    """A final answer: valid, it is the node's output and the task moves on (True). Invalid,
+    it goes back to the model for repair (None), or past ``repair_attempts`` the task fails
+    (False)."""
+    conv = t.conv
+    try:
+        output = node.output.model_validate_json(t.proposed.content or "")
+    except ValidationError as exc:
+        repairs = int(conv.get("repairs", 0)) + 1
+        conv.set("repairs", repairs)
+        if repairs > node.repair_attempts:
+            error = RatchetError(f"answer failed validation {repairs} times",
+                                 node=node.name, problems=str(exc)[:500])
+            await actor.move(node.name, node.name, [("agent.turn", {
+                "node": node.name, "turn": t.number, "outcome": "invalid answer"})],
+                spend=t.spend, agent_log=conv.flush(), action=t.record, count_visit=False)
+            await fail_with_saga(actor, error, "agent answer invalid")
             return False
-        policy = node.loop or LoopPolicy()
-        conv.add_turn(TurnRecord(
-            _digest([(c.name, c.arguments) for c in proposed.tool_calls]),
-            tuple(c.name for c in proposed.tool_calls), new_artifacts,
-            result.get(policy.watch_field) if policy.watch_field and isinstance(result, dict)
-            else None))
-        found = detect(conv.turns[-max(policy.repeat, policy.window, policy.alternation):],
-                       policy)
-        if found is not None:
-            evidence = {"pattern": found.pattern, **found.evidence,
-                        "history": [t.to_dict() for t in conv.turns[-10:]]}
-            if conv.get("intervened"):
-                conv.set("turn", turn + 1)
-                await actor.move(node.name, node.name, [("agent.turn", {
-                    "node": node.name, "turn": turn, "outcome": "loop"})], spend=spend,
-                    agent_log=conv.flush(), action=record, count_visit=False)
-                actor.spent = _add(spent, spend)
-                return await _stop(actor, node, conv, node.on_loop, "agent.loop_detected", evidence,
-                                   LoopDetected(f"loop detected: {found.pattern}",
-                                                node=node.name, pattern=found.pattern))
-            conv.set("intervened", True)
-            conv.add(Message("user", f"You are repeating yourself ({found.pattern}). Change"
-                             " approach, or give your final answer now.").to_dict())
-            events.append(("agent.intervention", {"node": node.name, **evidence}))
-    conv.set("turn", turn + 1)
-    events.insert(0, ("agent.turn", {
-        "node": node.name, "turn": turn, "model": answered_by, "version": version,
-        "tool_calls": [c.name for c in proposed.tool_calls], "tokens": spend.get("tokens", 0)}))
-    await actor.move(node.name, node.name, events, spend=spend, agent_log=conv.flush(),
-                     action=record, count_visit=False)
-    actor.spent = _add(spent, spend)
+        conv.add(Message("user", "Your answer did not validate against the required "
+                         f"schema {node.output.model_json_schema()}: "
+                         f"{exc.errors()[:3]}. Reply with JSON only.").to_dict())
+        t.events.append(("agent.repair", {"node": node.name, "turn": t.number,
+                                          "attempt": repairs}))
+        return None
+    actor.state[node.name] = output.model_dump(mode="json")
+    conv.set("turn", t.number + 1)
+    actor.spent = _add(t.spent, t.spend)
+    await actor.move(node.name, node.next, [("agent.answered", {
+        "node": node.name, "turn": t.number, "model": t.answered_by,
+        "version": t.version, "tokens": t.spend.get("tokens", 0)})], spend=t.spend,
+        agent_log=conv.flush(), action=t.record)
+    return True
+
+
+async def _run_calls(actor: TaskActor, node: AgentNode, t: _Turn, runner: ActionRunner,
+                     scope: str) -> bool | None:
+    """Run the proposed tool calls, then look for a loop: False when the task parked on a
+    call, the loop's outcome when the node stops, None when the turn commits as usual."""
+    try:
+        result, new_artifacts = await _call_tools(actor, node, t, runner)
+    except TaskSuspended as signal:
+        # Keep the proposal (and what it cost) before parking, so the model is not asked
+        # this turn again; the calls run again on resume, answered by the ledger.
+        # Tool calls are counted when the turn completes (they run again on resume).
+        parked = {k: v for k, v in t.spend.items() if k != "tool_calls"}
+        await actor.commit(agent_log=t.conv.pending[:t.upto], action=t.record,
+                           spend=parked or None,
+                           events=[("agent.turn", {"node": node.name, "turn": t.number,
+                                                   "outcome": "parked"})])
+        actor.conversations.pop(scope, None)
+        await suspend(actor, signal)
+        return False
+    return await _check_loop(actor, node, t, result, new_artifacts)
+
+
+async def _call_tools(actor: TaskActor, node: AgentNode, t: _Turn,
+                      runner: ActionRunner) -> tuple[Any, bool]:
+    """Run each proposed call and answer it in the conversation; returns the last result,
+    and whether any result was new to the conversation."""
+    tools = {x.name: x for x in node.tools}
+    new_artifacts = False
+    result: Any = None
+    for call in t.proposed.tool_calls:
+        result = await _execute(actor, runner, tools, call.name, call.arguments, t.spent,
+                                t.spend)
+        new_artifacts = t.conv.see(digest(result)) or new_artifacts
+        t.conv.add(Message("tool", json.dumps(result, default=str), tool_call_id=call.id,
+                           name=call.name).to_dict())
+    return result, new_artifacts
+
+
+async def _check_loop(actor: TaskActor, node: AgentNode, t: _Turn, result: Any,
+                      new_artifacts: bool) -> bool | None:
+    """Record the turn for the loop detectors. A loop found: the first time the model is
+    told so (None: the turn commits), the next time the node stops along ``on_loop``."""
+    conv = t.conv
+    proposed = t.proposed
+    policy = node.loop or LoopPolicy()
+    conv.add_turn(TurnRecord(
+        digest([(c.name, c.arguments) for c in proposed.tool_calls]),
+        tuple(c.name for c in proposed.tool_calls), new_artifacts,
+        result.get(policy.watch_field) if policy.watch_field and isinstance(result, dict)
+        else None))
+    found = detect(conv.turns[-max(policy.repeat, policy.window, policy.alternation):], policy)
+    if found is None:
+        return None
+    evidence = {"pattern": found.pattern, **found.evidence,
+                "history": [x.to_dict() for x in conv.turns[-10:]]}
+    if conv.get("intervened"):
+        conv.set("turn", t.number + 1)
+        await actor.move(node.name, node.name, [("agent.turn", {
+            "node": node.name, "turn": t.number, "outcome": "loop"})], spend=t.spend,
+            agent_log=conv.flush(), action=t.record, count_visit=False)
+        actor.spent = _add(t.spent, t.spend)
+        return await _stop(actor, node, conv, node.on_loop, "agent.loop_detected", evidence,
+                           LoopDetected(f"loop detected: {found.pattern}",
+                                        node=node.name, pattern=found.pattern))
+    conv.set("intervened", True)
+    conv.add(Message("user", f"You are repeating yourself ({found.pattern}). Change"
+                     " approach, or give your final answer now.").to_dict())
+    t.events.append(("agent.intervention", {"node": node.name, **evidence}))
+    return None
+
+
+async def _end_turn(actor: TaskActor, node: AgentNode, t: _Turn) -> bool:
+    """Commit the turn: its messages, the model call's ledger row and what it spent."""
+    t.conv.set("turn", t.number + 1)
+    t.events.insert(0, ("agent.turn", {
+        "node": node.name, "turn": t.number, "model": t.answered_by, "version": t.version,
+        "tool_calls": [c.name for c in t.proposed.tool_calls],
+        "tokens": t.spend.get("tokens", 0)}))
+    await actor.move(node.name, node.name, t.events, spend=t.spend, agent_log=t.conv.flush(),
+                     action=t.record, count_visit=False)
+    actor.spent = _add(t.spent, t.spend)
     return True
 
 
@@ -338,10 +348,8 @@ def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
 
 
-async def _stop(actor: TaskActor, node: AgentNode, conv: _Conversation, route: str, event: str,
+async def _stop(actor: TaskActor, node: AgentNode, conv: Conversation, route: str, event: str,
                 evidence: dict[str, Any], error: RatchetError) -> bool:
-    from ratchet.actors.task_waits import fail_with_saga
-
     pending = conv.flush()
     if route == FAIL:
         await actor.commit(events=[(event, {"node": node.name, **evidence})], agent_log=pending)

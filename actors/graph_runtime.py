@@ -3,6 +3,8 @@ tables, fan-out/fan-in, approvals and external waits, and the timers and mail th
 
 Functions over a :class:`actors.task_actor.TaskActor`; each runs in the task actor's own
 asyncio task. Every move is a checkpoint along a declared edge (``TaskActor.move``).
+Approvals, external waits and timers live in ``actors/graph_waits.py``; their mail
+handlers are re-exported here.
 """
 
 from __future__ import annotations
@@ -15,15 +17,19 @@ from ratchet.actors.fanout import (
     BranchDone,
     JoinActor,
     JoinDone,
-    JoinTimeout,
     ResendVerdict,
-    branch_done_change,
     branch_timer,
     branch_timer_id,
 )
+from ratchet.actors.graph_waits import (
+    TIMER_KINDS,
+    on_decision,
+    on_timer,
+    on_wait_resolved,
+    request_approval,
+    wait_external,
+)
 from ratchet.actors.nodes import (
-    CANCEL,
-    FAIL,
     AgentNode,
     ApprovalNode,
     ChoiceNode,
@@ -34,21 +40,16 @@ from ratchet.actors.nodes import (
     StepNode,
     WaitNode,
 )
-from ratchet.persistence.graph_rows import ApprovalWrite, BranchWrites
+from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
-from ratchet.protocol.codec import canonical
-from ratchet.protocol.errors import IllegalTransition, InvalidMessage, RatchetError
-from ratchet.protocol.ids import new_id, request_hash
+from ratchet.protocol.errors import IllegalTransition, RatchetError
 from ratchet.protocol.messages import Envelope
-from ratchet.protocol.states import TaskEvent, TaskStatus
 
 if TYPE_CHECKING:
     from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_done",
            "on_decision", "on_timer", "on_wait_resolved", "stop_fanout_children"]
-
-TIMER_KINDS = frozenset({"approval_timeout", "wait_timeout", "branch_timeout", "join_timeout"})
 
 
 async def run_node(actor: TaskActor, node: Node) -> bool:
@@ -238,197 +239,3 @@ async def on_join_done(actor: TaskActor, done: JoinDone) -> None:
 
 async def stop_fanout_children(actor: TaskActor) -> None:
     actor.joins.clear()
-
-
-# -- suspension: approvals -------------------------------------------------------------------
-
-async def request_approval(actor: TaskActor, node: ApprovalNode) -> None:
-    try:
-        request = node.request(actor.state) if node.request else {}
-    except Exception as exc:
-        from ratchet.actors.task_waits import fail_with_saga
-
-        await fail_with_saga(actor, exc, f"approval request of {node.name} raised")
-        return
-    approval_id = new_id("apr")
-    digest = request_hash(canonical(request))
-    assert node.timeout is not None
-    expires = actor.deps.clock.now() + node.timeout
-    await actor.commit(
-        status_event=TaskEvent.WAITING_APPROVAL,
-        approval=ApprovalWrite(approval_id, "PENDING", insert=True, node=node.name,
-                               request=request, request_hash=digest, approvers=node.approvers,
-                               expires_at=expires),
-        timers=[TimerWrite(f"apr:{approval_id}", "approval_timeout", expires,
-                           {"approval_id": approval_id, "node": node.name})],
-        events=[("approval.requested", {"node": node.name, "approval_id": approval_id,
-                                        "approvers": node.approvers, "request": request,
-                                        "request_hash": digest, "expires_at": expires})])
-    actor.log.info("task waiting for approval", approval_id=approval_id, node=node.name)
-    actor.ref.stop()  # passivate: a parked task costs a row, not a live actor
-
-
-async def on_decision(actor: TaskActor, env: Envelope) -> str:
-    from ratchet.actors.task_actor import Advance
-
-    body = env.body
-    approval_id = str(body.get("approval_id", ""))
-    decision = body.get("decision")
-    if decision not in ("approve", "reject"):
-        raise InvalidMessage("decision must be 'approve' or 'reject'", decision=decision)
-    if actor.status is not TaskStatus.WAITING_APPROVAL:
-        return "late"
-    row = await actor.deps.store.approval(approval_id)
-    if row is None or row["task_id"] != actor.task_id or row["node"] != actor.current:
-        return "unknown approval"
-    if row["status"] != "PENDING":
-        return f"already {row['status'].lower()}"  # one-time: a repeat changes nothing
-    if row["expires_at"] is not None and actor.deps.clock.now() > row["expires_at"]:
-        return "expired"
-    if body.get("request_hash") not in (None, row["request_hash"]):
-        return "request changed"  # the approver saw another request than the one pending
-    assert actor.workflow is not None
-    node = actor.workflow.node(actor.current)
-    assert isinstance(node, ApprovalNode)
-    target = node.on_approve if decision == "approve" else node.on_reject
-    decided_by = str(body.get("decided_by") or "unknown")
-    await actor.move(node.name, target, [("approval.decided", {
-        "node": node.name, "approval_id": approval_id, "decision": decision,
-        "decided_by": decided_by, "reason": body.get("reason"), "to": target})],
-        status_event=TaskEvent.APPROVAL_DECIDED, inbox_message_id=env.message_id,
-        cancel_timers=[f"apr:{approval_id}"],
-        approval=ApprovalWrite(approval_id, "APPROVED" if decision == "approve" else "REJECTED",
-                               decided_by=decided_by, reason=body.get("reason")))
-    actor.ref.tell(Advance())
-    return "processed"
-
-
-# -- suspension: external waits ----------------------------------------------------------------
-
-def _wait_timer(actor: TaskActor, node: str) -> str:
-    return f"wait:{actor.task_id}:{node}:{actor.visits.get(node, 0)}"
-
-
-async def wait_external(actor: TaskActor, node: WaitNode) -> None:
-    try:
-        correlation = node.correlation(actor.state)
-    except Exception as exc:
-        from ratchet.actors.task_waits import fail_with_saga
-
-        await fail_with_saga(actor, exc, f"correlation of {node.name} raised")
-        return
-    assert node.timeout is not None
-    due = actor.deps.clock.now() + node.timeout
-    await actor.commit(
-        status_event=TaskEvent.WAITING_EXTERNAL, waits=[(correlation, f"node:{node.name}")],
-        timers=[TimerWrite(_wait_timer(actor, node.name), "wait_timeout", due,
-                           {"node": node.name, "correlation_id": correlation})],
-        events=[("wait.started", {"node": node.name, "correlation_id": correlation,
-                                  "timeout_s": node.timeout})])
-    actor.ref.stop()
-
-
-async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
-    from ratchet.actors.task_actor import Advance
-
-    if actor.status is not TaskStatus.WAITING_EXTERNAL:
-        return "late"
-    assert actor.workflow is not None
-    node = actor.workflow.node(actor.current)
-    name = str(env.body.get("wait_kind", "")).removeprefix("node:")
-    if not isinstance(node, WaitNode) or node.name != name:
-        return "ignored"
-    cid = str(env.body.get("correlation_id"))
-    if env.body.get("outcome", "completed") != "completed":
-        from ratchet.actors.task_waits import fail_with_saga
-
-        await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
-                           cancel_timers=[_wait_timer(actor, node.name)],
-                           inbox_message_id=env.message_id, events=[("wait.completed", {
-                               "node": node.name, "correlation_id": cid,
-                               "outcome": env.body.get("outcome"), "to": "FAILED"})])
-        await fail_with_saga(actor, RatchetError(
-            f"{node.name}: the awaited party reported {env.body.get('outcome')!r}",
-            error=env.body.get("error")), "external party reported failure")
-        return "processed"
-    actor.state[node.name] = env.body.get("result")
-    await actor.move(node.name, node.next, [("wait.completed", {
-        "node": node.name, "correlation_id": cid, "to": node.next})],
-        status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
-        cancel_timers=[_wait_timer(actor, node.name)], inbox_message_id=env.message_id)
-    actor.ref.tell(Advance())
-    return "processed"
-
-
-# -- timers ------------------------------------------------------------------------------------
-
-async def on_timer(actor: TaskActor, env: Envelope) -> str:
-    from ratchet.actors.task_actor import Advance
-    from ratchet.actors.task_waits import fail_with_saga
-
-    kind, payload = env.body.get("kind"), dict(env.body.get("payload") or {})
-    assert actor.workflow is not None and actor.record is not None
-    if kind in ("branch_timeout", "join_timeout") and "key" not in payload:
-        return "ignored"  # not a timer of ours
-    if kind == "branch_timeout":
-        if "branch" not in payload or "node" not in payload:
-            return "ignored"
-        key, branch = str(payload["key"]), str(payload["branch"])
-        change = branch_done_change(actor.task_id, key, str(payload["node"]), branch, "TIMED_OUT",
-                                    {"key": key, "reason": "branch timeout"},
-                                    actor.deps.producer, actor.deps.clock.now(),
-                                    actor.deps.partitions)
-        if await actor.deps.store.finish_branch(change, key, branch, "TIMED_OUT", None,
-                                                {"type": "Timeout", "message": "branch timeout"}):
-            await actor.deps.stop_children(actor.task_id, [f"branch:{key}:{branch}"])
-        return "processed"
-    if kind == "join_timeout":
-        join = actor.joins.get(str(payload["key"]))
-        if join is not None and join.is_alive:
-            join.tell(JoinTimeout())
-        return "processed"  # a join started later sees its fired timer in the store
-    node = actor.workflow.nodes.get(actor.current)
-    if kind == "approval_timeout":
-        if actor.status is not TaskStatus.WAITING_APPROVAL or not isinstance(node, ApprovalNode):
-            return "late"
-        row = await actor.deps.store.approval(str(payload.get("approval_id", "")))
-        if row is None or row["status"] != "PENDING":
-            return "late"
-        settle = ApprovalWrite(row["approval_id"], "TIMED_OUT", reason="no decision in time")
-        if node.on_timeout == CANCEL:
-            await actor.commit(status_event=TaskEvent.CANCELLED, approval=settle,
-                               inbox_message_id=env.message_id, events=[
-                                   ("approval.timed_out", {"node": node.name, "then": "cancel",
-                                                           "approval_id": row["approval_id"]}),
-                                   ("task.cancelled", {"reason": "approval timed out"})])
-            actor.ref.stop()
-            return "processed"
-        target = str(node.on_timeout)
-        await actor.move(node.name, target, [("approval.timed_out", {
-            "node": node.name, "approval_id": row["approval_id"], "escalated_to": target})],
-            status_event=TaskEvent.APPROVAL_TIMED_OUT, approval=settle,
-            inbox_message_id=env.message_id)
-        actor.ref.tell(Advance())
-        return "processed"
-    if kind == "wait_timeout":
-        if actor.status is not TaskStatus.WAITING_EXTERNAL or not isinstance(node, WaitNode):
-            return "late"
-        if env.body.get("timer_id") != _wait_timer(actor, node.name):
-            return "late"  # an earlier wait's (or visit's) timer: not this wait's business
-        cid = str(payload.get("correlation_id"))
-        if node.on_timeout == FAIL:
-            # Back to RUNNING first: the saga may need to hand a failed undo to a human.
-            await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
-                               inbox_message_id=env.message_id, events=[("wait.timed_out", {
-                                   "node": node.name, "correlation_id": cid, "to": "FAILED"})])
-            await fail_with_saga(actor, RatchetError(f"no message for {node.name} in time"),
-                                 "external wait timed out")
-            return "processed"
-        target = str(node.on_timeout)
-        await actor.move(node.name, target, [("wait.timed_out", {
-            "node": node.name, "correlation_id": cid, "to": target})],
-            status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
-            inbox_message_id=env.message_id)
-        actor.ref.tell(Advance())
-        return "processed"
-    return "ignored"

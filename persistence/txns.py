@@ -2,7 +2,8 @@
 
 ``*_txn`` functions take the write connection and run inside a SAVEPOINT of a group
 commit: they must not BEGIN/COMMIT, must raise to undo their own writes, and must not
-touch the event loop.
+touch the event loop. The event, outbox and checkpoint rows they append are written by
+``persistence/txn_events.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Any
 
 import msgpack
 
-from ratchet.persistence.checkpoints import StateDelta
 from ratchet.persistence.graph_rows import (
     ApprovalWrite,
     BranchWrites,
@@ -27,11 +27,17 @@ from ratchet.persistence.ledger import (
     write_action,
     write_timers_waits_handoff,
 )
+from ratchet.persistence.txn_events import MAX_EVENT_PAYLOAD as MAX_EVENT_PAYLOAD
+from ratchet.persistence.txn_events import (
+    CheckpointWrite,
+    OutboxRow,
+    append_events,
+    insert_outbox,
+    write_checkpoint,
+)
 from ratchet.protocol.errors import BudgetExhausted, NotFound, VersionConflict
 from ratchet.protocol.ids import new_id
-from ratchet.protocol.messages import SCHEMA_VERSION
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
-from ratchet.protocol.subjects import event_subject
 
 __all__ = [
     "DuplicateMessage",
@@ -51,31 +57,8 @@ __all__ = [
 ]
 
 
-#: Event payloads larger than this are published truncated (stored whole).
-MAX_EVENT_PAYLOAD = 256 * 1024
-
-
 class DuplicateMessage(Exception):
     """The inbound message id was already processed; the change was not applied."""
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    id: int
-    subject: str
-    msg_id: str
-    payload: bytes
-    headers: dict[str, str] | None = None
-
-
-@dataclass(slots=True)
-class CheckpointWrite:
-    step_index: int
-    step_name: str
-    next_step: int
-    delta: StateDelta
-    next_node: str | None = None
-    visits: dict[str, int] | None = None
 
 
 @dataclass(slots=True)
@@ -123,86 +106,16 @@ class ChangeResult:
     outbox: list[OutboxRow]
 
 
-def _outbox_insert(
-    conn: sqlite3.Connection,
-    subject: str,
-    msg_id: str,
-    payload: bytes,
-    now: float,
-    headers: dict[str, str] | None = None,
-) -> OutboxRow:
-    packed_headers = msgpack.packb(headers) if headers else None
-    cur = conn.execute(
-        "INSERT INTO outbox(subject, msg_id, payload, headers, created_at) VALUES (?,?,?,?,?)",
-        (subject, msg_id, payload, packed_headers, now),
-    )
-    return OutboxRow(int(cur.lastrowid or 0), subject, msg_id, payload, headers)
+@dataclass(slots=True)
+class _TaskUpdate:
+    """The SET clauses of a change's UPDATE of the task row, with their arguments, in order."""
 
+    sets: list[str] = field(default_factory=list)
+    args: list[Any] = field(default_factory=list)
 
-def _append_events(
-    conn: sqlite3.Connection,
-    *,
-    task_id: str,
-    tenant: str,
-    first_seq: int,
-    version: int,
-    producer: str,
-    now: float,
-    events: list[tuple[str, dict[str, Any]]],
-) -> list[OutboxRow]:
-    rows: list[OutboxRow] = []
-    seq = first_seq
-    for event_type, payload in events:
-        event_id = new_id("evt")
-        packed_payload = msgpack.packb(payload, use_bin_type=True)
-        conn.execute(
-            "INSERT INTO events(task_id, sequence, event_id, type, aggregate_version,"
-            " occurred_at, payload) VALUES (?,?,?,?,?,?,?)",
-            (task_id, seq, event_id, event_type, version, now, packed_payload),
-        )
-        published = payload
-        if len(packed_payload) > MAX_EVENT_PAYLOAD:
-            # The stream (NATS max payload) cannot carry it; the events table keeps it whole.
-            published = {"truncated": True, "bytes": len(packed_payload)}
-        wire = msgpack.packb(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "event_id": event_id,
-                "task_id": task_id,
-                "tenant": tenant,
-                "sequence": seq,
-                "type": event_type,
-                "aggregate_version": version,
-                "occurred_at": now,
-                "producer": producer,
-                "payload": published,
-            },
-            use_bin_type=True,
-        )
-        rows.append(_outbox_insert(conn, event_subject(tenant, task_id, event_type), event_id, wire, now))
-        seq += 1
-    return rows
-
-
-def _write_checkpoint(
-    conn: sqlite3.Connection, task_id: str, seq: int, cp: CheckpointWrite, now: float
-) -> None:
-    conn.execute(
-        "INSERT INTO checkpoints(task_id, seq, step_index, step_name, next_step, next_node,"
-        " created_at) VALUES (?,?,?,?,?,?,?)",
-        (task_id, seq, cp.step_index, cp.step_name, cp.next_step, cp.next_node, now),
-    )
-    if cp.delta.blobs:
-        conn.executemany(
-            "INSERT OR IGNORE INTO blobs(digest, size, data, created_at) VALUES (?,?,?,?)",
-            [(d, len(b), b, now) for d, b in cp.delta.blobs.items()],
-        )
-    if cp.delta.values:
-        conn.executemany(
-            "INSERT INTO checkpoint_values(task_id, key, seq, inline, blob, deleted)"
-            " VALUES (?,?,?,?,?,?)",
-            [(task_id, v.key, seq, v.inline, v.blob, int(v.deleted)) for v in cp.delta.values],
-        )
+    def add(self, clause: str, *values: Any) -> None:
+        self.sets.append(clause)
+        self.args.extend(values)
 
 
 def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResult:
@@ -214,6 +127,48 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
         IllegalTransition: the status event is not allowed from the current status.
         DuplicateMessage: ``inbox_message_id`` was processed before.
     """
+    tenant, status, version, last_seq, last_cp, spent_blob, budget_blob = _load_task(conn, change)
+    side_channel = change.expected_version is None
+    if change.inbox_message_id is not None:
+        _claim_inbox(conn, change, change.inbox_message_id)
+    new_status = TaskStatus(status)
+    if change.status_event is not None:
+        new_status = transition(new_status, change.status_event)
+    new_version = version if side_channel else version + 1
+    outbox = append_events(
+        conn,
+        task_id=change.task_id,
+        tenant=tenant,
+        first_seq=last_seq + 1,
+        version=new_version,
+        producer=change.producer,
+        now=change.now,
+        events=change.events,
+    )
+    outbox += _write_related_rows(conn, change, tenant)
+    update = _TaskUpdate()
+    update.add("status = ?", new_status.value)
+    update.add("last_event_seq = ?", last_seq + len(change.events))
+    update.add("updated_at = ?", change.now)
+    if not side_channel:
+        update.add("version = ?", new_version)
+    new_cp = _apply_checkpoint(conn, change, last_cp, update)
+    _append_agent_log(conn, change)
+    if change.spend:
+        update.add("spent = ?", _spent_after(change, change.spend, spent_blob, budget_blob))
+    _set_packed_columns(change, update)
+    cur = conn.execute(
+        f"UPDATE tasks SET {', '.join(update.sets)} WHERE task_id = ? AND version = ?",
+        (*update.args, change.task_id, version),
+    )
+    if cur.rowcount != 1:  # cannot happen under the single writer; kept as the CAS of record
+        raise VersionConflict("task version moved", task_id=change.task_id)
+    return ChangeResult(new_version, new_status, last_seq + len(change.events), new_cp, outbox)
+
+
+def _load_task(conn: sqlite3.Connection, change: TaskChange) -> tuple[Any, ...]:
+    """The task row ``change`` applies to: (tenant, status, version, last_event_seq,
+    last_checkpoint, spent, budget), once the change is known to be allowed on it."""
     row = conn.execute(
         "SELECT tenant, status, version, last_event_seq, last_checkpoint, spent, budget"
         " FROM tasks WHERE task_id = ?",
@@ -221,7 +176,7 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
     ).fetchone()
     if row is None:
         raise NotFound("no such task", task_id=change.task_id)
-    tenant, status, version, last_seq, last_cp, spent_blob, budget_blob = row
+    version = row[2]
     side_channel = change.expected_version is None
     if side_channel and (change.status_event is not None or change.checkpoint is not None):
         raise ValueError("a side-channel change cannot move the task")
@@ -232,29 +187,26 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
             expected=change.expected_version,
             actual=version,
         )
-    if change.inbox_message_id is not None:
-        cur = conn.execute(
-            "INSERT OR IGNORE INTO inbox(message_id, task_id, processed_at) VALUES (?,?,?)",
-            (change.inbox_message_id, change.task_id, change.now),
-        )
-        if cur.rowcount == 0:
-            raise DuplicateMessage(change.inbox_message_id)
-    new_status = TaskStatus(status)
-    if change.status_event is not None:
-        new_status = transition(new_status, change.status_event)
-    new_version = version if side_channel else version + 1
-    outbox = _append_events(
-        conn,
-        task_id=change.task_id,
-        tenant=tenant,
-        first_seq=last_seq + 1,
-        version=new_version,
-        producer=change.producer,
-        now=change.now,
-        events=change.events,
+    return tuple(row)
+
+
+def _claim_inbox(conn: sqlite3.Connection, change: TaskChange, message_id: str) -> None:
+    """Record the inbound message as processed: a redelivered message changes nothing."""
+    cur = conn.execute(
+        "INSERT OR IGNORE INTO inbox(message_id, task_id, processed_at) VALUES (?,?,?)",
+        (message_id, change.task_id, change.now),
     )
-    for subject, msg_id, payload in change.mail:
-        outbox.append(_outbox_insert(conn, subject, msg_id, payload, change.now))
+    if cur.rowcount == 0:
+        raise DuplicateMessage(message_id)
+
+
+def _write_related_rows(
+    conn: sqlite3.Connection, change: TaskChange, tenant: str
+) -> list[OutboxRow]:
+    """The rows the change carries besides its events and checkpoint: mail (returned, as
+    outbox rows), the ledger action, timers, waits and handoff, branches, the approval."""
+    outbox = [insert_outbox(conn, subject, msg_id, payload, change.now)
+              for subject, msg_id, payload in change.mail]
     if change.action is not None:
         write_action(conn, change.action, change.task_id, tenant, change.now)
     write_timers_waits_handoff(conn, change, tenant)
@@ -262,55 +214,63 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
         write_branches(conn, change.task_id, change.branches, change.now)
     if change.approval is not None:
         write_approval(conn, change.task_id, change.approval, change.now)
-    new_cp = last_cp
-    sets = ["status = ?", "last_event_seq = ?", "updated_at = ?"]
-    args: list[Any] = [new_status.value, last_seq + len(change.events), change.now]
-    if not side_channel:
-        sets.append("version = ?")
-        args.append(new_version)
-    if change.checkpoint is not None:
-        new_cp = last_cp + 1
-        _write_checkpoint(conn, change.task_id, new_cp, change.checkpoint, change.now)
-        sets += ["last_checkpoint = ?", "next_step = ?", "step_failures = 0", "current_node = ?"]
-        args += [new_cp, change.checkpoint.next_step, change.checkpoint.next_node]
-        if change.checkpoint.visits is not None:
-            sets.append("visits = ?")
-            args.append(msgpack.packb(change.checkpoint.visits))
-    elif change.step_failed:
-        sets.append("step_failures = step_failures + 1")
+    return outbox
+
+
+def _apply_checkpoint(
+    conn: sqlite3.Connection, change: TaskChange, last_cp: int, update: _TaskUpdate
+) -> int:
+    """Write the change's checkpoint, if any, and the task columns it moves (or count a
+    failed attempt of the next step); returns the task's last checkpoint after the change."""
+    cp = change.checkpoint
+    if cp is None:
+        if change.step_failed:
+            update.add("step_failures = step_failures + 1")
+        return last_cp
+    new_cp = last_cp + 1
+    write_checkpoint(conn, change.task_id, new_cp, cp, change.now)
+    update.add("last_checkpoint = ?", new_cp)
+    update.add("next_step = ?", cp.next_step)
+    update.add("step_failures = 0")
+    update.add("current_node = ?", cp.next_node)
+    if cp.visits is not None:
+        update.add("visits = ?", msgpack.packb(cp.visits))
+    return new_cp
+
+
+def _append_agent_log(conn: sqlite3.Connection, change: TaskChange) -> None:
     if change.agent_log:
         conn.executemany(
             "INSERT INTO agent_log(task_id, node, seq, kind, body) VALUES (?,?,?,?,?)",
             [(change.task_id, node, seq, kind, msgpack.packb(body, use_bin_type=True))
              for node, seq, kind, body in change.agent_log])
-    if change.spend:
-        spent = dict(msgpack.unpackb(spent_blob)) if spent_blob else {}
-        budget = dict(msgpack.unpackb(budget_blob)) if budget_blob else {}
-        for dim, amount in change.spend.items():
-            spent[dim] = spent.get(dim, 0) + amount
-            if change.enforce_budget and budget.get(dim) is not None and spent[dim] > budget[dim]:
-                # Checked in the transaction: branches drawing on one budget at once
-                # cannot overspend it between them.
-                raise BudgetExhausted(f"{dim} budget exhausted", task_id=change.task_id,
-                                      dimension=dim, budget=budget[dim])
-        sets.append("spent = ?")
-        args.append(msgpack.packb(spent))
+
+
+def _spent_after(change: TaskChange, spend: dict[str, float], spent_blob: bytes | None,
+                 budget_blob: bytes | None) -> bytes:
+    """The task's spent budget with ``spend`` added (packed). Checked here, in the
+    transaction, when enforced: branches drawing on one budget at once cannot overspend it
+    between them."""
+    spent = dict(msgpack.unpackb(spent_blob)) if spent_blob else {}
+    budget = dict(msgpack.unpackb(budget_blob)) if budget_blob else {}
+    for dim, amount in spend.items():
+        spent[dim] = spent.get(dim, 0) + amount
+        if change.enforce_budget and budget.get(dim) is not None and spent[dim] > budget[dim]:
+            raise BudgetExhausted(f"{dim} budget exhausted", task_id=change.task_id,
+                                  dimension=dim, budget=budget[dim])
+    packed: bytes = msgpack.packb(spent)
+    return packed
+
+
+def _set_packed_columns(change: TaskChange, update: _TaskUpdate) -> None:
+    """The control requests (an empty map clears them), the error and the output."""
     if change.control is not None:
-        sets.append("control = ?")
-        args.append(msgpack.packb(change.control, use_bin_type=True) if change.control else None)
+        update.add("control = ?",
+                   msgpack.packb(change.control, use_bin_type=True) if change.control else None)
     if change.error is not None:
-        sets.append("error = ?")
-        args.append(msgpack.packb(change.error, use_bin_type=True))
+        update.add("error = ?", msgpack.packb(change.error, use_bin_type=True))
     if change.output is not None:
-        sets.append("output = ?")
-        args.append(msgpack.packb(change.output, use_bin_type=True))
-    cur = conn.execute(
-        f"UPDATE tasks SET {', '.join(sets)} WHERE task_id = ? AND version = ?",
-        (*args, change.task_id, version),
-    )
-    if cur.rowcount != 1:  # cannot happen under the single writer; kept as the CAS of record
-        raise VersionConflict("task version moved", task_id=change.task_id)
-    return ChangeResult(new_version, new_status, last_seq + len(change.events), new_cp, outbox)
+        update.add("output = ?", msgpack.packb(change.output, use_bin_type=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +339,7 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
          task.steps_total, 1, task.deadline_at, task.now, task.now,
          None if task.budget is None else msgpack.packb(task.budget)),
     )
-    outbox = _append_events(
+    outbox = append_events(
         conn,
         task_id=task.task_id,
         tenant=task.tenant,
@@ -392,7 +352,7 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
                                  "idempotency_key": task.idempotency_key})],
     )
     subject, msg_id, payload = task.start_mail
-    outbox.append(_outbox_insert(conn, subject, msg_id, payload, task.now))
+    outbox.append(insert_outbox(conn, subject, msg_id, payload, task.now))
     return AcceptResult(task.task_id, TaskStatus.QUEUED.value, created=True, outbox=outbox)
 
 
@@ -417,7 +377,7 @@ def record_dead_letter_txn(
         "Ratchet-Error": str(error["message"])[:512],
         "Ratchet-Source-Subject": subject,
     }
-    return [_outbox_insert(conn, dlq_subject, new_id("dlq"), raw, now, headers)]
+    return [insert_outbox(conn, dlq_subject, new_id("dlq"), raw, now, headers)]
 
 
 def delete_outbox_txn(conn: sqlite3.Connection, ids: list[int]) -> int:

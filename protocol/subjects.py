@@ -27,6 +27,9 @@ __all__ = [
     "event_subject",
     "task_events_filter",
     "dlq_subject",
+    "mail_route",
+    "request_route",
+    "tenant_of",
 ]
 
 DEFAULT_PARTITIONS = 16
@@ -93,3 +96,30 @@ def external_subject(tenant: str) -> str:
 def decision_subject(tenant: str) -> str:
     """Where approval decisions arrive (the admin issue's ``approve``/``reject`` wrap this)."""
     return f"ratchet.decisions.{check_token(tenant, 'tenant')}"
+
+
+# -- reading subjects (every inbound subject is parsed here, nowhere else) -----------------
+
+
+def tenant_of(subject: str) -> str:
+    """The tenant of ``ratchet.<kind>.<tenant>``: everything after the second dot, "" when
+    there is nothing. A subject with more tokens than its kind has yields a value that is
+    not a token (``a.b``), which callers refuse with :func:`is_token` / :func:`check_token`
+    rather than take its third token for a tenant."""
+    parts = subject.split(".", 2)
+    return parts[2] if len(parts) == 3 else ""
+
+
+def request_route(subject: str) -> tuple[str, str]:
+    """``(tenant, verb)`` of a request: ``ratchet.<service>.<tenant>.<verb>``, or
+    ``ratchet.node.<node>.<service>.<tenant>.<verb>`` for one node; ``("", "")`` if the
+    subject is shorter."""
+    parts = subject.split(".")
+    return (parts[-2], parts[-1]) if len(parts) >= 4 else ("", "")
+
+
+def mail_route(subject: str) -> tuple[str, str] | None:
+    """``(task_id, actor)`` of actor mail, ``ratchet.mail.<partition>.<task_id>.<actor>``;
+    None for any other shape."""
+    parts = subject.split(".")
+    return (parts[3], parts[4]) if len(parts) == 5 else None

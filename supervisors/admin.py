@@ -8,6 +8,9 @@ command's principal (PERMISSION_DENIED otherwise); the tenant of the subject (a 
 another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
 answer, the same id with another request is CONFLICT); and an audit entry, hash-chained,
 written before the command takes effect and again with its outcome.
+
+The read verbs live in supervisors/admin_reads.py and the cluster verbs in
+supervisors/admin_cluster.py (mixins of :class:`AdminActor`).
 """
 
 from __future__ import annotations
@@ -37,12 +40,11 @@ from ratchet.protocol.errors import (
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import AdminCommand, Envelope
 from ratchet.protocol.states import TaskStatus, is_terminal
-from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.admin_cluster import ClusterVerbs
+from ratchet.supervisors.admin_reads import ReadVerbs
 from ratchet.supervisors.request_service import RequestService
-from ratchet.supervisors.supervisor import RestartChild, WhichChildren
+from ratchet.supervisors.supervisor import RestartChild
 from ratchet.supervisors.tasks import (
-    TASKS_ROOT,
     TaskFinished,
     TaskSupervision,
     task_actor_name,
@@ -65,7 +67,7 @@ class CommandConflict(RatchetError):
     code = ErrorCode.CONFLICT
 
 
-class AdminActor(ClusterVerbs, RequestService):
+class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
@@ -142,14 +144,6 @@ class AdminActor(ClusterVerbs, RequestService):
                      detail: dict[str, Any]) -> None:
         await self.store.audit(AuditEntry(tenant, self.clock.now(), who, verb, cmd.command_id,
                                           cmd.task_id, outcome, detail))
-
-    async def _task(self, tenant: str, cmd: AdminCommand) -> Any:
-        if not cmd.task_id:
-            raise InvalidMessage("this verb needs task_id")
-        record = await self.store.load_task(cmd.task_id)
-        if record.tenant != tenant:
-            raise NotFound("no such task", task_id=cmd.task_id)  # no existence leak
-        return record
 
     def _check_version(self, rec: Any, cmd: AdminCommand) -> None:
         if cmd.expected_version is not None and cmd.expected_version != rec.version:
@@ -345,90 +339,3 @@ class AdminActor(ClusterVerbs, RequestService):
         if str(outcome).startswith("refused"):
             raise IllegalTransition(str(outcome), task_id=rec.task_id)
         return {"task_id": rec.task_id, "status": outcome}
-
-
-    async def _get(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        rec = await self._task(tenant, cmd)
-        snapshot = (await self.store.snapshot(tenant, rec.task_id)).model_dump()
-        owner: dict[str, Any] = {"owner": self.node_id}
-        if self.leases is not None:
-            lease = await self.leases.lease_of(rec.task_id)
-            owner = {"owner": lease.owner if lease else None,
-                     "partition": lease.partition if lease else None,
-                     "lease_token": lease.token if lease else None,
-                     "lease_expires_at": lease.expires_at if lease else None,
-                     "answered_by": self.node_id}
-        return {**snapshot, "current_node": rec.current_node, **owner,
-                "live": self.system.lookup(task_actor_name(rec.task_id)) is not None,
-                "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
-
-    @staticmethod
-    def _int_arg(cmd: AdminCommand, name: str, default: int) -> int:
-        try:
-            return int(cmd.args.get(name, default))
-        except (TypeError, ValueError):
-            raise InvalidMessage(f"args.{name} must be an integer", field=name) from None
-
-    async def _history(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        rec = await self._task(tenant, cmd)
-        after = self._int_arg(cmd, "after", 0)
-        limit = max(1, min(self._int_arg(cmd, "limit", 500), 5000))
-        events = (await self.store.events(rec.task_id, after))[:limit]
-        return {"task_id": rec.task_id, "events": events,
-                "next_after": events[-1]["sequence"] if len(events) == limit else None}
-
-    async def _list(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        limit = max(1, min(self._int_arg(cmd, "limit", 100), 1000))
-        for name in ("status", "workflow"):
-            if cmd.args.get(name) is not None and not isinstance(cmd.args[name], str):
-                raise InvalidMessage(f"args.{name} must be a string", field=name)
-        cursor_arg = cmd.args.get("cursor")
-        try:
-            if cursor_arg is not None:
-                float(str(cursor_arg).partition("/")[0])
-                if "/" not in str(cursor_arg):
-                    raise ValueError
-        except ValueError:
-            raise InvalidMessage("args.cursor must be a cursor from a previous page") from None
-        page, cursor = await self.store.list_tasks(
-            tenant, status=cmd.args.get("status"), workflow=cmd.args.get("workflow"),
-            limit=limit, cursor=cmd.args.get("cursor"))
-        return {"tasks": page, "next_cursor": cursor}
-
-    async def _handoff(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        rec = await self._task(tenant, cmd)
-        return {"task_id": rec.task_id, "handoffs": await self.store.handoffs(rec.task_id)}
-
-    async def _tree(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        """This node's supervision tree (only the tenant's tasks; with a task id, only that
-        task — answered by the node that owns it), and which node owns each of the
-        tenant's unfinished tasks."""
-        if cmd.task_id:
-            mine = {(await self._task(tenant, cmd)).task_id}
-        else:
-            mine = {t for t, ten, _ in await self.store.active_tasks() if ten == tenant}
-
-        async def node(name: str) -> dict[str, Any]:
-            ref = self.system.lookup(name)
-            out: dict[str, Any] = {"name": name, "alive": ref is not None}
-            if ref is None or not hasattr(ref._actor, "_children"):  # not a supervisor
-                return out
-            try:
-                children = await ref.ask(WhichChildren(), timeout=5.0)
-            except RatchetError:
-                return out
-            kids = []
-            for child in children:
-                if name == TASKS_ROOT and child["id"] not in mine:
-                    continue  # another tenant's task: not shown
-                sub = await node(f"{name}/{child['id']}")
-                kids.append({**sub, "restarts": child["restarts"], "restart": child["restart"]})
-            out["children"] = kids
-            return out
-
-        out = {"node": self.node_id, "tree": await node("node")}
-        if self.leases is not None:
-            owners = {row.partition: row.owner for row in await self.store.leases()}
-            out["owners"] = {t: owners.get(partition_of(t, self.leases.partitions))
-                             for t in sorted(mine)[:1000]}
-        return out

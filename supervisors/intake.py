@@ -35,6 +35,7 @@ from ratchet.protocol.subjects import (
     dlq_subject,
     is_token,
     mail_subject,
+    tenant_of,
 )
 from ratchet.supervisors.request_service import error_reply
 
@@ -115,7 +116,7 @@ class Acceptor:
 def intake_durable(subject: str) -> str:
     """The durable consumer of one submit subject: ``intake-<tenant>`` (a subject whose
     tenant token is not valid gets a digest instead; its messages are dead-lettered)."""
-    tenant = subject.split(".", 2)[2] if subject.count(".") >= 2 else ""
+    tenant = tenant_of(subject)
     if is_token(tenant):
         return f"intake-{tenant}"
     return f"intake-x{zlib.crc32(subject.encode()):08x}"
@@ -181,7 +182,7 @@ class IntakeActor(ServiceActor):
         await asyncio.gather(*(self._handle(m) for m in msgs))
 
     async def _handle(self, msg: Msg) -> None:
-        tenant = msg.subject.split(".", 2)[2] if msg.subject.count(".") >= 2 else ""
+        tenant = tenant_of(msg.subject)
         env: Envelope | None = None
         reply: Reply | None = None
         try:

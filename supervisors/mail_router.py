@@ -21,7 +21,7 @@ from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import NotFound
-from ratchet.protocol.subjects import STREAM_MAIL, dlq_subject
+from ratchet.protocol.subjects import STREAM_MAIL, dlq_subject, mail_route
 from ratchet.supervisors.routing import TaskRouter, deliver, settle_failure
 from ratchet.supervisors.tasks import TaskSupervision
 
@@ -80,12 +80,12 @@ class MailRouter(TaskRouter):
         self._recent.add(message_id)
 
     async def route(self, msg: Msg) -> None:
-        parts = msg.subject.split(".")
+        route = mail_route(msg.subject)
         try:
             env = decode_envelope(msg.data)
-            if len(parts) != 5:
+            if route is None:
                 raise NotFound("mail subject does not name a task actor", subject=msg.subject)
-            task_id = parts[3]
+            task_id = route[0]
             if env.message_id in self._recent:
                 await msg.ack()
                 return

@@ -146,24 +146,48 @@ class Node:
         self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
                                       wal_limit=int(cfg.wal_limit_mb * 1024 * 1024))
         try:
-            embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
-            if cfg.nats_url:
-                self.url = cfg.nats_url
-            elif (running := embedded.live_url()) is not None:
-                # Another node of this state dir runs the embedded server: join it (it
-                # stops with that node — several nodes belong on a standalone NATS).
-                self.url = running
-                log.info("joining the embedded nats-server of another node", url=running)
-            else:
-                self.embedded = embedded
-                self.url = await self.embedded.start()
-            self.bus = await Bus.connect(self.url, name=cfg.node_id)
-            await self.bus.ensure_streams(stream_configs(cfg.streams))
+            bus = await self._connect_bus()
         except BaseException:
             await self.stop()
             raise
         self.switches = Switches()
         self.switches.load(await self._store.switches())
+        deps = self._task_supervision()
+        acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
+                            has_room=self.scheduler.has_room,
+                            wait_for_room=self.scheduler.wait_for_room)
+        leases = self._partition_leases(bus, deps)
+        await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
+        root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),
+                          max_restarts=10, period=60.0, backoff_base=0.1, backoff_cap=5.0)
+        self.root = root_ref = self.system.spawn(root, "node", on_exit=self._root_exited)
+        self._started = True
+        await self._wait_until_serving(root_ref)
+        await leases.start()  # takes a share of the partitions and recovers their tasks
+        log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
+                 workflows=self.registry.names())
+
+    async def _connect_bus(self) -> Bus:
+        """Join the configured NATS or another node's embedded server, or start one."""
+        cfg = self.config
+        embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
+        if cfg.nats_url:
+            self.url = cfg.nats_url
+        elif (running := embedded.live_url()) is not None:
+            # Another node of this state dir runs the embedded server: join it (it
+            # stops with that node — several nodes belong on a standalone NATS).
+            self.url = running
+            log.info("joining the embedded nats-server of another node", url=running)
+        else:
+            self.embedded = embedded
+            self.url = await self.embedded.start()
+        self.bus = bus = await Bus.connect(self.url, name=cfg.node_id)
+        await bus.ensure_streams(stream_configs(cfg.streams))
+        return bus
+
+    def _task_supervision(self) -> TaskDeps:
+        """The tasks supervisor and its fair scheduler; returns what every task actor gets."""
+        cfg = self.config
         deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
                         max_step_attempts=cfg.max_step_attempts, switches=self.switches,
                         max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
@@ -176,10 +200,12 @@ class Node:
         deps.on_active = self.scheduler.occupy
         deps.on_stopped = self._task_stopped
         self.tasks.admit = self.scheduler.admit
-        acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
-                            has_room=self.scheduler.has_room,
-                            wait_for_room=self.scheduler.wait_for_room)
-        bus, store, tasks = self.bus, self._store, self.tasks
+        return deps
+
+    def _partition_leases(self, bus: Bus, deps: TaskDeps) -> LeaseManager:
+        """This node's partition work, and the lease manager that hands it partitions."""
+        cfg = self.config
+        store, tasks = self._store, self._tasks
         self.work = PartitionWork(
             node_id=cfg.node_id, partitions=cfg.partitions, store=store, tasks=tasks,
             mail_supervisor=lambda: self.system.lookup("node/mail"),
@@ -197,13 +223,18 @@ class Node:
         tasks.owns = self.leases.owns
         tasks.forward = self._forward_mail
         deps.recovery_note = self.work.recovery_note
-        await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
+        return leases
+
+    def _child_specs(self, bus: Bus, acceptor: Acceptor, leases: LeaseManager) -> list[ChildSpec]:
+        """The root supervisor's children, in start order."""
+        cfg = self.config
+        store, tasks = self._store, self._tasks
 
         def relay(_: int) -> OutboxRelay:
             self.relay = OutboxRelay(bus, store, self.clock)
             return self.relay
 
-        children = [
+        return [
             ChildSpec("outbox", relay, Restart.PERMANENT, shutdown_timeout=10.0),
             tasks.root_spec(),
             ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
@@ -226,13 +257,11 @@ class Node:
             ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
             ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
-        root = Supervisor(self.system, "node", children, max_restarts=10, period=60.0,
-                          backoff_base=0.1, backoff_cap=5.0)
-        self.root = self.system.spawn(root, "node", on_exit=self._root_exited)
-        self._started = True
-        # Answered after on_start: the children exist; then wait until the request
-        # services have subscribed, so a request right after start finds a responder.
-        await self.root.ask(WhichChildren(), timeout=30.0)
+
+    async def _wait_until_serving(self, root: ActorRef[Supervisor]) -> None:
+        """Answered after on_start: the children exist; then wait until the request
+        services have subscribed, so a request right after start finds a responder."""
+        await root.ask(WhichChildren(), timeout=30.0)
         for name in ("api", "admin"):
             service = self.system.lookup(f"node/{name}")
             try:
@@ -240,9 +269,6 @@ class Node:
                     await service.ask(Ready(), timeout=30.0)
             except Exception as exc:  # it crashed starting: its supervisor restarts it
                 log.warning("request service not ready", service=name, error=repr(exc))
-        await leases.start()  # takes a share of the partitions and recovers their tasks
-        log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
-                 workflows=self.registry.names())
 
     def writer_summary(self) -> dict[str, Any]:
         """Group-commit figures: batches, transactions, and how long batches took."""

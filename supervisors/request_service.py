@@ -21,6 +21,7 @@ from ratchet.actors.core import ServiceActor
 from ratchet.protocol.codec import decode_envelope, encode
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.messages import Envelope, Reply
+from ratchet.protocol.subjects import request_route
 
 __all__ = ["Forwarded", "Ready", "RequestService", "error_reply"]
 
@@ -105,8 +106,7 @@ class RequestService(ServiceActor):
 
     async def _handle(self, msg: Msg) -> None:
         # ratchet.<service>.<tenant>.<verb>, or ratchet.node.<id>.<service>.<tenant>.<verb>
-        parts = msg.subject.split(".")
-        tenant, verb = (parts[-2], parts[-1]) if len(parts) >= 4 else ("", "")
+        tenant, verb = request_route(msg.subject)
         env: Envelope | None = None
         try:
             env = decode_envelope(msg.data)

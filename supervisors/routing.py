@@ -22,6 +22,7 @@ from ratchet.persistence.ports import TaskRecord, TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import tenant_of
 from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
 
 __all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure", "subject_tenant",
@@ -32,9 +33,8 @@ POISON_AFTER = 2
 
 
 def subject_tenant(msg: Msg) -> str:
-    """The tenant token of ``ratchet.<kind>.<tenant>[...]`` ("" if there is none)."""
-    parts = msg.subject.split(".")
-    return parts[2] if len(parts) > 2 else ""
+    """The tenant of ``ratchet.<kind>.<tenant>`` (see :func:`tenant_of`)."""
+    return tenant_of(msg.subject)
 
 
 class TaskRouter(ServiceActor):

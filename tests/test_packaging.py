@@ -9,6 +9,7 @@ except by the command line for ``ratchet demo``.
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -71,8 +72,12 @@ def test_every_layer_is_reachable_through_the_one_namespace() -> None:
 def test_the_wheel_installs_one_top_level_name_that_a_users_own_modules_cannot_shadow(
     tmp_path: Path,
 ) -> None:
+    # Built from a copy: pip builds in the source tree, and its build/ must not be ours.
+    source = tmp_path / "src"
+    shutil.copytree(ROOT, source, symlinks=True, ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".*_cache", ".ratchet"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                    "-q", "-w", str(tmp_path / "dist"), str(ROOT)], check=True, timeout=300)
+                    "-q", "-w", str(tmp_path / "dist"), str(source)], check=True, timeout=300)
     [wheel] = (tmp_path / "dist").glob("ratchet_runtime-*.whl")
     names = {n.split("/")[0] for n in zipfile.ZipFile(wheel).namelist()}
     assert {n for n in names if not n.endswith(".dist-info")} == {"ratchet"}

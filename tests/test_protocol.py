@@ -100,3 +100,18 @@ def test_workflow_definitions_are_validated_when_built() -> None:
         wf.add_step("b", lambda ctx: None)  # type: ignore[arg-type,return-value]
     with pytest.raises(ratchet.WorkflowDefinitionError, match="has no nodes"):
         ratchet.Registry([ratchet.Workflow("empty")])
+
+
+def test_inbound_subjects_are_read_by_one_parser_that_never_takes_a_longer_subject_for_a_tenant(
+) -> None:
+    from ratchet.protocol.subjects import is_token, mail_route, request_route, tenant_of
+
+    assert tenant_of("ratchet.submit.acme") == "acme"
+    assert tenant_of("ratchet.external") == ""
+    assert tenant_of("ratchet.decisions.acme.extra") == "acme.extra"
+    assert not is_token(tenant_of("ratchet.decisions.acme.extra"))
+    assert request_route("ratchet.api.acme.get") == ("acme", "get")
+    assert request_route("ratchet.node.n1.admin.acme.cancel") == ("acme", "cancel")
+    assert request_route("ratchet.api") == ("", "")
+    assert mail_route("ratchet.mail.3.tsk_x.task") == ("tsk_x", "task")
+    assert mail_route("ratchet.mail.3.tsk_x") is None

@@ -1,0 +1,138 @@
+"""Rows a write transaction appends beside the task row: events (each with the outbox row
+that publishes it), other outbox rows, and checkpoints with their values and blobs.
+
+Called by the ``*_txn`` functions of ``persistence/txns.py``, inside their SAVEPOINT: like
+them they must not BEGIN/COMMIT and must not touch the event loop.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from ratchet.persistence.checkpoints import StateDelta
+from ratchet.protocol.ids import new_id
+from ratchet.protocol.messages import SCHEMA_VERSION
+from ratchet.protocol.subjects import event_subject
+
+__all__ = [
+    "MAX_EVENT_PAYLOAD",
+    "OutboxRow",
+    "CheckpointWrite",
+    "insert_outbox",
+    "append_events",
+    "write_checkpoint",
+]
+
+
+#: Event payloads larger than this are published truncated (stored whole).
+MAX_EVENT_PAYLOAD = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    subject: str
+    msg_id: str
+    payload: bytes
+    headers: dict[str, str] | None = None
+
+
+@dataclass(slots=True)
+class CheckpointWrite:
+    step_index: int
+    step_name: str
+    next_step: int
+    delta: StateDelta
+    next_node: str | None = None
+    visits: dict[str, int] | None = None
+
+
+def insert_outbox(
+    conn: sqlite3.Connection,
+    subject: str,
+    msg_id: str,
+    payload: bytes,
+    now: float,
+    headers: dict[str, str] | None = None,
+) -> OutboxRow:
+    """Queue one message for the outbox relay (published after the transaction commits)."""
+    packed_headers = msgpack.packb(headers) if headers else None
+    cur = conn.execute(
+        "INSERT INTO outbox(subject, msg_id, payload, headers, created_at) VALUES (?,?,?,?,?)",
+        (subject, msg_id, payload, packed_headers, now),
+    )
+    return OutboxRow(int(cur.lastrowid or 0), subject, msg_id, payload, headers)
+
+
+def append_events(
+    conn: sqlite3.Connection,
+    *,
+    task_id: str,
+    tenant: str,
+    first_seq: int,
+    version: int,
+    producer: str,
+    now: float,
+    events: list[tuple[str, dict[str, Any]]],
+) -> list[OutboxRow]:
+    """Append ``events`` to the task's history from ``first_seq`` on, each with the outbox
+    row that publishes it on the event stream."""
+    rows: list[OutboxRow] = []
+    seq = first_seq
+    for event_type, payload in events:
+        event_id = new_id("evt")
+        packed_payload = msgpack.packb(payload, use_bin_type=True)
+        conn.execute(
+            "INSERT INTO events(task_id, sequence, event_id, type, aggregate_version,"
+            " occurred_at, payload) VALUES (?,?,?,?,?,?,?)",
+            (task_id, seq, event_id, event_type, version, now, packed_payload),
+        )
+        published = payload
+        if len(packed_payload) > MAX_EVENT_PAYLOAD:
+            # The stream (NATS max payload) cannot carry it; the events table keeps it whole.
+            published = {"truncated": True, "bytes": len(packed_payload)}
+        wire = msgpack.packb(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "event_id": event_id,
+                "task_id": task_id,
+                "tenant": tenant,
+                "sequence": seq,
+                "type": event_type,
+                "aggregate_version": version,
+                "occurred_at": now,
+                "producer": producer,
+                "payload": published,
+            },
+            use_bin_type=True,
+        )
+        rows.append(insert_outbox(conn, event_subject(tenant, task_id, event_type), event_id, wire, now))
+        seq += 1
+    return rows
+
+
+def write_checkpoint(
+    conn: sqlite3.Connection, task_id: str, seq: int, cp: CheckpointWrite, now: float
+) -> None:
+    """Write checkpoint ``seq``: its row, the new blobs (deduplicated by digest) and the
+    state keys it changed."""
+    conn.execute(
+        "INSERT INTO checkpoints(task_id, seq, step_index, step_name, next_step, next_node,"
+        " created_at) VALUES (?,?,?,?,?,?,?)",
+        (task_id, seq, cp.step_index, cp.step_name, cp.next_step, cp.next_node, now),
+    )
+    if cp.delta.blobs:
+        conn.executemany(
+            "INSERT OR IGNORE INTO blobs(digest, size, data, created_at) VALUES (?,?,?,?)",
+            [(d, len(b), b, now) for d, b in cp.delta.blobs.items()],
+        )
+    if cp.delta.values:
+        conn.executemany(
+            "INSERT INTO checkpoint_values(task_id, key, seq, inline, blob, deleted)"
+            " VALUES (?,?,?,?,?,?)",
+            [(task_id, v.key, seq, v.inline, v.blob, int(v.deleted)) for v in cp.delta.values],
+        )
