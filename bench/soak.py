@@ -194,8 +194,10 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=600.0)
     ap.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
     ap.add_argument("--warmup", type=float, default=30.0)
+    ap.add_argument("--serve-args", default="", help="extra `serve` flags, e.g. '--wal-limit-mb 32'")
     a = ap.parse_args()
-    print(json.dumps(asyncio.run(run_soak(a.rate, a.seconds, a.synchronous, a.warmup))))
+    print(json.dumps(asyncio.run(run_soak(a.rate, a.seconds, a.synchronous, a.warmup,
+                                          serve_args=tuple(a.serve_args.split())))))
 
 
 if __name__ == "__main__":
