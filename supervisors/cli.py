@@ -229,7 +229,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds between heartbeats (renewal, rebalancing, reaping)")
     s.add_argument("--writer", default="auto", choices=["auto", "loop", "thread"],
                    help="where commits run; 'thread' when several nodes share the store")
-    s.add_argument("--wal-limit-mb", type=float, default=16.0,
+    s.add_argument("--wal-limit-mb", type=float, default=32.0,
                    help="WAL size at which writes pause (milliseconds) while it is reset")
     s.add_argument("--events-max-mb", type=float, default=1024.0,
                    help="JetStream events stream size; the oldest events go beyond it")

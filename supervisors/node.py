@@ -101,7 +101,7 @@ class NodeConfig:
     #: wait off the event loop.
     writer: str = "auto"
     #: The SQLite WAL's bound: at this size writes hold while it is reset (persistence/wal.py).
-    wal_limit_mb: float = 16.0
+    wal_limit_mb: float = 32.0
     #: JetStream: what the events, dead-letter and work-queue streams may hold (actors/bus.py).
     streams: StreamLimits = field(default_factory=StreamLimits)
 

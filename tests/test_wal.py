@@ -66,9 +66,9 @@ async def test_the_wal_stays_under_its_limit_while_reads_and_writes_never_pause(
     assert reads > 100
     assert stats.restarts >= 3
     assert stats.restart_failures == 0, stats
-    # The hard cap is twice the limit; a batch may land on top of it before the hold.
-    assert largest < 2 * LIMIT + 64 * 1024, stats
-    assert stats.wal_peak_bytes < 2 * LIMIT + 64 * 1024
+    # The hard cap is 1.5x the limit; a batch may land on top of it before the hold.
+    assert largest < LIMIT * 3 // 2 + 128 * 1024, stats
+    assert stats.wal_peak_bytes < LIMIT * 3 // 2 + 128 * 1024
     assert stats.hold_max_seconds < 1.0
     assert _wal_size(path) == 0  # a clean close truncates it
 
