@@ -33,7 +33,7 @@ from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
-from ratchet.persistence.store import Fence, LoadedState, TaskRecord
+from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats

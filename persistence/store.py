@@ -6,9 +6,8 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import aiosqlite
 
@@ -18,6 +17,7 @@ from ratchet.persistence.connection import open_connection
 from ratchet.persistence.leases import LeaseRows, check_fence
 from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.migrations import migrate
+from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.store_rows import AdminRows, RowReads
 from ratchet.persistence.txns import (
     AcceptResult,
@@ -40,49 +40,6 @@ __all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord", "action_record"
 
 OutboxListener = Callable[[list[OutboxRow]], None]
 T = TypeVar("T")
-
-
-class Fence(Protocol):
-    """Which lease a task's writes carry (the node's lease manager implements it)."""
-
-    def token_for(self, task_id: str) -> tuple[int, int, float]:
-        """``(partition, fencing token, now)``; raises ``Fenced`` when not held."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class TaskRecord:
-    task_id: str
-    tenant: str
-    workflow: str
-    workflow_version: int
-    status: str
-    version: int
-    input: dict[str, Any]
-    next_step: int
-    steps_total: int | None
-    last_checkpoint: int
-    last_event_seq: int
-    deadline_at: float | None
-    created_at: float
-    updated_at: float
-    error: dict[str, Any] | None
-    output: dict[str, Any] | None
-    step_failures: int
-    current_node: str | None
-    visits: dict[str, int]
-    budget: dict[str, Any]
-    spent: dict[str, float]
-    control: dict[str, Any]
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedState:
-    """A task's state at its last checkpoint: values, and their encodings for diffing."""
-
-    values: dict[str, Any]
-    encoded: dict[str, bytes]
-    blobs: set[str]
 
 
 _TASK_COLUMNS = (

@@ -1,0 +1,52 @@
+"""What the store ports return and take: task records, loaded state, the fence. Kept apart
+from the SQLite store so that the ports (and a second backend) need not import it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+__all__ = ["Fence", "LoadedState", "TaskRecord"]
+
+
+class Fence(Protocol):
+    """Which lease a task's writes carry (the node's lease manager implements it)."""
+
+    def token_for(self, task_id: str) -> tuple[int, int, float]:
+        """``(partition, fencing token, now)``; raises ``Fenced`` when not held."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRecord:
+    task_id: str
+    tenant: str
+    workflow: str
+    workflow_version: int
+    status: str
+    version: int
+    input: dict[str, Any]
+    next_step: int
+    steps_total: int | None
+    last_checkpoint: int
+    last_event_seq: int
+    deadline_at: float | None
+    created_at: float
+    updated_at: float
+    error: dict[str, Any] | None
+    output: dict[str, Any] | None
+    step_failures: int
+    current_node: str | None
+    visits: dict[str, int]
+    budget: dict[str, Any]
+    spent: dict[str, float]
+    control: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedState:
+    """A task's state at its last checkpoint: values, and their encodings for diffing."""
+
+    values: dict[str, Any]
+    encoded: dict[str, bytes]
+    blobs: set[str]
