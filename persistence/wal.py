@@ -86,7 +86,7 @@ class CheckpointResult:
 @dataclass
 class WalStats:
     wal_bytes: int = 0  # frames in use (from the WAL index) as last seen after a commit
-    wal_peak_bytes: int = 0  # the larger of that and the file's size, ever
+    wal_peak_bytes: int = 0  # the largest fill level, and so the largest file size
     passive_checkpoints: int = 0
     restarts: int = 0  # RESTART checkpoints after which the next commit starts the WAL over
     restart_failures: int = 0
@@ -185,6 +185,9 @@ class WalGuard:
         """Pragmas for the writing connection: no automatic checkpoints (the guard runs
         them), and a WAL reset trims a larger file to the limit."""
         self._frame_bytes = int(conn.execute("PRAGMA page_size").fetchone()[0]) + 24
+        # The file only grows when the WAL's fill level passes its end, so after this one
+        # look (a WAL left by a crash) the peak fill level is the peak file size too.
+        self.stats.wal_peak_bytes = max(self.stats.wal_peak_bytes, self.wal_size())
         conn.execute("PRAGMA wal_autocheckpoint=0")
         conn.execute(f"PRAGMA journal_size_limit={self.limit_bytes}")
 
@@ -203,9 +206,8 @@ class WalGuard:
         """
         size = self.wal_used()
         self.stats.wal_bytes = size
-        peak = max(size, self.wal_size())
-        if peak > self.stats.wal_peak_bytes:
-            self.stats.wal_peak_bytes = peak
+        if size > self.stats.wal_peak_bytes:
+            self.stats.wal_peak_bytes = size
         if size < self.limit_bytes or time.monotonic() < self._backoff.not_before:
             return ""
         if not self._restarting:
@@ -216,14 +218,7 @@ class WalGuard:
         """Phase one, on the guard thread: a ``PASSIVE`` checkpoint while writes go on;
         then ``then()`` (there), which makes the writer hold and ask for phase two."""
         self._restarting = True
-
-        def job(conn: sqlite3.Connection) -> None:
-            try:
-                self._passive(conn)
-            finally:
-                then()
-
-        self._jobs.put(job)
+        self._put(self._passive, then)
 
     def restart(self, conn: sqlite3.Connection) -> CheckpointResult:
         """Phase two on the caller's thread: reset the WAL on ``conn``, a connection with
@@ -243,12 +238,17 @@ class WalGuard:
     def restart_soon(self, on_done: Callable[[], None]) -> None:
         """Phase two on the guard thread (for a writer on the event loop, which holds its
         batches meanwhile); ``on_done()`` is called there afterwards."""
+        self._put(self.restart, on_done)
+
+    def _put(self, work: Callable[[sqlite3.Connection], Any], then: Callable[[], None]) -> None:
+        """Queue ``work`` for the guard thread, ``then()`` after it whatever happens (the
+        writer waiting on it must never be left holding)."""
 
         def job(conn: sqlite3.Connection) -> None:
             try:
-                self.restart(conn)
+                work(conn)
             finally:
-                on_done()
+                then()
 
         self._jobs.put(job)
 

@@ -344,10 +344,7 @@ class ThreadWriter:
         for (_, loop, fut), outcome in zip(batch, outcomes, strict=True):
             by_loop.setdefault(loop, []).append((fut, outcome))
         for loop, settled in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_settle, settled)
-            except RuntimeError:  # the loop closed while we committed; nobody is waiting
-                pass
+            _call_soon_threadsafe(loop, _settle, settled)
 
 
 def make_writer(path: str, synchronous: str, kind: str = "auto",

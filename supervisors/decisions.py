@@ -15,8 +15,8 @@ from nats.aio.msg import Msg
 from ratchet.protocol.codec import decode_envelope, parse_body
 from ratchet.protocol.errors import InvalidMessage, NotFound
 from ratchet.protocol.messages import ApprovalDecision
-from ratchet.protocol.subjects import STREAM_DECISIONS, dlq_subject
-from ratchet.supervisors.routing import TaskRouter, deliver, settle_failure, subject_tenant
+from ratchet.protocol.subjects import STREAM_DECISIONS, dlq_subject, tenant_of
+from ratchet.supervisors.routing import TaskRouter, deliver, settle_failure
 
 __all__ = ["DecisionRouter"]
 
@@ -29,7 +29,7 @@ class DecisionRouter(TaskRouter):
     filter_subject = "ratchet.decisions.>"
 
     async def route(self, msg: Msg) -> None:
-        tenant = subject_tenant(msg)
+        tenant = tenant_of(msg.subject)
         try:
             env = decode_envelope(msg.data)
             if env.type != "approval.decision":

@@ -15,13 +15,12 @@ from nats.aio.msg import Msg
 from ratchet.actors.bus import redelivery_delay
 from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import InvalidMessage
-from ratchet.protocol.subjects import STREAM_EXTERNAL, dlq_subject
+from ratchet.protocol.subjects import STREAM_EXTERNAL, dlq_subject, tenant_of
 from ratchet.supervisors.routing import (
     TaskRouter,
     deliver,
     deliveries,
     settle_failure,
-    subject_tenant,
 )
 
 __all__ = ["ExternalRouter", "EARLY_RETRIES"]
@@ -40,7 +39,7 @@ class ExternalRouter(TaskRouter):
     filter_subject = "ratchet.external.>"
 
     async def route(self, msg: Msg) -> None:
-        tenant = subject_tenant(msg)
+        tenant = tenant_of(msg.subject)
         try:
             env = decode_envelope(msg.data)
             if env.type != "external.resolved":

@@ -76,9 +76,6 @@ class MailRouter(TaskRouter):
         self.filter_subject = f"ratchet.mail.{partition}.>"
         self._recent = RecentIds(clock)
 
-    def _seen(self, message_id: str) -> None:
-        self._recent.add(message_id)
-
     async def route(self, msg: Msg) -> None:
         route = mail_route(msg.subject)
         try:
@@ -93,13 +90,13 @@ class MailRouter(TaskRouter):
                     and not self.tasks.admitted(task_id, str(env.body.get("tenant", ""))):
                 # Queued for a running slot (fair admission): the task is QUEUED in the
                 # store, so the scheduler (or recovery after a restart) starts it later.
-                self._seen(env.message_id)
+                self._recent.add(env.message_id)
                 await msg.ack()
                 return
             outcome = await deliver(self.tasks, task_id, env, msg)
             if outcome is None:
                 return  # between restarts: NAK'ed, tried again shortly
-            self._seen(env.message_id)
+            self._recent.add(env.message_id)
             log.debug("mail delivered", task_id=task_id, outcome=outcome,
                       message_id=env.message_id)
             await msg.ack()

@@ -22,19 +22,13 @@ from ratchet.persistence.ports import TaskRecord, TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.messages import Envelope
-from ratchet.protocol.subjects import tenant_of
 from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
 
-__all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure", "subject_tenant",
+__all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure",
            "POISON_AFTER"]
 
 #: Deliveries that crashed the receiving actor before a message counts as poison.
 POISON_AFTER = 2
-
-
-def subject_tenant(msg: Msg) -> str:
-    """The tenant of ``ratchet.<kind>.<tenant>`` (see :func:`tenant_of`)."""
-    return tenant_of(msg.subject)
 
 
 class TaskRouter(ServiceActor):
