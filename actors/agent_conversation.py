@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ratchet.actors.loop_detect import TurnRecord
 from ratchet.actors.models import Message
-
-if TYPE_CHECKING:
-    from ratchet.actors.task_actor import TaskActor
+from ratchet.actors.task_kernel import TaskKernel
 
 __all__ = ["Conversation", "digest"]
 
@@ -29,7 +27,7 @@ class Conversation:
     """An agent node's messages and turn records: kept in memory by the task actor, appended
     to the agent log in the turn's own transaction, read back from it after a restart."""
 
-    def __init__(self, actor: TaskActor, scope: str, log: list[tuple[str, dict[str, Any]]]):
+    def __init__(self, actor: TaskKernel, scope: str, log: list[tuple[str, dict[str, Any]]]):
         self.state = actor.state
         self.p = f"agent.{scope}."
         self.node = scope

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -26,15 +26,13 @@ from ratchet.actors.agent_conversation import Conversation, digest
 from ratchet.actors.loop_detect import LoopPolicy, TurnRecord, detect
 from ratchet.actors.models import Message, Model, ModelRequest, ToolSpec
 from ratchet.actors.nodes import FAIL, AgentNode
-from ratchet.actors.task_waits import fail_with_saga, suspend
+from ratchet.actors.suspension import fail_with_saga, suspend
+from ratchet.actors.task_kernel import TaskKernel
 from ratchet.actors.tools import RetryPolicy, Tool, ToolContext
 from ratchet.persistence.ledger import ActionWrite
 from ratchet.protocol.codec import canonical, encode
 from ratchet.protocol.errors import BudgetExhausted, ErrorCode, RatchetError
 from ratchet.protocol.ids import request_hash
-
-if TYPE_CHECKING:
-    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["run_agent", "BudgetExhausted", "LoopDetected"]
 
@@ -106,7 +104,7 @@ def _specs(node: AgentNode) -> tuple[list[ToolSpec], str]:
     return cached
 
 
-def _exhausted(actor: TaskActor, spent: dict[str, float]) -> str | None:
+def _exhausted(actor: TaskKernel, spent: dict[str, float]) -> str | None:
     assert actor.record is not None
     budget = actor.record.budget
     for dim in ("tokens", "model_calls", "tool_calls", "money"):
@@ -134,7 +132,7 @@ class _Turn:
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
 
-async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
+async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     """Run one turn; True when the task can go on (another turn, or the next node)."""
     assert actor.record is not None and actor.workflow is not None
     model: Model = node.model if not isinstance(node.model, str) else \
@@ -164,7 +162,7 @@ async def run_agent(actor: TaskActor, node: AgentNode) -> bool:
     return await _end_turn(actor, node, t)
 
 
-async def _open_conversation(actor: TaskActor, node: AgentNode, scope: str) -> Conversation:
+async def _open_conversation(actor: TaskKernel, node: AgentNode, scope: str) -> Conversation:
     """The conversation of this visit of the node: kept by the actor, else read back from
     the agent log, else started with the node's system message and prompt."""
     assert actor.record is not None
@@ -179,7 +177,7 @@ async def _open_conversation(actor: TaskActor, node: AgentNode, scope: str) -> C
     return conv
 
 
-async def _propose(actor: TaskActor, node: AgentNode, model: Model, runner: ActionRunner,
+async def _propose(actor: TaskKernel, node: AgentNode, model: Model, runner: ActionRunner,
                    conv: Conversation, visit: int, turn: int,
                    spent: dict[str, float]) -> _Turn:
     """Ask the model for this turn's proposal (a read, recorded by the turn's commit)."""
@@ -204,7 +202,7 @@ async def _propose(actor: TaskActor, node: AgentNode, model: Model, runner: Acti
                  version=answer.version, record=record, spend=spend, upto=len(conv.pending))
 
 
-async def _take_answer(actor: TaskActor, node: AgentNode, t: _Turn) -> bool | None:
+async def _take_answer(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool | None:
     """A final answer: valid, it is the node's output and the task moves on (True). Invalid,
     it goes back to the model for repair (None), or past ``repair_attempts`` the task fails
     (False)."""
@@ -238,7 +236,7 @@ async def _take_answer(actor: TaskActor, node: AgentNode, t: _Turn) -> bool | No
     return True
 
 
-async def _run_calls(actor: TaskActor, node: AgentNode, t: _Turn, runner: ActionRunner,
+async def _run_calls(actor: TaskKernel, node: AgentNode, t: _Turn, runner: ActionRunner,
                      scope: str) -> bool | None:
     """Run the proposed tool calls, then look for a loop: False when the task parked on a
     call, the loop's outcome when the node stops, None when the turn commits as usual."""
@@ -259,7 +257,7 @@ async def _run_calls(actor: TaskActor, node: AgentNode, t: _Turn, runner: Action
     return await _check_loop(actor, node, t, result, new_artifacts)
 
 
-async def _call_tools(actor: TaskActor, node: AgentNode, t: _Turn,
+async def _call_tools(actor: TaskKernel, node: AgentNode, t: _Turn,
                       runner: ActionRunner) -> tuple[Any, bool]:
     """Run each proposed call and answer it in the conversation; returns the last result,
     and whether any result was new to the conversation."""
@@ -275,7 +273,7 @@ async def _call_tools(actor: TaskActor, node: AgentNode, t: _Turn,
     return result, new_artifacts
 
 
-async def _check_loop(actor: TaskActor, node: AgentNode, t: _Turn, result: Any,
+async def _check_loop(actor: TaskKernel, node: AgentNode, t: _Turn, result: Any,
                       new_artifacts: bool) -> bool | None:
     """Record the turn for the loop detectors. A loop found: the first time the model is
     told so (None: the turn commits), the next time the node stops along ``on_loop``."""
@@ -308,7 +306,7 @@ async def _check_loop(actor: TaskActor, node: AgentNode, t: _Turn, result: Any,
     return None
 
 
-async def _end_turn(actor: TaskActor, node: AgentNode, t: _Turn) -> bool:
+async def _end_turn(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool:
     """Commit the turn: its messages, the model call's ledger row and what it spent."""
     t.conv.set("turn", t.number + 1)
     t.events.insert(0, ("agent.turn", {
@@ -321,7 +319,7 @@ async def _end_turn(actor: TaskActor, node: AgentNode, t: _Turn) -> bool:
     return True
 
 
-async def _execute(actor: TaskActor, runner: Any, tools: dict[str, Tool[Any, Any]], name: str,
+async def _execute(actor: TaskKernel, runner: Any, tools: dict[str, Tool[Any, Any]], name: str,
                    arguments: dict[str, Any], spent: dict[str, float],
                    spend: dict[str, float]) -> Any:
     """Run one proposed call; every refusal is an answer to the model, not an exception."""
@@ -348,7 +346,7 @@ def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
 
 
-async def _stop(actor: TaskActor, node: AgentNode, conv: Conversation, route: str, event: str,
+async def _stop(actor: TaskKernel, node: AgentNode, conv: Conversation, route: str, event: str,
                 evidence: dict[str, Any], error: RatchetError) -> bool:
     pending = conv.flush()
     if route == FAIL:

@@ -12,20 +12,19 @@ rejecting it ends the task FAILED, compensating first like any failure.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ratchet.actors.actions import HandoffRequired
 from ratchet.actors.saga import pending_compensations
-from ratchet.actors.task_waits import fail_with_saga, handoff_package, unresolved_actions
+from ratchet.actors.suspension import fail_with_saga, handoff_package, unresolved_actions
+from ratchet.actors.task_deps import error_of
+from ratchet.actors.task_kernel import TaskKernel
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.protocol.codec import canonical
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus
-
-if TYPE_CHECKING:
-    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["RECOVERY_NODE", "crash_loop", "on_recovery_decision", "record_recovery"]
 
@@ -70,7 +69,7 @@ def crash_loop(history: list[dict[str, Any]], max_recoveries: int
     return recoveries, [e for e in fresh if e["type"] == "step.failed"]
 
 
-async def record_recovery(actor: TaskActor, reason: str) -> bool:
+async def record_recovery(actor: TaskKernel, reason: str) -> bool:
     """Record that the task was recovered (``reason``: ``actor_restart`` or
     ``node_recovery``); False when that makes a crash loop, the task went to a human and
     this actor stops."""
@@ -97,7 +96,7 @@ async def record_recovery(actor: TaskActor, reason: str) -> bool:
     return False
 
 
-async def _recovery_note(actor: TaskActor) -> dict[str, Any]:
+async def _recovery_note(actor: TaskKernel) -> dict[str, Any]:
     note = actor.deps.recovery_note
     if note is None:
         return {}
@@ -111,7 +110,7 @@ async def _recovery_note(actor: TaskActor) -> dict[str, Any]:
     return dict(extra) if isinstance(extra, dict) else {}
 
 
-async def _stop_crash_loop(actor: TaskActor, recovered: dict[str, Any],
+async def _stop_crash_loop(actor: TaskKernel, recovered: dict[str, Any],
                            recoveries: list[dict[str, Any]],
                            failures: list[dict[str, Any]]) -> None:
     """Hand the task to a human: one transaction with this recovery, the reason it stops,
@@ -143,7 +142,7 @@ async def _stop_crash_loop(actor: TaskActor, recovered: dict[str, Any],
                 ("task.handoff", {"reason": reason, "why": reason, "approval_id": approval_id})])
     actor.log.error("task handed to a human: crash loop", recoveries=len(recoveries),
                     window_s=window, approval_id=approval_id)
-    actor.ref.stop()
+    actor.passivate()
 
 
 def _recovery_evidence(event: dict[str, Any]) -> dict[str, Any]:
@@ -160,12 +159,10 @@ def _failure_evidence(event: dict[str, Any]) -> dict[str, Any]:
             **{k: payload.get(k) for k in ("step", "index", "attempt", "error")}}
 
 
-async def on_recovery_decision(actor: TaskActor, env: Envelope) -> str | None:
+async def on_recovery_decision(actor: TaskKernel, env: Envelope) -> str | None:
     """A human's decision on a crash-loop handoff: approve resumes the task from its
     checkpoint, reject ends it FAILED (after compensating). None when the approval is not a
     crash-loop one: the graph's approval nodes handle it."""
-    from ratchet.actors.task_actor import error_of
-
     body = env.body
     decision = body.get("decision")
     if decision not in ("approve", "reject"):
@@ -194,7 +191,7 @@ async def on_recovery_decision(actor: TaskActor, env: Envelope) -> str | None:
     if decision == "approve":
         await actor.commit(**back_to_running)
         actor.log.warning("crash loop: resumed by a human", decided_by=decided_by)
-        actor.ref.tell(_advance())
+        actor.advance()
         return "processed"
     reason = "crash loop: a human rejected resuming the task"
     cause = RatchetError(reason, decided_by=decided_by)
@@ -213,11 +210,5 @@ async def on_recovery_decision(actor: TaskActor, env: Envelope) -> str | None:
                        events=[decided, ("task.failed", {"reason": reason, "error": error,
                                                          "compensated": []})])
     actor.log.warning("crash loop: task ended by a human", decided_by=decided_by)
-    actor.ref.stop()
+    actor.passivate()
     return "processed"
-
-
-def _advance() -> Any:
-    from ratchet.actors.task_actor import Advance  # imported late: task_actor imports this module
-
-    return Advance()

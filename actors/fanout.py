@@ -31,9 +31,16 @@ import structlog
 
 from ratchet.actors.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.core import Actor
-from ratchet.actors.graph import Workflow
 from ratchet.actors.join_policy import JoinVerdict, decide
-from ratchet.actors.nodes import END, ChoiceNode, JoinPolicy, RouteNode, StepContext, StepNode
+from ratchet.actors.nodes import (
+    END,
+    BranchGraph,
+    ChoiceNode,
+    JoinPolicy,
+    RouteNode,
+    StepContext,
+    StepNode,
+)
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
@@ -140,7 +147,7 @@ class BranchActor(Actor):
     """
 
     def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
-                 graph: Workflow, task_input: dict[str, Any], state: dict[str, Any],
+                 graph: BranchGraph, task_input: dict[str, Any], state: dict[str, Any],
                  store: TaskStore, clock: Clock, producer: str, session: Any,
                  switches: Any = None, max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
                  arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS) -> None:

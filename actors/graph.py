@@ -22,6 +22,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
+from pydantic import BaseModel
+
 from ratchet.actors.nodes import (
     CANCEL,
     END,
@@ -234,8 +236,6 @@ class Workflow:
             graph.validate(as_branch=True)
 
     def _check_agent(self, node: AgentNode, here: str) -> None:
-        from pydantic import BaseModel
-
         if not node.tools:
             raise WorkflowDefinitionError(f"{here}: an agent needs at least one tool")
         names = [t.name for t in node.tools]

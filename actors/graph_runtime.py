@@ -1,16 +1,17 @@
 """How a task actor runs the non-step nodes of its graph: conditional edges, routing
 tables, fan-out/fan-in, approvals and external waits, and the timers and mail that end them.
 
-Functions over a :class:`actors.task_actor.TaskActor`; each runs in the task actor's own
-asyncio task. Every move is a checkpoint along a declared edge (``TaskActor.move``).
+Behaviours of the task (:class:`actors.task_kernel.TaskKernel`); each runs in the task
+actor's own asyncio task. Every move is a checkpoint along a declared edge (``move``).
 Approvals, external waits and timers live in ``actors/graph_waits.py``; their mail
 handlers are re-exported here.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from ratchet.actors.agent_runtime import run_agent
 from ratchet.actors.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchActor,
@@ -40,19 +41,18 @@ from ratchet.actors.nodes import (
     StepNode,
     WaitNode,
 )
+from ratchet.actors.suspension import fail_with_saga
+from ratchet.actors.task_kernel import TaskKernel
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol.errors import IllegalTransition, RatchetError
 from ratchet.protocol.messages import Envelope
 
-if TYPE_CHECKING:
-    from ratchet.actors.task_actor import TaskActor
-
 __all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_done",
            "on_decision", "on_timer", "on_wait_resolved", "stop_fanout_children"]
 
 
-async def run_node(actor: TaskActor, node: Node) -> bool:
+async def run_node(actor: TaskKernel, node: Node) -> bool:
     """Run the task's current node; True when the task moved on and can continue now."""
     if isinstance(node, StepNode):
         return await actor.run_step(node)
@@ -63,8 +63,6 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
             key = node.key(actor.state)
             target = node.table.get(key)  # an unhashable key raises here, inside the guard
         except Exception as exc:
-            from ratchet.actors.task_waits import fail_with_saga
-
             await fail_with_saga(actor, exc, f"routing key of {node.name} raised")
             return False
         used_default = target is None
@@ -82,17 +80,13 @@ async def run_node(actor: TaskActor, node: Node) -> bool:
         await wait_external(actor, node)
         return False
     if isinstance(node, AgentNode):
-        from ratchet.actors.agent_runtime import run_agent
-
         return await run_agent(actor, node)
     assert isinstance(node, JoinNode)
     raise IllegalTransition(f"join {node.name} is entered only through its fan-out",
                             node=node.name)
 
 
-async def _choose(actor: TaskActor, node: ChoiceNode) -> bool:
-    from ratchet.actors.task_waits import fail_with_saga
-
+async def _choose(actor: TaskKernel, node: ChoiceNode) -> bool:
     try:
         target = node.guard(actor.state)
     except Exception as exc:
@@ -109,12 +103,12 @@ async def _choose(actor: TaskActor, node: ChoiceNode) -> bool:
 
 # -- fan-out / fan-in ------------------------------------------------------------------------
 
-def _fanout_key(actor: TaskActor, node: str) -> str:
+def _fanout_key(actor: TaskKernel, node: str) -> str:
     # A fan-out inside a bounded loop runs once per visit: its branches are keyed by visit.
     return f"{node}#{actor.visits.get(node, 0)}"
 
 
-async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
+async def start_fanout(actor: TaskKernel, node: FanoutNode) -> None:
     assert actor.record is not None and actor.workflow is not None
     key = _fanout_key(actor, node.name)
     join = actor.workflow.node(node.join)
@@ -129,8 +123,6 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
                 raise TypeError(f"branch_input must return a dict, got {type(value).__name__}")
             inputs[b] = value
     except Exception as exc:
-        from ratchet.actors.task_waits import fail_with_saga
-
         await fail_with_saga(actor, exc, f"branch_input of {node.name} raised")
         return
     rows = await actor.deps.store.branches(actor.task_id, key)
@@ -170,7 +162,7 @@ async def start_fanout(actor: TaskActor, node: FanoutNode) -> None:
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
 
 
-def _branch_factory(actor: TaskActor, key: str, node: FanoutNode, branch: str,
+def _branch_factory(actor: TaskKernel, key: str, node: FanoutNode, branch: str,
                     initial: dict[str, Any], limit: int, arm_timeout: float | None) -> Any:
     assert actor.record is not None
     tenant, task_input = actor.record.tenant, dict(actor.record.input)
@@ -189,7 +181,7 @@ def _branch_factory(actor: TaskActor, key: str, node: FanoutNode, branch: str,
     return make
 
 
-async def on_branch_done(actor: TaskActor, env: Envelope) -> str:
+async def on_branch_done(actor: TaskKernel, env: Envelope) -> str:
     key = str(env.body.get("key"))
     join = actor.joins.get(key)
     if (join is None or not join.is_alive) and actor.deps.lookup_child is not None:
@@ -202,10 +194,7 @@ async def on_branch_done(actor: TaskActor, env: Envelope) -> str:
     return "forwarded"
 
 
-async def on_join_done(actor: TaskActor, done: JoinDone) -> None:
-    from ratchet.actors.task_actor import Advance
-    from ratchet.actors.task_waits import fail_with_saga
-
+async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
     assert actor.workflow is not None
     if actor.current != done.node or _fanout_key(actor, done.node) != done.key:
         return  # a stale verdict (the task moved on)
@@ -234,8 +223,8 @@ async def on_join_done(actor: TaskActor, done: JoinDone) -> None:
     actor.visits[join.name] = actor.visits.get(join.name, 0) + 1
     await actor.move(fanout.name, join.next, [("join.completed", summary)], branches=settle,
                      cancel_timers=timers)
-    actor.ref.tell(Advance())
+    actor.advance()
 
 
-async def stop_fanout_children(actor: TaskActor) -> None:
+async def stop_fanout_children(actor: TaskKernel) -> None:
     actor.joins.clear()

@@ -3,16 +3,16 @@ ends the wait: approvals (a decision, or its timeout) and external waits (the aw
 message, or its timeout); and the timers of the graph, fan-out branch and join timeouts
 included (``TIMER_KINDS``).
 
-Functions over a :class:`actors.task_actor.TaskActor`, run in the task actor's own asyncio
-task; ``actors/graph_runtime.py`` starts these nodes and re-exports the mail handlers.
+Behaviours of the task (:class:`actors.task_kernel.TaskKernel`), run in the task actor's
+own asyncio task; ``actors/graph_runtime.py`` starts these nodes and re-exports the mail handlers.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from ratchet.actors.fanout import JoinTimeout, branch_done_change
 from ratchet.actors.nodes import CANCEL, FAIL, ApprovalNode, WaitNode
+from ratchet.actors.suspension import fail_with_saga
+from ratchet.actors.task_kernel import TaskKernel
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol.codec import canonical
@@ -20,9 +20,6 @@ from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus
-
-if TYPE_CHECKING:
-    from ratchet.actors.task_actor import TaskActor
 
 __all__ = ["TIMER_KINDS", "request_approval", "on_decision", "wait_external",
            "on_wait_resolved", "on_timer"]
@@ -32,12 +29,10 @@ TIMER_KINDS = frozenset({"approval_timeout", "wait_timeout", "branch_timeout", "
 
 # -- suspension: approvals -------------------------------------------------------------------
 
-async def request_approval(actor: TaskActor, node: ApprovalNode) -> None:
+async def request_approval(actor: TaskKernel, node: ApprovalNode) -> None:
     try:
         request = node.request(actor.state) if node.request else {}
     except Exception as exc:
-        from ratchet.actors.task_waits import fail_with_saga
-
         await fail_with_saga(actor, exc, f"approval request of {node.name} raised")
         return
     approval_id = new_id("apr")
@@ -55,12 +50,10 @@ async def request_approval(actor: TaskActor, node: ApprovalNode) -> None:
                                         "approvers": node.approvers, "request": request,
                                         "request_hash": digest, "expires_at": expires})])
     actor.log.info("task waiting for approval", approval_id=approval_id, node=node.name)
-    actor.ref.stop()  # passivate: a parked task costs a row, not a live actor
+    actor.passivate()  # passivate: a parked task costs a row, not a live actor
 
 
-async def on_decision(actor: TaskActor, env: Envelope) -> str:
-    from ratchet.actors.task_actor import Advance
-
+async def on_decision(actor: TaskKernel, env: Envelope) -> str:
     body = env.body
     approval_id = str(body.get("approval_id", ""))
     decision = body.get("decision")
@@ -89,22 +82,20 @@ async def on_decision(actor: TaskActor, env: Envelope) -> str:
         cancel_timers=[f"apr:{approval_id}"],
         approval=ApprovalWrite(approval_id, "APPROVED" if decision == "approve" else "REJECTED",
                                decided_by=decided_by, reason=body.get("reason")))
-    actor.ref.tell(Advance())
+    actor.advance()
     return "processed"
 
 
 # -- suspension: external waits ----------------------------------------------------------------
 
-def _wait_timer(actor: TaskActor, node: str) -> str:
+def _wait_timer(actor: TaskKernel, node: str) -> str:
     return f"wait:{actor.task_id}:{node}:{actor.visits.get(node, 0)}"
 
 
-async def wait_external(actor: TaskActor, node: WaitNode) -> None:
+async def wait_external(actor: TaskKernel, node: WaitNode) -> None:
     try:
         correlation = node.correlation(actor.state)
     except Exception as exc:
-        from ratchet.actors.task_waits import fail_with_saga
-
         await fail_with_saga(actor, exc, f"correlation of {node.name} raised")
         return
     assert node.timeout is not None
@@ -115,12 +106,10 @@ async def wait_external(actor: TaskActor, node: WaitNode) -> None:
                            {"node": node.name, "correlation_id": correlation})],
         events=[("wait.started", {"node": node.name, "correlation_id": correlation,
                                   "timeout_s": node.timeout})])
-    actor.ref.stop()
+    actor.passivate()
 
 
-async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
-    from ratchet.actors.task_actor import Advance
-
+async def on_wait_resolved(actor: TaskKernel, env: Envelope) -> str:
     if actor.status is not TaskStatus.WAITING_EXTERNAL:
         return "late"
     assert actor.workflow is not None
@@ -130,8 +119,6 @@ async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
         return "ignored"
     cid = str(env.body.get("correlation_id"))
     if env.body.get("outcome", "completed") != "completed":
-        from ratchet.actors.task_waits import fail_with_saga
-
         await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
                            cancel_timers=[_wait_timer(actor, node.name)],
                            inbox_message_id=env.message_id, events=[("wait.completed", {
@@ -146,16 +133,13 @@ async def on_wait_resolved(actor: TaskActor, env: Envelope) -> str:
         "node": node.name, "correlation_id": cid, "to": node.next})],
         status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
         cancel_timers=[_wait_timer(actor, node.name)], inbox_message_id=env.message_id)
-    actor.ref.tell(Advance())
+    actor.advance()
     return "processed"
 
 
 # -- timers ------------------------------------------------------------------------------------
 
-async def on_timer(actor: TaskActor, env: Envelope) -> str:
-    from ratchet.actors.task_actor import Advance
-    from ratchet.actors.task_waits import fail_with_saga
-
+async def on_timer(actor: TaskKernel, env: Envelope) -> str:
     kind, payload = env.body.get("kind"), dict(env.body.get("payload") or {})
     assert actor.workflow is not None and actor.record is not None
     if kind in ("branch_timeout", "join_timeout") and "key" not in payload:
@@ -191,14 +175,14 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
                                    ("approval.timed_out", {"node": node.name, "then": "cancel",
                                                            "approval_id": row["approval_id"]}),
                                    ("task.cancelled", {"reason": "approval timed out"})])
-            actor.ref.stop()
+            actor.passivate()
             return "processed"
         target = str(node.on_timeout)
         await actor.move(node.name, target, [("approval.timed_out", {
             "node": node.name, "approval_id": row["approval_id"], "escalated_to": target})],
             status_event=TaskEvent.APPROVAL_TIMED_OUT, approval=settle,
             inbox_message_id=env.message_id)
-        actor.ref.tell(Advance())
+        actor.advance()
         return "processed"
     if kind == "wait_timeout":
         if actor.status is not TaskStatus.WAITING_EXTERNAL or not isinstance(node, WaitNode):
@@ -219,6 +203,6 @@ async def on_timer(actor: TaskActor, env: Envelope) -> str:
             "node": node.name, "correlation_id": cid, "to": target})],
             status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
             inbox_message_id=env.message_id)
-        actor.ref.tell(Advance())
+        actor.advance()
         return "processed"
     return "ignored"

@@ -23,15 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal, Protocol
 
 from ratchet.actors.tools import Tool
 from ratchet.protocol.clock import Clock
 
-if TYPE_CHECKING:
-    from ratchet.actors.graph import Workflow
-
 __all__ = [
+    "BranchGraph",
     "END",
     "CANCEL",
     "FAIL",
@@ -56,6 +54,22 @@ END = "END"
 CANCEL = "cancel"
 #: ``on_timeout`` of a wait that fails the task.
 FAIL = "fail"
+
+
+
+class BranchGraph(Protocol):
+    """A fan-out branch's graph as the nodes see it (``actors/graph.py``'s ``Workflow``
+    implements it; named here so that the node kinds need not import the graph)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def start(self) -> str: ...
+
+    def node(self, name: str) -> Node: ...
+
+    def validate(self, *, as_branch: bool = False) -> None: ...
 
 
 class WorkflowDefinitionError(ValueError):
@@ -158,7 +172,7 @@ class JoinPolicy:
 
 @dataclass(frozen=True)
 class FanoutNode(Node):
-    branches: Mapping[str, Workflow]
+    branches: Mapping[str, BranchGraph]
     join: str
     #: Each branch's own time budget (seconds); a branch past it is TIMED_OUT.
     branch_timeout: float | None = None

@@ -32,13 +32,15 @@ from typing import Any
 
 import structlog
 
-from ratchet.actors import crash_loop, graph_runtime, task_control, task_waits
+from ratchet.actors import crash_loop, graph_runtime, task_control
 from ratchet.actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.core import Actor, ActorRef
 from ratchet.actors.nodes import END, StepContext, StepNode
 from ratchet.actors.progress import ProgressMeter, progress_payload
+from ratchet.actors.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.task_deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task_deps import error_of as error_of
+from ratchet.actors.task_mail import mail_table
 from ratchet.actors.workflow import Workflow, bind_step_logger
 from ratchet.persistence.checkpoints import StateTracker
 from ratchet.persistence.ports import TaskRecord
@@ -74,9 +76,11 @@ class TaskActor(Actor):
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
         self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
+        #: Mail handlers by envelope type, tried in order (a None answer: not mine).
+        self._mail = mail_table(self, start=self._start)
         self._scope: asyncio.Timeout | None = None
         self._interrupted = False
-        self._pause_requested = False
+        self.pause_requested = False
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -118,7 +122,7 @@ class TaskActor(Actor):
             self._recovered_from = "actor_restart" if self.restarts else "node_recovery"
         if rec.control and await task_control.apply_pending_control(self):
             return
-        self._pause_requested = "pause" in rec.control  # parked meanwhile: at the next point
+        self.pause_requested = "pause" in rec.control  # parked meanwhile: at the next point
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.ref.tell(Advance())
 
@@ -126,7 +130,7 @@ class TaskActor(Actor):
         """Out of band: pause at the next safe point, which may be the next tool call of the
         step in progress (the step then runs again on resume; its completed calls are
         answered by the ledger)."""
-        self._pause_requested = True
+        self.pause_requested = True
 
     def interrupt(self) -> bool:
         """Abandon the step in progress, if any (called on the loop, from outside, for an
@@ -166,31 +170,30 @@ class TaskActor(Actor):
 
     async def _deliver_one(self, env: Envelope) -> str:
         try:
-            if env.type == "task.start":
-                if self.status is not TaskStatus.QUEUED:
-                    return "duplicate"
-                if self._frozen():
-                    return "frozen"  # dispatched when thawed
-                await self._dispatch(inbox_message_id=env.message_id)
-                return "processed"
-            if env.type == "task.control":
-                return await task_control.handle_control(self, env)
-            if env.type == "approval.decision":
-                return (await crash_loop.on_recovery_decision(self, env)
-                        or await graph_runtime.on_decision(self, env))
-            if env.type == "branch.done":
-                return await graph_runtime.on_branch_done(self, env)
-            if env.type == "timer.fired" and env.body.get("kind") in graph_runtime.TIMER_KINDS:
-                return await graph_runtime.on_timer(self, env)
-            if env.type == "external.resolved" and str(
-                    env.body.get("wait_kind", "")).startswith("node:"):
-                return await graph_runtime.on_wait_resolved(self, env)
-            if env.type in ("external.resolved", "timer.fired"):
-                return await task_waits.handle_wait_mail(self, env)
+            for handle in self._mail.get(env.type, ()):
+                outcome = await handle(env)
+                if outcome is not None:
+                    return outcome
         except DuplicateMessage:
             return "duplicate"
         self.log.warning("unexpected mail dropped", type=env.type, message_id=env.message_id)
         return "ignored"
+
+    async def _start(self, env: Envelope) -> str:
+        if self.status is not TaskStatus.QUEUED:
+            return "duplicate"
+        if self._frozen():
+            return "frozen"  # dispatched when thawed
+        await self._dispatch(inbox_message_id=env.message_id)
+        return "processed"
+
+    # -- the kernel (actors/task_kernel.py) --------------------------------------------
+
+    def advance(self) -> None:
+        self.ref.tell(Advance())
+
+    def passivate(self) -> None:
+        self.ref.stop()
 
     # -- commits ------------------------------------------------------------------------
 
@@ -234,8 +237,8 @@ class TaskActor(Actor):
             await self._dispatch()
         if self.status is not TaskStatus.RUNNING:
             return  # waiting or paused: a later message resumes it
-        if self._pause_requested:  # a pause that arrived while the task was parked
-            await task_control.pause(self)
+        if self.pause_requested:  # a pause that arrived while the task was parked
+            await pause(self)
             return
         if self._recovered_from is not None:
             reason, self._recovered_from = self._recovered_from, None
@@ -243,7 +246,7 @@ class TaskActor(Actor):
                 return  # a crash loop: handed to a human
         assert self.record is not None
         if self.record.deadline_at is not None and self.deps.clock.now() >= self.record.deadline_at:
-            await task_waits.fail_with_saga(self, RatchetError("task deadline passed"),
+            await fail_with_saga(self, RatchetError("task deadline passed"),
                                             "deadline passed")
             return
         if self.current == END:
@@ -256,7 +259,7 @@ class TaskActor(Actor):
         over = [n for n in bounded if n.max_visits is not None
                 and self.visits.get(n.name, 0) >= n.max_visits]
         if over:
-            await task_waits.fail_with_saga(
+            await fail_with_saga(
                 self, RatchetError(f"node {over[0].name} entered more than"
                                    f" {over[0].max_visits} times"), "loop bound exceeded")
             return
@@ -324,7 +327,7 @@ class TaskActor(Actor):
             # Counting costs a read-modify-write per call: only for tasks with such a budget.
             count_tool_calls=count_tool_calls and "tool_calls" in self.record.budget,
             switches=self.deps.switches,
-            pause_requested=lambda: self._pause_requested))
+            pause_requested=lambda: self.pause_requested))
 
     async def run_step(self, step: StepNode) -> bool:
         """Run one step node; True when it committed and the task can go on."""
@@ -357,7 +360,7 @@ class TaskActor(Actor):
             if update:
                 self.state.update(update)
         except TaskSuspended as signal:
-            await task_waits.suspend(self, signal)
+            await suspend(self, signal)
             return False
         except Exception as exc:
             await self._record_step_failure(step.name, index, exc)
@@ -366,7 +369,7 @@ class TaskActor(Actor):
                 reason = ("a side effect failed" if isinstance(exc, ActionFailed)
                           else "budget exhausted" if isinstance(exc, BudgetExhausted)
                           else f"step {step.name} failed {self._attempt} times")
-                await task_waits.fail_with_saga(self, exc, reason)
+                await fail_with_saga(self, exc, reason)
                 return False
             raise  # crash: the supervisor restarts us from the last checkpoint
         duration = asyncio.get_running_loop().time() - started
@@ -393,3 +396,4 @@ class TaskActor(Actor):
         ))
         self.log.info("task succeeded")
         self.ref.stop()
+

@@ -16,20 +16,20 @@ found on activation (the actor was parked, or crashed) is acted on at once.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ratchet.actors.actions import HandoffRequired
+from ratchet.actors.saga import compensate_task
+from ratchet.actors.suspension import pause, suspend
+from ratchet.actors.task_kernel import TaskKernel
 from ratchet.persistence.ledger import ActionWrite
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 
-if TYPE_CHECKING:
-    from ratchet.actors.task_actor import TaskActor
-
 __all__ = ["handle_control", "apply_pending_control"]
 
 
-async def apply_pending_control(actor: TaskActor) -> bool:
+async def apply_pending_control(actor: TaskKernel) -> bool:
     """Act on a request recorded while no actor was listening; True if the task stopped."""
     assert actor.record is not None
     control = actor.record.control
@@ -42,7 +42,7 @@ async def apply_pending_control(actor: TaskActor) -> bool:
     return False
 
 
-async def handle_control(actor: TaskActor, env: Envelope) -> str:
+async def handle_control(actor: TaskKernel, env: Envelope) -> str:
     action = env.body.get("action")
     request = dict(env.body.get("request") or {})
     if is_terminal(actor.status):
@@ -60,9 +60,7 @@ async def handle_control(actor: TaskActor, env: Envelope) -> str:
     return "ignored"
 
 
-async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
-    from ratchet.actors.saga import compensate_task
-
+async def cancel(actor: TaskKernel, request: dict[str, Any]) -> None:
     assert actor.workflow is not None
     await actor.deps.stop_children(actor.task_id, None)  # branches, joins, tool sessions
     actor.joins.clear()
@@ -73,8 +71,6 @@ async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
             compensated = await compensate_task(runner, actor.deps.store, actor.deps.registry,
                                                 actor.task_id)
         except HandoffRequired as signal:  # an undo that failed for good: a human decides
-            from ratchet.actors.task_waits import suspend
-
             signal.package["cancel"] = request
             await actor.commit(control={}, events=[("task.cancel_incomplete", {
                 "by": request.get("by"), "reason": signal.reason})])
@@ -91,26 +87,11 @@ async def cancel(actor: TaskActor, request: dict[str, Any]) -> None:
                                                    "unknown_actions": unknown,
                                                    "compensated": compensated})])
     actor.log.warning("task cancelled", by=request.get("by"))
-    actor.ref.stop()
+    actor.passivate()
 
 
-async def pause(actor: TaskActor, request: dict[str, Any] | None = None,
-                before_tool: str | None = None) -> None:
-    """Pause now; ``request`` defaults to the one recorded on the task."""
-    if request is None:
-        request = dict(actor.record.control.get("pause") or {}) if actor.record else {}
-    actor._pause_requested = False
-    await actor.commit(status_event=TaskEvent.PAUSED, control={},
-                       events=[("task.paused", {"by": request.get("by"),
-                                                "reason": request.get("reason"),
-                                                "at_node": actor.current,
-                                                "before_tool": before_tool})])
-    actor.ref.stop()  # passivate until resumed
 
-
-async def resume(actor: TaskActor, request: dict[str, Any]) -> str:
-    from ratchet.actors.task_actor import Advance
-
+async def resume(actor: TaskKernel, request: dict[str, Any]) -> str:
     assert actor.record is not None and actor.workflow is not None
     # Refusals are answers, not raises: a raise here would crash the actor.
     if actor.status is not TaskStatus.PAUSED:
@@ -126,5 +107,5 @@ async def resume(actor: TaskActor, request: dict[str, Any]) -> str:
         "by": request.get("by"), "workflow": actor.workflow.name,
         "version": actor.workflow.version, "from_checkpoint": actor.record.last_checkpoint,
         "at_node": actor.current})])
-    actor.ref.tell(Advance())
+    actor.advance()
     return "resumed"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import msgpack
 
@@ -23,10 +23,8 @@ from ratchet.persistence.fork import ForkRequest, fork_txn
 from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
+from ratchet.persistence.writer import Writer
 from ratchet.protocol.states import TERMINAL
-
-if TYPE_CHECKING:
-    from ratchet.persistence.writer import Writer
 
 __all__ = ["AdminRows", "RowReads"]
 

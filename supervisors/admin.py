@@ -24,11 +24,12 @@ from ratchet.actors.bus import Bus
 from ratchet.actors.core import ActorSystem
 from ratchet.actors.task_actor import DeliverMail
 from ratchet.persistence.admin_rows import AuditEntry
+from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.ports import StorePort
-from ratchet.persistence.txns import TaskChange
+from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.codec import canonical, parse_body
+from ratchet.protocol.codec import canonical, encode, parse_body
 from ratchet.protocol.errors import (
     ErrorCode,
     IllegalTransition,
@@ -38,8 +39,9 @@ from ratchet.protocol.errors import (
     Unavailable,
 )
 from ratchet.protocol.ids import new_id, request_hash
-from ratchet.protocol.messages import AdminCommand, Envelope
+from ratchet.protocol.messages import AdminCommand, Envelope, StartTask
 from ratchet.protocol.states import TaskStatus, is_terminal
+from ratchet.protocol.subjects import mail_subject
 from ratchet.supervisors.admin_cluster import ClusterVerbs
 from ratchet.supervisors.admin_reads import ReadVerbs
 from ratchet.supervisors.request_service import RequestService
@@ -264,12 +266,6 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     async def _fork(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Retry from a historical checkpoint as a new task (``fork_of`` the original),
         optionally with changed input; the original's history is untouched."""
-        from ratchet.persistence.fork import ForkRequest
-        from ratchet.persistence.txns import NewTask
-        from ratchet.protocol.codec import encode
-        from ratchet.protocol.messages import StartTask
-        from ratchet.protocol.subjects import mail_subject
-
         rec = await self._task(tenant, cmd)
         new_input = cmd.args.get("input", rec.input)
         if not isinstance(new_input, dict):

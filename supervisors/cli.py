@@ -22,6 +22,9 @@ from ratchet.actors.client import Client, RemoteError
 from ratchet.actors.workflow import Registry
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.ids import new_id
+from ratchet.supervisors.node import Node, NodeConfig
+from ratchet.testing.demo import run_demo
 
 __all__ = ["main", "load_app"]
 
@@ -77,8 +80,6 @@ def configure_logging(level: str) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from ratchet.supervisors.node import Node, NodeConfig
-
     registry = load_app(args.app)
 
     def pairs(items: list[str], kind: type) -> dict[str, Any]:
@@ -176,8 +177,6 @@ def _graph(args: argparse.Namespace) -> int:
 
 
 async def _admin(args: argparse.Namespace) -> int:
-    from ratchet.protocol.ids import new_id
-
     cluster = args.verb in CLUSTER_VERBS  # about nodes: the system tenant's subject
     client = await Client.connect(_nats_url(args), SYSTEM_TENANT if cluster else args.tenant)
     if cluster and args.task_id:
@@ -291,8 +290,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "graph":
             return _graph(args)
         if args.command == "demo":
-            from ratchet.testing.demo import run_demo
-
             return asyncio.run(run_demo(Path(args.state_dir), args.nats_url))
         return asyncio.run(handlers[args.command](args))
     except RemoteError as exc:

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ratchet.actors.core import Actor, ActorRef, ActorSystem
-from ratchet.actors.task_actor import TaskActor, TaskDeps, fail_task
+from ratchet.actors.task_actor import Advance, TaskActor, TaskDeps, fail_task
 from ratchet.actors.tool_session import ToolSession
 from ratchet.persistence.ports import TaskRecord
 from ratchet.protocol.errors import ErrorCode, RatchetError
@@ -174,8 +174,6 @@ class TaskSupervision:
     def wake_all(self) -> int:
         """Tell every live task actor to go on (a task waiting at a safe point, e.g. for a
         thaw, takes its next step); returns how many were told."""
-        from ratchet.actors.task_actor import Advance
-
         actors = self.live_actors()
         for ref in actors:
             ref.tell(Advance())

@@ -1,0 +1,117 @@
+"""The package's import graph, checked on the source: no function-local imports (the usual
+way to hide a cycle), and no cycle among the modules, ``TYPE_CHECKING`` imports included.
+
+(The layer rule itself — protocol ← persistence ← actors ← supervisors — is checked by
+``tests/test_packaging.py`` and by import-linter in ``make lint``.)
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"]
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = [p for p in rel.parts if p != "ratchet"]
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(["ratchet", *parts])
+
+
+def _modules() -> dict[str, Path]:
+    found = {_module_name(p): p for f in FOLDERS for p in (ROOT / f).rglob("*.py")}
+    found["ratchet"] = ROOT / "ratchet" / "__init__.py"
+    return found
+
+
+def _imported(node: ast.Import | ast.ImportFrom, known: dict[str, Path]) -> set[str]:
+    """The package's modules an import statement names (``from m import sub`` may name a
+    sub-module as well as ``m`` itself)."""
+    if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+    else:
+        base = node.module or ""
+        names = [base, *(f"{base}.{a.name}" for a in node.names)]
+    return {n for n in names if n in known}
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    known = _modules()
+    edges: dict[str, set[str]] = {m: set() for m in known}
+    local: list[str] = []
+    for name, path in known.items():
+        tree = ast.parse(path.read_text(), str(path))
+        top_level = {id(n) for n in tree.body} | {
+            id(n) for stmt in tree.body if isinstance(stmt, ast.If) for n in stmt.body}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            targets = _imported(node, known)
+            if targets and id(node) not in top_level:
+                local.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+            edges[name] |= targets - {name}
+    return edges, local
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in edges:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_module_imports_the_package_inside_a_function() -> None:
+    _, local = _graph()
+    assert local == []
+
+
+def test_no_import_cycle_among_the_packages_modules() -> None:
+    edges, _ = _graph()
+    assert _cycles(edges) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    """The check above is not trivially true."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    edges, _ = _graph()
+    assert len(edges) > 90 and sum(map(len, edges.values())) > 300
