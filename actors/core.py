@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -86,6 +86,19 @@ class Actor:
     async def on_stop(self) -> None:
         """Runs in the actor's task after the last message, normal stop or crash."""
 
+    # Out-of-band requests, called from outside the actor's task (through its ref), for
+    # work that must not wait behind the mail in progress. Both default to "not supported".
+
+    def interrupt(self) -> bool:
+        """Abandon the work in progress, if any; True if something was interrupted."""
+        return False
+
+    def request_pause(self) -> None:
+        """Pause at the next safe point, which may come before the current mail is done."""
+
+    #: Whether the actor supervises children (and answers ``WhichChildren``).
+    supervises = False
+
 
 class ActorRef(Generic[A]):
     """The only handle other code holds on an actor: send it mail, ask it, stop it."""
@@ -137,8 +150,16 @@ class ActorRef(Generic[A]):
     def interrupt(self) -> bool:
         """Out of band, in the caller's task: ask the actor to abandon the work in progress
         (its ``interrupt()`` hook, if it has one, cancels only that work). True if it did."""
-        hook = getattr(self._actor, "interrupt", None)
-        return bool(hook()) if callable(hook) and self.is_alive else False
+        return self._actor.interrupt() if self.is_alive else False
+
+    def request_pause(self) -> None:
+        """Out of band: ask the actor to pause at its next safe point (if it can)."""
+        if self.is_alive:
+            self._actor.request_pause()
+
+    @property
+    def supervises(self) -> bool:
+        return self._actor.supervises
 
     def stop(self) -> None:
         """Stop after the message being handled (a safe point); later mail is refused."""
@@ -165,8 +186,8 @@ class ActorRef(Generic[A]):
             await self.wait_stopped(timeout)
         except TimeoutError:
             self.kill()
-            with contextlib.suppress(BaseException):
-                await self.wait_stopped(timeout)
+            with contextlib.suppress(Exception):  # its crash is its exit reason, not ours
+                await _unless_we_are_cancelled(self.wait_stopped(timeout))
 
     # -- the actor's own task ----------------------------------------------------------
 
@@ -294,8 +315,7 @@ class ServiceActor(Actor):
     async def on_stop(self) -> None:
         if self._serve_task is not None and not self._serve_task.done():
             self._serve_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._serve_task
+            await _unless_we_are_cancelled(self._serve_task)
 
 
 class PeriodicService(ServiceActor):
@@ -311,3 +331,14 @@ class PeriodicService(ServiceActor):
 
     async def sweep(self) -> int:
         raise NotImplementedError
+
+
+async def _unless_we_are_cancelled(work: Awaitable[Any]) -> None:
+    """Await work that was cancelled (or killed): its CancelledError is expected and
+    swallowed, but a cancellation of the task awaiting it is never swallowed."""
+    try:
+        await work
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise

@@ -11,7 +11,6 @@ rejecting it ends the task FAILED, compensating first like any failure.
 
 from __future__ import annotations
 
-import inspect
 from typing import Any
 
 from ratchet.actors.actions import HandoffRequired
@@ -97,13 +96,8 @@ async def record_recovery(actor: TaskKernel, reason: str) -> bool:
 
 
 async def _recovery_note(actor: TaskKernel) -> dict[str, Any]:
-    note = actor.deps.recovery_note
-    if note is None:
-        return {}
     try:
-        extra = note(actor.task_id)
-        if inspect.isawaitable(extra):
-            extra = await extra
+        extra = actor.deps.hooks.recovery_note(actor.task_id)
     except Exception as exc:  # a note is evidence, never a reason not to recover
         actor.log.warning("recovery note failed", error=repr(exc))
         return {}

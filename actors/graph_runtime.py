@@ -148,7 +148,7 @@ async def start_fanout(actor: TaskKernel, node: FanoutNode) -> None:
     fired = await actor.deps.store.timer_fired(f"join:{actor.task_id}:{key}")
     specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
         task_id=actor.task_id, key=key, node=node.name, policy=join.policy, branches=names,
-        store=actor.deps.store, tell_task=actor.deps.tell_task, timer_fired=fired), 5.0)]
+        store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired), 5.0)]
     for b in names:
         if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
             continue  # finished before a crash: never run again
@@ -157,7 +157,7 @@ async def start_fanout(actor: TaskKernel, node: FanoutNode) -> None:
         arm = None if b in armed else node.branch_timeout
         specs.append((f"branch:{key}:{b}",
                       _branch_factory(actor, key, node, b, initial, limit, arm), 0.01))
-    refs = await actor.deps.spawn_children(actor.task_id, specs)
+    refs = await actor.deps.children.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
 
@@ -168,7 +168,7 @@ def _branch_factory(actor: TaskKernel, key: str, node: FanoutNode, branch: str,
     tenant, task_input = actor.record.tenant, dict(actor.record.input)
 
     async def session(name: str) -> Any:
-        return await actor.deps.sessions(actor.task_id, tenant, name)
+        return await actor.deps.children.session(actor.task_id, tenant, name)
 
     def make(_: int) -> BranchActor:
         return BranchActor(task_id=actor.task_id, tenant=tenant, key=key, node=node.name,
@@ -184,8 +184,8 @@ def _branch_factory(actor: TaskKernel, key: str, node: FanoutNode, branch: str,
 async def on_branch_done(actor: TaskKernel, env: Envelope) -> str:
     key = str(env.body.get("key"))
     join = actor.joins.get(key)
-    if (join is None or not join.is_alive) and actor.deps.lookup_child is not None:
-        join = actor.deps.lookup_child(actor.task_id, f"join:{key}")  # restarted meanwhile
+    if join is None or not join.is_alive:
+        join = actor.deps.children.lookup_child(actor.task_id, f"join:{key}")  # restarted meanwhile
         if join is not None:
             actor.joins[key] = join
     if join is None or not join.is_alive:
@@ -209,7 +209,7 @@ async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
     timers = [branch_timer_id(actor.task_id, done.key, b) for b in fanout.branches]
     timers.append(f"join:{actor.task_id}:{done.key}")
     settle = BranchWrites(done.key, settle={b: "CANCELLED" for b in v.unfinished})
-    await actor.deps.stop_children(actor.task_id, [f"join:{done.key}"] + [
+    await actor.deps.children.stop_children(actor.task_id, [f"join:{done.key}"] + [
         f"branch:{done.key}:{b}" for b in fanout.branches])
     actor.joins.pop(done.key, None)
     if not v.ok:

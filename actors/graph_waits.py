@@ -154,7 +154,7 @@ async def on_timer(actor: TaskKernel, env: Envelope) -> str:
                                     actor.deps.partitions)
         if await actor.deps.store.finish_branch(change, key, branch, "TIMED_OUT", None,
                                                 {"type": "Timeout", "message": "branch timeout"}):
-            await actor.deps.stop_children(actor.task_id, [f"branch:{key}:{branch}"])
+            await actor.deps.children.stop_children(actor.task_id, [f"branch:{key}:{branch}"])
         return "processed"
     if kind == "join_timeout":
         join = actor.joins.get(str(payload["key"]))

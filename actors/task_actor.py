@@ -98,9 +98,8 @@ class TaskActor(Actor):
         if is_terminal(self.status):
             self.ref.stop()
             return
-        if self.deps.on_active is not None and self.status in (TaskStatus.QUEUED,
-                                                               TaskStatus.RUNNING):
-            self.deps.on_active(self.task_id, rec.tenant)
+        if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+            self.deps.hooks.task_active(self.task_id, rec.tenant)
         try:
             self.workflow = self.deps.registry.get(rec.workflow, rec.workflow_version)
         except UnknownWorkflow as exc:
@@ -146,8 +145,7 @@ class TaskActor(Actor):
         try:
             await graph_runtime.stop_fanout_children(self)
         finally:
-            if self.deps.on_stopped is not None:
-                self.deps.on_stopped(self.task_id)  # its running slot goes to the next task
+            self.deps.hooks.task_stopped(self.task_id)  # its running slot goes to the next task
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, Advance):
@@ -317,7 +315,7 @@ class TaskActor(Actor):
         tenant = self.record.tenant
 
         async def session(name: str) -> ActorRef[Any]:
-            ref: ActorRef[Any] = await self.deps.sessions(self.task_id, tenant, name)
+            ref: ActorRef[Any] = await self.deps.children.session(self.task_id, tenant, name)
             return ref
 
         return ActionRunner(CallEnv(

@@ -62,7 +62,7 @@ async def handle_control(actor: TaskKernel, env: Envelope) -> str:
 
 async def cancel(actor: TaskKernel, request: dict[str, Any]) -> None:
     assert actor.workflow is not None
-    await actor.deps.stop_children(actor.task_id, None)  # branches, joins, tool sessions
+    await actor.deps.children.stop_children(actor.task_id, None)  # branches, joins, tool sessions
     actor.joins.clear()
     compensated: list[str] = []
     if actor.workflow.compensate_on_cancel and actor.status is TaskStatus.RUNNING:

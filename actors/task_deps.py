@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import random
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
+from ratchet.actors.core import Actor, ActorRef
 from ratchet.actors.saga import pending_compensations
+from ratchet.actors.switches import Switches
 from ratchet.actors.workflow import Registry
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
@@ -26,42 +29,106 @@ from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS
 
-__all__ = ["TaskDeps", "Advance", "DeliverMail", "error_of", "fail_task"]
+__all__ = ["TaskDeps", "TaskChildren", "TaskHooks", "ChildToStart", "NoChildren", "NoHooks", "Advance", "DeliverMail", "error_of", "fail_task"]
 
 log = structlog.get_logger("ratchet.task")
 
 
+#: A child of a task's supervisor to start: ``(id, factory(restarts), shutdown_timeout)``.
+ChildToStart = tuple[str, Callable[[int], Actor], float]
+
+
+class TaskChildren(Protocol):
+    """The task supervisor's other children, as a task actor manages them: tool sessions,
+    fan-out branches and joins. Implemented by the node's task supervision."""
+
+    async def session(self, task_id: str, tenant: str, name: str) -> ActorRef[Any]:
+        """The task's live tool session ``name`` (started if need be)."""
+
+    async def spawn_children(self, task_id: str,
+                             children: list[ChildToStart]) -> list[ActorRef[Any]]:
+        """Start (or find) children of the task's supervisor, in order."""
+
+    async def stop_children(self, task_id: str, child_ids: list[str] | None) -> None:
+        """Stop these children (None: every child but the task actor)."""
+
+    def tell_task(self, task_id: str, message: Any) -> bool:
+        """Tell the task's live actor (it may have been restarted); False if none."""
+
+    def lookup_child(self, task_id: str, child_id: str) -> ActorRef[Any] | None:
+        """The live child ``child_id`` of the task's supervisor, if any."""
+
+
+class TaskHooks(Protocol):
+    """What the node wants to hear from its task actors (admission, recovery evidence)."""
+
+    def task_active(self, task_id: str, tenant: str) -> None:
+        """An actor of a QUEUED or RUNNING task started (it holds a running slot)."""
+
+    def task_stopped(self, task_id: str) -> None:
+        """A task actor stopped (its slot goes to the next task)."""
+
+    def recovery_note(self, task_id: str) -> dict[str, Any] | None:
+        """Fields merged into the ``task.recovered`` event of a task this node activates
+        (a ``reason`` replaces "node_recovery"), or None. Not asked for an actor restarted
+        by its supervisor."""
+
+
+class NoChildren:
+    """For a task actor run without a task supervisor (unit tests of one behaviour): any
+    attempt to start a child is an error."""
+
+    async def session(self, task_id: str, tenant: str, name: str) -> ActorRef[Any]:
+        raise RatchetError("no task supervisor: tool sessions unavailable", task_id=task_id)
+
+    async def spawn_children(self, task_id: str,
+                             children: list[ChildToStart]) -> list[ActorRef[Any]]:
+        raise RatchetError("no task supervisor: cannot start children", task_id=task_id)
+
+    async def stop_children(self, task_id: str, child_ids: list[str] | None) -> None:
+        return None
+
+    def tell_task(self, task_id: str, message: Any) -> bool:
+        return False
+
+    def lookup_child(self, task_id: str, child_id: str) -> ActorRef[Any] | None:
+        return None
+
+
+class NoHooks:
+    """Nobody listening: no admission accounting, no recovery evidence."""
+
+    def task_active(self, task_id: str, tenant: str) -> None:
+        return None
+
+    def task_stopped(self, task_id: str) -> None:
+        return None
+
+    def recovery_note(self, task_id: str) -> dict[str, Any] | None:
+        return None
+
+
 @dataclass
 class TaskDeps:
+    """What every task actor of a node is given (shared by all of them)."""
+
     store: TaskStore
     registry: Registry
     clock: Clock
     producer: str
     max_step_attempts: int = 3
-    #: ``session(task_id, tenant, name)`` → the live tool-session actor; ``spawn_children(
-    #: task_id, [(child_id, factory)])`` and ``stop_children(task_id, [child_id])`` manage the
-    #: task supervisor's other children (branches, joins). All set by TaskSupervision.
-    sessions: Any = None
-    spawn_children: Any = None
-    stop_children: Any = None
-    tell_task: Any = None
-    lookup_child: Any = None  # (task_id, child_id) → the live child of the task supervisor
-    switches: Any = None  # actors.switches.Switches (kill switches), shared by the node
+    #: The task supervisor's other children (the node's task supervision gives each task
+    #: actor a copy of these deps naming itself).
+    children: TaskChildren = field(default_factory=NoChildren)
+    hooks: TaskHooks = field(default_factory=NoHooks)
+    switches: Switches | None = None  # the node's kill switches
     rng: random.Random = field(default_factory=random.Random)
     #: Crash-loop guard (actors/crash_loop.py): a recovery that makes more than
     #: ``max_recoveries`` within ``recovery_window`` seconds hands the task to a human.
     max_recoveries: int = 3
     recovery_window: float = 600.0
-    #: ``recovery_note(task_id)`` → fields merged into the ``task.recovered`` event of a task
-    #: this node activates (a ``reason`` replaces "node_recovery"), or None; may be async.
-    #: Set by the node; not called for an actor restarted by its supervisor.
-    recovery_note: Any = None
     #: At most one ``task.progress`` event per this many seconds (actors/progress.py).
     progress_interval: float = 5.0
-    #: Admission accounting (the node's fair scheduler): called with (task_id, tenant) when
-    #: an actor of a QUEUED or RUNNING task starts, and with task_id when it stops.
-    on_active: Any = None
-    on_stopped: Any = None
     #: The deployment's partition count (mail subjects carry the task's partition).
     partitions: int = DEFAULT_PARTITIONS
 

@@ -74,7 +74,8 @@ class Store(RowReads, AdminRows, LeaseRows):
     """
 
     def __init__(self, path: str | Path, synchronous: str = "NORMAL",
-                 writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT) -> None:
+                 writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
+                 fence: Fence | None = None) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError("synchronous must be NORMAL or FULL")
         self.path = str(path)
@@ -83,14 +84,15 @@ class Store(RowReads, AdminRows, LeaseRows):
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
-        #: Set by a node: task-execution writes then carry its fencing token (None: a
-        #: store used without leases, e.g. by tools and tests, checks nothing).
-        self.fence: Fence | None = None
+        #: A node's held leases: task-execution writes then carry its fencing token (None:
+        #: a store used without leases, e.g. by tools and tests, checks nothing).
+        self.fence: Fence | None = fence
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
-                   writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT) -> Store:
-        store = cls(path, synchronous, writer, wal_limit)
+                   writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
+                   fence: Fence | None = None) -> Store:
+        store = cls(path, synchronous, writer, wal_limit, fence)
         await store._open()
         return store
 

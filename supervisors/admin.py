@@ -166,9 +166,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if live is not None and action == "cancel":
             live.interrupt()  # a running step is abandoned, not waited for
         elif live is not None and action == "pause":
-            hook = getattr(live._actor, "request_pause", None)  # the next tool call is a
-            if callable(hook):                                  # safe point too
-                hook()
+            live.request_pause()  # the next tool call is a safe point too
         try:
             ref = await self.tasks.ensure_running(rec.task_id)
         except TaskFinished:

@@ -100,7 +100,7 @@ class ReadVerbs:
         async def node(name: str) -> dict[str, Any]:
             ref = self.system.lookup(name)
             out: dict[str, Any] = {"name": name, "alive": ref is not None}
-            if ref is None or not hasattr(ref._actor, "_children"):  # not a supervisor
+            if ref is None or not ref.supervises:
                 return out
             try:
                 children = await ref.ask(WhichChildren(), timeout=5.0)

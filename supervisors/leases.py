@@ -13,9 +13,8 @@ Every ``interval`` (about ttl / 4) it:
    or expired leases — that is the reaper: a dead node's leases expire and the survivors
    take them, bumping the fencing token, and recover the tasks from their checkpoints.
 
-It is also the node's :class:`~persistence.ports.Fence`: the token a task's writes carry.
-A partition whose lease the node could not renew in time stops being writable locally
-(``token_for`` raises) before the store would refuse it, so no new side effect starts.
+What it holds is kept in a :class:`~supervisors.held_leases.HeldLeases`, which the store
+asks for the token a task's writes carry (the Fence).
 """
 
 from __future__ import annotations
@@ -31,11 +30,12 @@ from typing import Any
 import structlog
 
 from ratchet.actors.core import ServiceActor
-from ratchet.persistence.leases import Fenced, LeaseRow
+from ratchet.persistence.leases import LeaseRow
 from ratchet.persistence.ports import LeaseStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.held_leases import HeldLeases
 
 __all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings"]
 
@@ -90,45 +90,39 @@ def _pid_alive(pid: Any) -> bool:
 
 class LeaseManager(ServiceActor):
     def __init__(self, store: LeaseStore, clock: Clock, node_id: str, partitions: int,
-                 hooks: LeaseHooks, settings: LeaseSettings | None = None) -> None:
+                 hooks: LeaseHooks, settings: LeaseSettings | None = None,
+                 holding: HeldLeases | None = None) -> None:
         self.store = store
         self.clock = clock
         self.node_id = node_id
         self.partitions = partitions
         self.hooks = hooks
         self.settings = settings or LeaseSettings()
-        self.held: dict[int, int] = {}  # partition → fencing token
-        self._valid_until: dict[int, float] = {}  # partition → lease expiry as last renewed
+        self.holding = holding or HeldLeases(node_id, partitions, clock, self.settings.safety)
         self.status = "active"
-        self.fenced_writes = 0
         self._tick_lock = asyncio.Lock()
         self._handing_over: set[int] = set()
-        #: Held partitions whose writes were refused because renewal came late.
-        self._lapsed: set[int] = set()
         self._handovers: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
         self._reclaim = False
         #: Set when the node begins a clean stop: ticks only renew from then on.
         self.stopping = False
 
-    # -- the Fence the store asks ---------------------------------------------------------
+    # -- what the node reads (HeldLeases) ---------------------------------------------------
+
+    @property
+    def held(self) -> dict[int, int]:
+        return self.holding.held
+
+    @property
+    def fenced_writes(self) -> int:
+        return self.holding.fenced_writes
 
     def token_for(self, task_id: str) -> tuple[int, int, float]:
-        partition = partition_of(task_id, self.partitions)
-        now = self.clock.now()
-        token = self.held.get(partition)
-        if token is None or now >= self._valid_until.get(partition, 0.0) - self.settings.safety:
-            if token is not None:
-                self._lapsed.add(partition)  # still ours unless renewal says otherwise
-            self.fenced_writes += 1
-            log.warning("write fenced: lease not held", task_id=task_id, partition=partition,
-                        token=token)
-            raise Fenced("write refused: this node does not hold the task's partition lease",
-                         partition=partition, node=self.node_id)
-        return partition, token, now
+        return self.holding.token_for(task_id)
 
     def owns(self, task_id: str) -> bool:
-        return partition_of(task_id, self.partitions) in self.held
+        return self.holding.owns(task_id)
 
     async def lease_of(self, task_id: str) -> LeaseRow | None:
         """The store's lease row of the task's partition (who owns it, whatever we think)."""
@@ -190,8 +184,7 @@ class LeaseManager(ServiceActor):
         for task in list(self._handovers):
             task.cancel()
         if self.held:
-            held, self.held = dict(self.held), {}
-            self._valid_until.clear()
+            held = self.holding.release_all()
             await self.store.release_leases(self.node_id, held)
             log.info("leases released", partitions=sorted(held))
         await self.store.set_node_status(self.node_id, "stopped")
@@ -209,9 +202,9 @@ class LeaseManager(ServiceActor):
         lost = await self.store.renew_leases(self.node_id, self.held, now, self.settings.ttl)
         for partition in self.held:
             if partition not in lost:
-                self._valid_until[partition] = now + self.settings.ttl
-        resumed = sorted(p for p in self._lapsed if p in self.held and p not in lost)
-        self._lapsed.clear()
+                self.holding.valid_until[partition] = now + self.settings.ttl
+        resumed = sorted(p for p in self.holding.lapsed if p in self.held and p not in lost)
+        self.holding.lapsed.clear()
         if resumed:
             # Renewal came late, but nobody took the partitions: the tasks whose writes were
             # refused meanwhile stopped; start them again from their checkpoints.
@@ -225,16 +218,14 @@ class LeaseManager(ServiceActor):
 
     async def _expire_overdue(self) -> None:
         now = self.clock.now()
-        overdue = [p for p in self.held if now >= self._valid_until.get(p, 0.0)]
+        overdue = [p for p in self.held if now >= self.holding.valid_until.get(p, 0.0)]
         if overdue:
             log.error("leases expired without renewal; isolating", partitions=overdue)
             self._drop(overdue)
             await self.hooks.lost(overdue)
 
     def _drop(self, partitions: list[int]) -> None:
-        for p in partitions:
-            self.held.pop(p, None)
-            self._valid_until.pop(p, None)
+        self.holding.drop(partitions)
 
     async def _target(self) -> int:
         if self.status != "active":
@@ -271,8 +262,7 @@ class LeaseManager(ServiceActor):
                                                  reclaim=self._reclaim)
             if row is None:
                 continue  # another node got there first
-            self.held[partition] = row.token
-            self._valid_until[partition] = row.expires_at
+            self.holding.take(row)
             acquired.append(row)
         if acquired:
             log.info("partitions acquired", partitions=[r.partition for r in acquired],

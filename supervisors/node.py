@@ -27,14 +27,14 @@ from ratchet.persistence.ports import StorePort
 from ratchet.persistence.store import Store  # the composition root: it opens the store
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.codec import encode
-from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.messages import Envelope
-from ratchet.protocol.subjects import DEFAULT_PARTITIONS, STREAM_MAIL, mail_subject, partition_of
+from ratchet.protocol.subjects import DEFAULT_PARTITIONS, STREAM_MAIL, mail_subject
 from ratchet.supervisors.admin import AdminActor
 from ratchet.supervisors.api import ApiActor
 from ratchet.supervisors.decisions import DecisionRouter
 from ratchet.supervisors.embedded_nats import EmbeddedNats
 from ratchet.supervisors.external import ExternalRouter
+from ratchet.supervisors.held_leases import HeldLeases
 from ratchet.supervisors.intake import Acceptor, IntakeActor
 from ratchet.supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
 from ratchet.supervisors.mail_router import MailRouter
@@ -130,7 +130,6 @@ class Node:
         self.leases: LeaseManager | None = None
         self._stopped = False
         self._started = False
-        self._starting: set[asyncio.Task[None]] = set()
         #: Set when the root supervisor gave up (restart intensity exceeded): the process
         #: should exit rather than linger half-alive.
         self.failed = asyncio.Event()
@@ -143,8 +142,12 @@ class Node:
     async def start(self) -> None:
         cfg = self.config
         Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        # The leases this node holds: written by its lease manager, read by the store (the
+        # fencing token of every task write) and by task supervision (which tasks are ours).
+        self.holding = HeldLeases(cfg.node_id, cfg.partitions, self.lease_clock)
         self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
-                                      wal_limit=int(cfg.wal_limit_mb * 1024 * 1024))
+                                      wal_limit=int(cfg.wal_limit_mb * 1024 * 1024),
+                                      fence=self.holding)
         try:
             bus = await self._connect_bus()
         except BaseException:
@@ -152,11 +155,11 @@ class Node:
             raise
         self.switches = Switches()
         self.switches.load(await self._store.switches())
-        deps = self._task_supervision()
+        self._task_supervision()
         acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
                             has_room=self.scheduler.has_room,
                             wait_for_room=self.scheduler.wait_for_room)
-        leases = self._partition_leases(bus, deps)
+        leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
         root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),
                           max_restarts=10, period=60.0, backoff_base=0.1, backoff_cap=5.0)
@@ -185,24 +188,22 @@ class Node:
         await bus.ensure_streams(stream_configs(cfg.streams))
         return bus
 
-    def _task_supervision(self) -> TaskDeps:
-        """The tasks supervisor and its fair scheduler; returns what every task actor gets."""
+    def _task_supervision(self) -> None:
+        """The tasks supervisor, its fair scheduler, and what every task actor gets."""
         cfg = self.config
         deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
                         max_step_attempts=cfg.max_step_attempts, switches=self.switches,
                         max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
                         progress_interval=cfg.progress_interval, partitions=cfg.partitions)
-        self.tasks = TaskSupervision(
-            self.system, deps, max_restarts=cfg.task_max_restarts, period=cfg.task_restart_period,
-            backoff_base=cfg.task_backoff_base, backoff_cap=cfg.task_backoff_cap)
         self.scheduler = FairScheduler(max_running=cfg.max_running, quotas=cfg.tenant_quotas,
                                        weights=cfg.tenant_weights, max_queued=cfg.max_queued)
-        deps.on_active = self.scheduler.occupy
-        deps.on_stopped = self._task_stopped
-        self.tasks.admit = self.scheduler.admit
-        return deps
+        self.tasks = TaskSupervision(
+            self.system, deps, scheduler=self.scheduler, ownership=self.holding,
+            forward=self._forward_mail, max_restarts=cfg.task_max_restarts,
+            period=cfg.task_restart_period, backoff_base=cfg.task_backoff_base,
+            backoff_cap=cfg.task_backoff_cap)
 
-    def _partition_leases(self, bus: Bus, deps: TaskDeps) -> LeaseManager:
+    def _partition_leases(self, bus: Bus) -> LeaseManager:
         """This node's partition work, and the lease manager that hands it partitions."""
         cfg = self.config
         store, tasks = self._store, self._tasks
@@ -210,19 +211,15 @@ class Node:
             node_id=cfg.node_id, partitions=cfg.partitions, store=store, tasks=tasks,
             mail_supervisor=lambda: self.system.lookup("node/mail"),
             make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p),
-            flush_outbox=self._flush_outbox, activate=self._activate,
-            forget=self._forget_partitions)
+            flush_outbox=self._flush_outbox, activate=tasks.activate_or_release,
+            forget=tasks.forget_partitions)
         self.leases = leases = LeaseManager(
             store, self.lease_clock, cfg.node_id, cfg.partitions,
             LeaseHooks(acquired=self.work.acquired, lost=self.work.lost,
                        handing_over=self.work.handing_over,
                        resumed=lambda ps: self.work.recover(set(ps)), info=self._heartbeat_info,
                        each_tick=self._reload_switches),
-            LeaseSettings(ttl=cfg.lease_ttl, interval=cfg.lease_interval))
-        store.fence = self.leases
-        tasks.owns = self.leases.owns
-        tasks.forward = self._forward_mail
-        deps.recovery_note = self.work.recovery_note
+            LeaseSettings(ttl=cfg.lease_ttl, interval=cfg.lease_interval), self.holding)
         return leases
 
     def _child_specs(self, bus: Bus, acceptor: Acceptor, leases: LeaseManager) -> list[ChildSpec]:
@@ -297,37 +294,6 @@ class Node:
         """Activate every unfinished task of the partitions held; returns how many."""
         assert self.leases is not None
         return await self.work.recover(set(self.leases.held))
-
-    async def _activate(self, task_id: str, tenant: str) -> None:
-        try:
-            await self._tasks.activate(task_id, tenant)
-        except RatchetError as exc:  # finished or moved meanwhile: nothing to run here
-            log.debug("not activated", task_id=task_id, error=exc.message)
-            self._start_granted(self.scheduler.release(task_id))
-
-    def _task_stopped(self, task_id: str) -> None:
-        self._start_granted(self.scheduler.release(task_id))
-
-    def _forget_partitions(self, partitions: set[int]) -> None:
-        self.scheduler.forget(lambda t: partition_of(t, self.config.partitions) in partitions)
-        self._start_granted(self.scheduler.grant())
-
-    def _start_granted(self, granted: list[tuple[str, str]]) -> None:
-        """Start the tasks the scheduler just gave a running slot."""
-        for task_id, _ in granted:
-            task = asyncio.get_running_loop().create_task(self._start_one(task_id))
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
-
-    async def _start_one(self, task_id: str) -> None:
-        try:
-            if await self._tasks.ensure_running(task_id) is not None:
-                return
-        except RatchetError as exc:  # finished, moved, or gone meanwhile
-            log.debug("granted task not started", task_id=task_id, error=exc.message)
-        except Exception as exc:
-            log.warning("granted task not started", task_id=task_id, error=repr(exc))
-        self._start_granted(self.scheduler.release(task_id))
 
     async def _forward_mail(self, task_id: str, env: Envelope) -> None:
         # Its own message id for the stream (the original may be in the same stream's

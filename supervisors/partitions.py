@@ -48,26 +48,10 @@ class PartitionWork:
         self.activate = activate
         #: partitions → drop their tasks from admission (queued or running here)
         self.forget = forget
-        #: partition → how it came to us: the lease row at acquisition (for recovery events)
-        self.taken: dict[int, LeaseRow] = {}
-
-    def recovery_note(self, task_id: str) -> dict[str, Any] | None:
-        """Why a RUNNING task is being recovered here: ``node_failover`` (its node died or
-        froze), ``partition_handover`` (its node let the partition go cleanly: drain,
-        rebalance, a clean stop — this node's own too), or None: ``node_recovery``, this
-        node restarting after a crash."""
-        row = self.taken.get(partition_of(task_id, self.partitions))
-        if row is None or row.previous_owner is None:
-            return None
-        if row.reaped and row.previous_owner == self.node_id:
-            return None  # our previous incarnation crashed: node_recovery
-        return {"reason": "node_failover" if row.reaped else "partition_handover",
-                "previous_owner": row.previous_owner, "lease_token": row.token}
 
     async def acquired(self, rows: list[LeaseRow]) -> None:
         sup = self.mail_supervisor()
         for row in rows:
-            self.taken[row.partition] = row
             if sup is not None:
                 partition = row.partition
                 await sup.ask(StartChild(ChildSpec(

@@ -35,7 +35,7 @@ class RecoverySweeper(PeriodicService):
         for task_id, tenant, status in await self.store.active_tasks():
             if status not in ("QUEUED", "RUNNING"):
                 continue  # waiting tasks are woken by their mail or timers
-            if self.tasks.owns is not None and not self.tasks.owns(task_id):
+            if not self.tasks.owns(task_id):
                 continue  # another node's partition
             if self.tasks.system.lookup(task_supervisor_name(task_id)) is not None:
                 continue

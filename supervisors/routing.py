@@ -66,7 +66,7 @@ async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg,
 
     A task whose partition another node owns is not activated here: the message is
     forwarded as mail to its partition (answer ``"forwarded"``; the caller acks)."""
-    if tasks.owns is not None and not tasks.owns(task_id) and tasks.forward is not None:
+    if not tasks.owns(task_id) and tasks.forward is not None:
         await tasks.forward(task_id, env)
         return "forwarded"
     ref = await tasks.ensure_running(task_id, record=record)

@@ -126,6 +126,8 @@ class Supervisor(Actor):
         on_escalate: awaited with the cause before escalating.
     """
 
+    supervises = True
+
     def __init__(
         self,
         system: ActorSystem,

@@ -10,16 +10,23 @@ no live actors.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import replace
+from typing import Any, Protocol
+
+import structlog
 
 from ratchet.actors.core import Actor, ActorRef, ActorSystem
 from ratchet.actors.task_actor import Advance, TaskActor, TaskDeps, fail_task
 from ratchet.actors.tool_session import ToolSession
 from ratchet.persistence.ports import TaskRecord
 from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskStatus, is_terminal
+from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.restart_policy import Restart
+from ratchet.supervisors.scheduler import FairScheduler
 from ratchet.supervisors.supervisor import (
     ChildSpec,
     StartChild,
@@ -29,7 +36,9 @@ from ratchet.supervisors.supervisor import (
     WhichChildren,
 )
 
-__all__ = ["NotOwner", "TaskFinished", "TASKS_ROOT", "TaskSupervision", "task_actor_name", "task_supervisor_name"]
+__all__ = ["NotOwner", "TaskFinished", "TASKS_ROOT", "TaskSupervision", "Ownership", "Forward", "task_actor_name", "task_supervisor_name"]
+
+log = structlog.get_logger("ratchet.tasks")
 
 
 class NotOwner(RatchetError):
@@ -57,30 +66,45 @@ def task_actor_name(task_id: str) -> str:
     return f"{TASKS_ROOT}/{task_id}/actor"
 
 
+class Ownership(Protocol):
+    """Which tasks this node may run, and how each partition came to it (the node's held
+    leases, ``supervisors/held_leases.py``)."""
+
+    def owns(self, task_id: str) -> bool: ...
+
+    def recovery_note(self, task_id: str) -> dict[str, Any] | None: ...
+
+
+#: ``forward(task_id, envelope)``: send mail on to the node that owns the task.
+Forward = Callable[[str, Envelope], Awaitable[None]]
+
+
 class TaskSupervision:
     """Activates task actors on demand (mail, recovery) under per-task supervisors."""
 
-    def __init__(self, system: ActorSystem, deps: TaskDeps, *, max_restarts: int = 3,
-                 period: float = 60.0, backoff_base: float = 0.05, backoff_cap: float = 5.0):
+    def __init__(self, system: ActorSystem, deps: TaskDeps, *,
+                 scheduler: FairScheduler | None = None, ownership: Ownership | None = None,
+                 forward: Forward | None = None, max_restarts: int = 3, period: float = 60.0,
+                 backoff_base: float = 0.05, backoff_cap: float = 5.0):
         self.system = system
-        self.deps = deps
+        #: What each task actor is given: ``deps`` with this supervision as its children
+        #: (sessions, branches, joins) and as the hooks its actors report to.
+        self.deps = replace(deps, children=self, hooks=self)
+        #: Admission (the node's fair scheduler): a task that gets no slot is queued and
+        #: started when granted one. None: everything starts at once.
+        self.scheduler = scheduler
+        #: Which tasks this node may run (it holds their partition's lease). None: all.
+        self.ownership = ownership
+        #: Send a message on to the node that owns the task (as mail on its partition).
+        self.forward = forward
         self.max_restarts = max_restarts
         self.period = period
         self.backoff = (backoff_base, backoff_cap)
         self.root: ActorRef[Supervisor] | None = None
-        #: Whether this node may run a task (holds its partition's lease); None: all.
-        self.owns: Callable[[str], bool] | None = None
-        #: Send a message on to the node that owns the task (as mail on its partition).
-        self.forward: Callable[[str, Any], Awaitable[None]] | None = None
-        #: Admission (the node's fair scheduler): may (task_id, tenant) start now? If not,
-        #: it is queued and started when granted a slot. None: everything starts at once.
-        self.admit: Callable[[str, str], bool] | None = None
-        deps.sessions = self.session
-        deps.spawn_children = self.spawn_children
-        deps.stop_children = self.stop_children
-        deps.tell_task = self.tell_task
-        deps.lookup_child = lambda task_id, child: self.system.lookup(
-            f"{task_supervisor_name(task_id)}/{child}")
+        self._starting: set[asyncio.Task[None]] = set()
+
+    def owns(self, task_id: str) -> bool:
+        return self.ownership is None or self.ownership.owns(task_id)
 
     def root_spec(self) -> ChildSpec:
         def make(_: int) -> Supervisor:
@@ -90,7 +114,7 @@ class TaskSupervision:
 
     def _task_supervisor(self, task_id: str) -> Supervisor:
         async def escalate(cause: BaseException | None) -> None:
-            if self.owns is not None and not self.owns(task_id):
+            if not self.owns(task_id):
                 return  # the partition moved: its new owner runs the task, not us
             await fail_task(self.deps, task_id, cause, reason="restart intensity exceeded")
 
@@ -154,11 +178,11 @@ class TaskSupervision:
         """Whether the task may start now: it is live already, or admission gives it a slot
         (if not, admission queues it and starts it later). A task of another node's
         partition is not this node's to queue: True, and activating it says so."""
-        if self.admit is None or self.system.lookup(task_actor_name(task_id)) is not None:
+        if self.scheduler is None or self.system.lookup(task_actor_name(task_id)) is not None:
             return True
-        if self.owns is not None and not self.owns(task_id):
+        if not self.owns(task_id):
             return True
-        return self.admit(task_id, tenant)
+        return self.scheduler.admit(task_id, tenant)
 
     async def activate(self, task_id: str, tenant: str) -> ActorRef[Any] | None:
         """Start a QUEUED or RUNNING task through admission: its live actor, or None if it
@@ -166,6 +190,60 @@ class TaskSupervision:
         if not self.admitted(task_id, tenant):
             return None
         return await self.ensure_running(task_id)
+
+    def lookup_child(self, task_id: str, child_id: str) -> ActorRef[Any] | None:
+        return self.system.lookup(f"{task_supervisor_name(task_id)}/{child_id}")
+
+    # -- admission: the hooks task actors report to (actors/task_deps.TaskHooks) ----------
+
+    def task_active(self, task_id: str, tenant: str) -> None:
+        if self.scheduler is not None:
+            self.scheduler.occupy(task_id, tenant)
+
+    def task_stopped(self, task_id: str) -> None:
+        self._release(task_id)  # its running slot goes to the next task
+
+    def recovery_note(self, task_id: str) -> dict[str, Any] | None:
+        return None if self.ownership is None else self.ownership.recovery_note(task_id)
+
+    async def activate_or_release(self, task_id: str, tenant: str) -> None:
+        """Activate a task found unfinished (recovery); one that finished or moved meanwhile
+        gives its slot back."""
+        try:
+            await self.activate(task_id, tenant)
+        except RatchetError as exc:  # finished or moved meanwhile: nothing to run here
+            log.debug("not activated", task_id=task_id, error=exc.message)
+            self._release(task_id)
+
+    def forget_partitions(self, partitions: set[int]) -> None:
+        """Drop these partitions' tasks from admission (queued or running here)."""
+        if self.scheduler is not None:
+            count = self.deps.partitions
+            self.scheduler.forget(lambda t: partition_of(t, count) in partitions)
+            self._start_granted(self.scheduler.grant())
+
+    def _release(self, task_id: str) -> None:
+        if self.scheduler is not None:
+            self._start_granted(self.scheduler.release(task_id))
+
+    def _start_granted(self, granted: list[tuple[str, str]]) -> None:
+        """Start the tasks the scheduler just gave a running slot."""
+        for task_id, _ in granted:
+            task = asyncio.get_running_loop().create_task(self._start_one(task_id))
+            self._starting.add(task)
+            task.add_done_callback(self._starting.discard)
+
+    async def _start_one(self, task_id: str) -> None:
+        try:
+            if await self.ensure_running(task_id) is not None:
+                return
+        except RatchetError as exc:  # finished, moved, or gone meanwhile
+            log.debug("granted task not started", task_id=task_id, error=exc.message)
+        except Exception as exc:
+            log.warning("granted task not started", task_id=task_id, error=repr(exc))
+        self._release(task_id)
+
+    # -- the live tasks ---------------------------------------------------------------------
 
     def live_actors(self) -> list[ActorRef[Any]]:
         """The live task actors of this node."""
@@ -215,7 +293,7 @@ class TaskSupervision:
         ref = self.system.lookup(task_actor_name(task_id))
         if ref is not None:
             return ref
-        if self.owns is not None and not self.owns(task_id):
+        if not self.owns(task_id):
             raise NotOwner("another node owns this task's partition", task_id=task_id)
         if record is None:
             record = await self.deps.store.load_task(task_id)  # NotFound: it never existed
