@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.backoff import backoff_delay
 from ratchet.actors.core import ActorRef
+from ratchet.actors.switches import Switches
 from ratchet.actors.tool_session import Invoke
 from ratchet.actors.tools import Accepted, Decision, Tool, classify
 from ratchet.persistence.ledger import ActionKeyTaken, ActionRecord, ActionWrite, action_record
@@ -106,7 +107,7 @@ class CallEnv:
     #: when spent). Off for agent turns (they count their own) and for compensations (an
     #: undo must never be refused for want of budget).
     count_tool_calls: bool = True
-    switches: Any = None  # actors.switches.Switches: disabled tools are refused
+    switches: Switches | None = None  # disabled tools are refused
     pause_requested: Callable[[], bool] | None = None  # checked before every call
 
 

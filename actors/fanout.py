@@ -41,6 +41,7 @@ from ratchet.actors.nodes import (
     StepContext,
     StepNode,
 )
+from ratchet.actors.switches import Switches
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
@@ -149,7 +150,8 @@ class BranchActor(Actor):
     def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
                  graph: BranchGraph, task_input: dict[str, Any], state: dict[str, Any],
                  store: TaskStore, clock: Clock, producer: str, session: Any,
-                 switches: Any = None, max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
+                 switches: Switches | None = None,
+                 max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
                  arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}

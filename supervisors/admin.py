@@ -22,6 +22,7 @@ from nats.aio.msg import Msg
 
 from ratchet.actors.bus import Bus
 from ratchet.actors.core import ActorSystem
+from ratchet.actors.switches import Switches
 from ratchet.actors.task_actor import DeliverMail
 from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.fork import ForkRequest
@@ -75,7 +76,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
 
     def __init__(self, bus: Bus, store: StorePort, system: ActorSystem, clock: Clock,
-                 node_id: str, tasks: TaskSupervision, switches: Any = None,
+                 node_id: str, tasks: TaskSupervision, switches: Switches,
                  leases: Any = None) -> None:
         super().__init__(bus)
         self.leases = leases  # supervisors.leases.LeaseManager (None: one node owns all)

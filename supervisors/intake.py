@@ -145,19 +145,16 @@ class IntakeActor(ServiceActor):
         # The single consumer of earlier releases would overlap the per-tenant ones (a
         # work-queue stream refuses that).
         await self.bus.forget_consumer(STREAM_SUBMIT, "intake")
-        try:
+        # The tenants' loops are this one's children: stopping intake stops and awaits
+        # them (a loop that fails logs and ends; discovery starts it again).
+        async with asyncio.TaskGroup() as loops:
             while True:
                 for subject in await self._subjects():
                     loop = self._loops.get(subject)
                     if loop is None or loop.done():
-                        self._loops[subject] = asyncio.get_running_loop().create_task(
-                            self._consume(subject))
+                        self._loops[subject] = loops.create_task(self._consume(subject))
                 # Loop time, not the task clock: this polls NATS, it is no task's timer.
                 await asyncio.sleep(self.discover_interval)
-        finally:
-            for loop in self._loops.values():
-                loop.cancel()
-            await asyncio.gather(*self._loops.values(), return_exceptions=True)
 
     async def _subjects(self) -> list[str]:
         info = await self.bus.js.stream_info(STREAM_SUBMIT, subjects_filter="ratchet.submit.>")

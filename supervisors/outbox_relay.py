@@ -18,7 +18,6 @@ reads them back in id order, so no task's events are ever published out of order
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 
 import structlog
@@ -87,8 +86,8 @@ class OutboxRelay(ServiceActor):
 
     async def serve(self) -> None:
         await self._sweep()
-        sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
-        try:
+        async with asyncio.TaskGroup() as children:  # the sweeper stops with the relay
+            children.create_task(self._sweep_forever())
             while True:
                 if not self._pending and self._overflow:
                     await self._sweep()  # caught up: read what waited in the table
@@ -103,10 +102,6 @@ class OutboxRelay(ServiceActor):
                         # this batches I/O, it is not a timer of the task.
                         await asyncio.sleep(self.linger)
                 await self._publish_some()
-        finally:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
 
     async def _sweep_forever(self) -> None:
         while True:
