@@ -27,15 +27,21 @@ from ratchet.actors.backoff import backoff_delay
 from ratchet.actors.core import ActorRef
 from ratchet.actors.tool_session import Invoke
 from ratchet.actors.tools import Accepted, Decision, Tool, classify
-from ratchet.persistence.ledger import ActionKeyTaken, ActionRecord, ActionWrite, action_record
+from ratchet.persistence.ledger import ActionRecord, ActionWrite, action_record
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, encode
-from ratchet.protocol.errors import ErrorCode, RatchetError, ToolDeadlineExceeded, ToolRateLimited
+from ratchet.protocol.errors import (
+    ActionFailed,
+    ActionKeyTaken,
+    ErrorCode,
+    RatchetError,
+    ToolDeadlineExceeded,
+    ToolRateLimited,
+)
 from ratchet.protocol.ids import request_hash
 
 __all__ = [
-    "ActionFailed",
     "ActionRunner",
     "PauseRequested",
     "AwaitExternal",
@@ -46,8 +52,8 @@ __all__ = [
 
 
 class TaskSuspended(BaseException):
-    """Control signal: the task cannot go on now. A BaseException so that step code's
-    ``except Exception`` cannot swallow it."""
+    """Control signal, not an error (so not in protocol/errors.py): the task cannot go on
+    now. A BaseException so that step code's ``except Exception`` cannot swallow it."""
 
 
 class HandoffRequired(TaskSuspended):
@@ -76,13 +82,6 @@ class PauseRequested(TaskSuspended):
     def __init__(self, tool: str) -> None:
         super().__init__(tool)
         self.tool = tool
-
-
-class ActionFailed(RatchetError):
-    """The action failed for good (never-retried error, retries or deadline exhausted, or
-    a key conflict). The step fails; the task compensates and ends FAILED."""
-
-    code = ErrorCode.CONFLICT
 
 
 Commit = Callable[..., Awaitable[None]]

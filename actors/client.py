@@ -15,7 +15,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
 from ratchet.protocol.codec import decode_map, encode
-from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.errors import RemoteError
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import (
     Budget,
@@ -28,21 +28,9 @@ from ratchet.protocol.messages import (
 )
 from ratchet.protocol.subjects import api_subject, submit_subject, task_events_filter
 
-__all__ = ["Client", "RemoteError", "TERMINAL_EVENTS"]
+__all__ = ["Client", "TERMINAL_EVENTS"]
 
 TERMINAL_EVENTS = frozenset({"task.succeeded", "task.failed", "task.cancelled"})
-
-
-class RemoteError(RatchetError):
-    """An error reply from a node; ``code`` is the wire code."""
-
-    def __init__(self, code: str, message: str, retryable: bool, details: dict[str, Any]):
-        super().__init__(message, retryable=retryable, **details)
-        try:
-            self.code = ErrorCode(code)
-        except ValueError:
-            self.code = ErrorCode.INTERNAL
-        self.wire_code = code
 
 
 class Client:

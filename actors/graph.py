@@ -37,8 +37,8 @@ from ratchet.actors.nodes import (
     StepFn,
     StepNode,
     WaitNode,
-    WorkflowDefinitionError,
 )
+from ratchet.protocol.errors import WorkflowDefinitionError
 
 __all__ = ["Workflow"]
 

@@ -47,7 +47,6 @@ __all__ = [
     "StepFn",
     "StepNode",
     "WaitNode",
-    "WorkflowDefinitionError",
 ]
 
 #: Successor that finishes the workflow (the task SUCCEEDS).
@@ -56,10 +55,6 @@ END = "END"
 CANCEL = "cancel"
 #: ``on_timeout`` of a wait that fails the task.
 FAIL = "fail"
-
-
-class WorkflowDefinitionError(ValueError):
-    """A workflow definition is malformed; the message names the bad node."""
 
 
 @dataclass(slots=True)

@@ -185,7 +185,9 @@ class OpenAICompatibleModel:
 
 
 class _Malformed(Exception):
-    """A 200 reply that does not have the chat-completion shape."""
+    """A 200 reply that does not have the chat-completion shape.
+
+    Private, not in ``protocol/errors.py``: ``_parse`` always turns it into ToolTransient."""
 
 
 def _check_params(params: Mapping[str, Any], kind: type[Exception]) -> None:

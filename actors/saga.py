@@ -12,10 +12,11 @@ from typing import Any
 
 import structlog
 
-from ratchet.actors.actions import ActionFailed, ActionRunner, HandoffRequired
+from ratchet.actors.actions import ActionRunner, HandoffRequired
 from ratchet.actors.workflow import Registry
 from ratchet.persistence.ledger import ActionRecord, ActionWrite
 from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.errors import ActionFailed
 
 __all__ = ["compensate_task", "pending_compensations"]
 

@@ -33,17 +33,21 @@ from typing import Any
 import structlog
 
 from ratchet.actors import crash_loop, graph_runtime, task_control, task_waits
-from ratchet.actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.core import Actor, ActorRef
 from ratchet.actors.nodes import END, StepContext, StepNode
 from ratchet.actors.progress import ProgressMeter, progress_payload
 from ratchet.actors.task_deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task_deps import error_of as error_of
 from ratchet.actors.workflow import Workflow, bind_step_logger
-from ratchet.persistence.checkpoints import StateTracker
-from ratchet.persistence.ports import TaskRecord
-from ratchet.persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
-from ratchet.protocol.errors import BudgetExhausted, RatchetError, UnknownWorkflow
+from ratchet.persistence import CheckpointWrite, StateTracker, TaskChange, TaskRecord
+from ratchet.protocol.errors import (
+    ActionFailed,
+    BudgetExhausted,
+    DuplicateMessage,
+    RatchetError,
+    UnknownWorkflow,
+)
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 

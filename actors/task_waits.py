@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ratchet.actors.actions import (
-    ActionFailed,
     ActionRunner,
     AwaitExternal,
     HandoffRequired,
@@ -21,6 +20,7 @@ from ratchet.actors.actions import (
 from ratchet.actors.saga import compensate_task
 from ratchet.actors.tools import Accepted
 from ratchet.persistence.ledger import ActionRecord, ActionWrite, TimerWrite
+from ratchet.protocol.errors import ActionFailed
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus
 

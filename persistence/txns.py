@@ -21,7 +21,6 @@ from ratchet.persistence.graph_rows import (
     write_branches,
 )
 from ratchet.persistence.ledger import (
-    ActionKeyTaken,
     ActionWrite,
     TimerWrite,
     write_action,
@@ -35,13 +34,11 @@ from ratchet.persistence.txn_events import (
     insert_outbox,
     write_checkpoint,
 )
-from ratchet.protocol.errors import BudgetExhausted, NotFound, VersionConflict
+from ratchet.protocol.errors import BudgetExhausted, DuplicateMessage, NotFound, VersionConflict
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
 
 __all__ = [
-    "DuplicateMessage",
-    "ActionKeyTaken",
     "ActionWrite",
     "TimerWrite",
     "OutboxRow",
@@ -55,10 +52,6 @@ __all__ = [
     "record_dead_letter_txn",
     "delete_outbox_txn",
 ]
-
-
-class DuplicateMessage(Exception):
-    """The inbound message id was already processed; the change was not applied."""
 
 
 @dataclass(slots=True)

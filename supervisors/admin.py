@@ -30,11 +30,14 @@ from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLE
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, parse_body
 from ratchet.protocol.errors import (
+    CommandConflict,
     ErrorCode,
     IllegalTransition,
     InvalidMessage,
     NotFound,
+    PermissionDenied,
     RatchetError,
+    TaskFinished,
     Unavailable,
 )
 from ratchet.protocol.ids import new_id, request_hash
@@ -44,12 +47,7 @@ from ratchet.supervisors.admin_cluster import ClusterVerbs
 from ratchet.supervisors.admin_reads import ReadVerbs
 from ratchet.supervisors.request_service import RequestService
 from ratchet.supervisors.supervisor import RestartChild
-from ratchet.supervisors.tasks import (
-    TaskFinished,
-    TaskSupervision,
-    task_actor_name,
-    task_supervisor_name,
-)
+from ratchet.supervisors.tasks import TaskSupervision, task_actor_name, task_supervisor_name
 
 __all__ = ["AdminActor", "CLUSTER_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
 
@@ -57,14 +55,6 @@ log = structlog.get_logger("ratchet.admin")
 
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
-
-
-class PermissionDenied(RatchetError):
-    code = ErrorCode.PERMISSION_DENIED
-
-
-class CommandConflict(RatchetError):
-    code = ErrorCode.CONFLICT
 
 
 class AdminActor(ReadVerbs, ClusterVerbs, RequestService):

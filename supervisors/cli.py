@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.actors.bus import MB, StreamLimits
-from ratchet.actors.client import Client, RemoteError
+from ratchet.actors.client import Client
 from ratchet.actors.workflow import Registry
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
-from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.errors import (
+    RatchetError,
+    RemoteError,
+    ToolDefinitionError,
+    WorkflowDefinitionError,
+)
 
 __all__ = ["main", "load_app"]
 
@@ -298,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteError as exc:
         _print({"error": exc.to_wire() | {"code": exc.wire_code}})
         return 2
+    except (WorkflowDefinitionError, ToolDefinitionError):
+        # A bad app is a bug to fix: its traceback and exit 1 (docs/workflows.md), not the
+        # one-line error of a refused request.
+        raise
     except RatchetError as exc:
         _print({"error": exc.to_wire()})
         return 2

@@ -31,10 +31,10 @@ from typing import Any
 import structlog
 
 from ratchet.actors.core import ServiceActor
-from ratchet.persistence.leases import Fenced, LeaseRow
+from ratchet.persistence.leases import LeaseRow
 from ratchet.persistence.ports import LeaseStore
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.errors import Fenced, RatchetError
 from ratchet.protocol.subjects import partition_of
 
 __all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings"]

@@ -15,8 +15,9 @@ from ratchet.actors.core import ServiceActor
 from ratchet.actors.task_actor import DeliverMail
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import TaskFinished
 from ratchet.protocol.messages import Envelope
-from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
+from ratchet.supervisors.tasks import TaskSupervision
 
 __all__ = ["TimerService"]
 
