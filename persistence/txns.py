@@ -26,7 +26,6 @@ from ratchet.persistence.ledger import (
     write_action,
     write_timers_waits_handoff,
 )
-from ratchet.persistence.txn_events import MAX_EVENT_PAYLOAD as MAX_EVENT_PAYLOAD
 from ratchet.persistence.txn_events import (
     CheckpointWrite,
     OutboxRow,
@@ -34,6 +33,7 @@ from ratchet.persistence.txn_events import (
     insert_outbox,
     write_checkpoint,
 )
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import BudgetExhausted, DuplicateMessage, NotFound, VersionConflict
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
@@ -340,9 +340,9 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
         version=1,
         producer=task.producer,
         now=task.now,
-        events=[("task.queued", {"workflow": task.workflow,
-                                 "workflow_version": task.workflow_version,
-                                 "idempotency_key": task.idempotency_key})],
+        events=[(EventType.TASK_QUEUED, {"workflow": task.workflow,
+                                         "workflow_version": task.workflow_version,
+                                         "idempotency_key": task.idempotency_key})],
     )
     subject, msg_id, payload = task.start_mail
     outbox.append(insert_outbox(conn, subject, msg_id, payload, task.now))

@@ -1,4 +1,6 @@
-"""Contracts only: wire models, codec, subjects, ids, the task state machine, errors.
+"""Contracts only: wire models, codec, subjects, ids, the task state machine, every error
+class (``errors``), the catalogue of message and event types (``catalogue``), the event
+encoder (``events``).
 
 Imports nothing else of Ratchet's.
 """

@@ -21,6 +21,7 @@ from ratchet.actors.bus import MB, StreamLimits
 from ratchet.actors.client import Client
 from ratchet.actors.workflow import Registry
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
     RatchetError,
     RemoteError,
@@ -149,7 +150,7 @@ async def _watch(args: argparse.Namespace) -> int:
         async for event in client.watch(args.task_id, after=args.after,
                                         follow_terminal=args.follow):
             _print(event.model_dump())
-            if event.type == "task.failed":
+            if event.type == EventType.TASK_FAILED:
                 code = 3
     finally:
         await client.close()
