@@ -28,27 +28,28 @@ from ratchet.actors.core import ActorRef
 from ratchet.actors.switches import Switches
 from ratchet.actors.tool_session import Invoke
 from ratchet.actors.tools import Accepted, Decision, Tool, classify
-from ratchet.persistence.ledger import ActionKeyTaken, ActionRecord, ActionWrite, action_record
+from ratchet.persistence.ledger import ActionRecord, ActionWrite, action_record
 from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, encode
-from ratchet.protocol.errors import ErrorCode, RatchetError, ToolDeadlineExceeded, ToolRateLimited
+from ratchet.protocol.errors import (
+    ActionFailed,
+    ActionKeyTaken,
+    ErrorCode,
+    RatchetError,
+    ToolDeadlineExceeded,
+    ToolRateLimited,
+)
 from ratchet.protocol.ids import request_hash
 
-__all__ = [
-    "ActionFailed",
-    "ActionRunner",
-    "PauseRequested",
-    "AwaitExternal",
-    "CallEnv",
-    "HandoffRequired",
-    "TaskSuspended",
-]
+__all__ = ["ActionRunner", "PauseRequested", "AwaitExternal", "CallEnv", "HandoffRequired",
+           "TaskSuspended"]
 
 
 class TaskSuspended(BaseException):
-    """Control signal: the task cannot go on now. A BaseException so that step code's
-    ``except Exception`` cannot swallow it."""
+    """Control signal, not an error (so not in protocol/errors.py): the task cannot go on
+    now. A BaseException so that step code's ``except Exception`` cannot swallow it."""
 
 
 class HandoffRequired(TaskSuspended):
@@ -77,13 +78,6 @@ class PauseRequested(TaskSuspended):
     def __init__(self, tool: str) -> None:
         super().__init__(tool)
         self.tool = tool
-
-
-class ActionFailed(RatchetError):
-    """The action failed for good (never-retried error, retries or deadline exhausted, or
-    a key conflict). The step fails; the task compensates and ends FAILED."""
-
-    code = ErrorCode.CONFLICT
 
 
 Commit = Callable[..., Awaitable[None]]
@@ -166,7 +160,7 @@ class ActionRunner:
             if decision is Decision.FAIL or delay is None:
                 raise ActionFailed(f"{tool.name} failed: {value}", tool=tool.name,
                                    error=_error(value))
-            await self.env.commit(events=[("action.retry", self._retry_payload(
+            await self.env.commit(events=[(EventType.ACTION_RETRY, self._retry_payload(
                 tool, None, decision, value, delay, attempt))])
             await self.env.clock.sleep(delay)
             attempt += 1
@@ -185,8 +179,8 @@ class ActionRunner:
                                    args=encode(args.model_dump(mode="json")),
                                    step_index=self.env.step_index, attempts=1,
                                    compensates=compensates),
-                events=[("action.started", {"key": key, "tool": tool.name, "attempt": 1,
-                                            "compensates": compensates})],
+                events=[(EventType.ACTION_STARTED, {"key": key, "tool": tool.name, "attempt": 1,
+                                                    "compensates": compensates})],
                 **({"spend": {"tool_calls": 1}, "enforce_budget": True}
                    if self.env.count_tool_calls and compensates is None else {}),
             )
@@ -206,8 +200,8 @@ class ActionRunner:
             raise ActionFailed(f"action {key} was compensated; it is not redone under the"
                                " same key", key=key, tool=tool.name)
         if row.status == "SUCCEEDED":
-            await self.env.commit(events=[("action.reused", {"key": key, "tool": tool.name,
-                                                             "status": row.status})])
+            await self.env.commit(events=[(EventType.ACTION_REUSED, {"key": key, "tool": tool.name,
+                                                                     "status": row.status})])
             return self._coerce(tool, row.result)
         if row.status == "FAILED":
             failure = ActionFailed(f"{tool.name} failed before: "
@@ -233,13 +227,14 @@ class ActionRunner:
         while True:
             ok, value = await self._invoke(tool, args, key, attempt, "call")
             if ok:
-                return await self._record_success(tool, key, value, "action.succeeded")
+                return await self._record_success(tool, key, value, EventType.ACTION_SUCCEEDED)
             decision = classify(value, "write")
             if decision is Decision.UNKNOWN:
                 await self.env.commit(
                     action=ActionWrite(key, "UNKNOWN", error=_error(value)),
-                    events=[("action.unknown", {"key": key, "tool": tool.name, "attempt": attempt,
-                                                "error": _error(value)})])
+                    events=[(EventType.ACTION_UNKNOWN, {"key": key, "tool": tool.name,
+                                                        "attempt": attempt,
+                                                        "error": _error(value)})])
                 return await self._reconcile(tool, args, key, attempt)
             delay = self._delay(decision, value, attempt, tool)
             if decision is Decision.FAIL or delay is None:
@@ -248,8 +243,8 @@ class ActionRunner:
             await self.env.commit(
                 action=ActionWrite(key, "PENDING", attempts=attempt + 1,
                                    next_attempt_at=self.env.clock.now() + delay),
-                events=[("action.retry", self._retry_payload(tool, key, decision, value, delay,
-                                                             attempt))])
+                events=[(EventType.ACTION_RETRY, self._retry_payload(tool, key, decision, value,
+                                                                     delay, attempt))])
             await self.env.clock.sleep(delay)
             attempt += 1
             await self._start_attempt(tool, key, attempt)
@@ -259,8 +254,8 @@ class ActionRunner:
         """PENDING → IN_FLIGHT, committed before the call."""
         await self.env.commit(
             action=ActionWrite(key, "IN_FLIGHT"),
-            events=[("action.started", {"key": key, "tool": tool.name, "attempt": attempt,
-                                        **({"resumed": True} if resumed else {})})])
+            events=[(EventType.ACTION_STARTED, {"key": key, "tool": tool.name, "attempt": attempt,
+                                                **({"resumed": True} if resumed else {})})])
 
     async def _reconcile(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int) -> Any:
         if tool.query is None:
@@ -276,16 +271,16 @@ class ActionRunner:
                                                             "resend budget exhausted"))
                     await self.env.commit(
                         action=ActionWrite(key, "IN_FLIGHT", attempts=attempt + 1),
-                        events=[("action.reconciled", {"key": key, "found": False,
-                                                       "then": "resend with the same key",
-                                                       "attempt": attempt + 1})])
+                        events=[(EventType.ACTION_RECONCILED, {"key": key, "found": False,
+                                                               "then": "resend with the same key",
+                                                               "attempt": attempt + 1})])
                     return await self._attempts(tool, args, key, attempt + 1)
-                return await self._record_success(tool, key, value, "action.reconciled")
+                return await self._record_success(tool, key, value, EventType.ACTION_RECONCILED)
             decision = classify(value, "read")
             delay = self._delay(decision, value, q, tool)
             if decision is Decision.FAIL or delay is None:
                 break
-            await self.env.commit(events=[("action.retry", self._retry_payload(
+            await self.env.commit(events=[(EventType.ACTION_RETRY, self._retry_payload(
                 tool, key, decision, value, delay, q, op="query"))])
             await self.env.clock.sleep(delay)
         raise HandoffRequired("outcome could not be reconciled",
@@ -298,9 +293,9 @@ class ActionRunner:
             correlation = value.correlation_id or key
             await self.env.commit(
                 action=ActionWrite(key, "IN_FLIGHT", accepted=True, provider_id=value.provider_id),
-                events=[("action.accepted", {"key": key, "tool": tool.name,
-                                             "provider_id": value.provider_id,
-                                             "correlation_id": correlation})])
+                events=[(EventType.ACTION_ACCEPTED, {"key": key, "tool": tool.name,
+                                                     "provider_id": value.provider_id,
+                                                     "correlation_id": correlation})])
             raise AwaitExternal(correlation, key, value.timeout or self.env.default_external_timeout)
         try:
             result = self._coerce(tool, value)
@@ -309,14 +304,14 @@ class ActionRunner:
             # did. That is an unknown outcome for a human, not a failure to retry.
             await self.env.commit(
                 action=ActionWrite(key, "UNKNOWN", error=_error(exc)),
-                events=[("action.unknown", {"key": key, "tool": tool.name,
-                                            "error": _error(exc)})])
+                events=[(EventType.ACTION_UNKNOWN, {"key": key, "tool": tool.name,
+                                                    "error": _error(exc)})])
             raise HandoffRequired("the provider's result failed validation", {
                 "why": "invalid provider result", "tool": tool.name, "key": key,
                 "error": exc.message}) from exc
         provider_id = getattr(result, "provider_id", None)
         payload: dict[str, Any] = {"key": key, "tool": tool.name, "provider_id": provider_id}
-        if event == "action.reconciled":
+        if event == EventType.ACTION_RECONCILED:
             payload["found"] = True
         await self.env.commit(
             action=ActionWrite(key, "SUCCEEDED", result=result.model_dump(mode="json"),
@@ -329,8 +324,8 @@ class ActionRunner:
         reason = "not retryable" if decision is Decision.FAIL else "retries or deadline exhausted"
         await self.env.commit(
             action=ActionWrite(key, "FAILED", error=_error(exc)),
-            events=[("action.failed", {"key": key, "tool": tool.name, "attempt": attempt,
-                                       "reason": reason, "error": _error(exc)})])
+            events=[(EventType.ACTION_FAILED, {"key": key, "tool": tool.name, "attempt": attempt,
+                                               "reason": reason, "error": _error(exc)})])
         failure = ActionFailed(f"{tool.name} failed ({reason}): {exc}", key=key, tool=tool.name,
                                error=_error(exc))
         if isinstance(exc, RatchetError):

@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ratchet.actors.actions import ActionFailed, ActionRunner, TaskSuspended
+from ratchet.actors.actions import ActionRunner, TaskSuspended
 from ratchet.actors.agent_conversation import Conversation, digest
 from ratchet.actors.loop_detect import LoopPolicy, TurnRecord, detect
 from ratchet.actors.models import Message, Model, ModelRequest, ToolSpec
@@ -31,14 +31,10 @@ from ratchet.actors.task_kernel import TaskKernel
 from ratchet.actors.tools import RetryPolicy, Tool, ToolContext
 from ratchet.persistence.ledger import ActionWrite
 from ratchet.protocol.codec import canonical, encode
-from ratchet.protocol.errors import BudgetExhausted, ErrorCode, RatchetError
+from ratchet.protocol.errors import ActionFailed, BudgetExhausted, LoopDetected, RatchetError
 from ratchet.protocol.ids import request_hash
 
-__all__ = ["run_agent", "BudgetExhausted", "LoopDetected"]
-
-
-class LoopDetected(RatchetError):
-    code = ErrorCode.LOOP_DETECTED
+__all__ = ["run_agent", "BudgetExhausted"]
 
 
 class ModelCall(BaseModel):

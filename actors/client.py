@@ -14,8 +14,10 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
+from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.codec import decode_map, encode
-from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.errors import RemoteError
+from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import (
     Budget,
@@ -28,21 +30,10 @@ from ratchet.protocol.messages import (
 )
 from ratchet.protocol.subjects import api_subject, submit_subject, task_events_filter
 
-__all__ = ["Client", "RemoteError", "TERMINAL_EVENTS"]
+__all__ = ["Client", "TERMINAL_EVENTS"]
 
-TERMINAL_EVENTS = frozenset({"task.succeeded", "task.failed", "task.cancelled"})
-
-
-class RemoteError(RatchetError):
-    """An error reply from a node; ``code`` is the wire code."""
-
-    def __init__(self, code: str, message: str, retryable: bool, details: dict[str, Any]):
-        super().__init__(message, retryable=retryable, **details)
-        try:
-            self.code = ErrorCode(code)
-        except ValueError:
-            self.code = ErrorCode.INTERNAL
-        self.wire_code = code
+TERMINAL_EVENTS = frozenset({EventType.TASK_SUCCEEDED, EventType.TASK_FAILED,
+                             EventType.TASK_CANCELLED})
 
 
 class Client:
@@ -73,7 +64,7 @@ class Client:
         body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
                           idempotency_key=key, deadline_s=deadline_s,
                           budget=Budget.model_validate(budget) if budget else None)
-        env = self._envelope("task.submit", body.model_dump())
+        env = self._envelope(MessageType.TASK_SUBMIT, body.model_dump())
         await self.js.publish(submit_subject(self.tenant), encode(env),
                               headers={"Nats-Msg-Id": f"{self.tenant}:{key}"})
         return task_id_for(self.tenant, key)
@@ -95,15 +86,16 @@ class Client:
         """Validated synchronous accept over request/reply; raises RemoteError."""
         body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
                           idempotency_key=key)
-        return await self.request("submit", "task.submit", body.model_dump())
+        return await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump())
 
     async def request_admin(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         """An admin command (``body`` is an AdminCommand); raises RemoteError on errors."""
-        return await self.request(verb, f"admin.{verb}", body,
+        return await self.request(verb, admin_type(verb), body,
                                   subject=f"ratchet.admin.{self.tenant}.{verb}")
 
     async def get(self, task_id: str) -> TaskSnapshot:
-        result = await self.request("get", "task.get", GetTask(task_id=task_id).model_dump())
+        result = await self.request("get", MessageType.TASK_GET,
+                                    GetTask(task_id=task_id).model_dump())
         return TaskSnapshot.model_validate(result)
 
     async def watch(self, task_id: str, after: int = 0, *, follow_terminal: bool = False,
@@ -120,7 +112,7 @@ class Client:
             while True:
                 msg = await asyncio.wait_for(sub.next_msg(timeout=None), idle_timeout) \
                     if idle_timeout else await sub.next_msg(timeout=None)
-                event = Event.model_validate(decode_map(msg.data))
+                event = decode_event(msg.data)
                 if event.sequence <= last:
                     continue
                 last = event.sequence

@@ -23,16 +23,13 @@ from typing import Any, Generic, TypeVar
 import structlog
 
 from ratchet.protocol.clock import Clock, SystemClock
-from ratchet.protocol.errors import RatchetError, Unavailable
+from ratchet.protocol.errors import ActorCrashed, ActorStopped, AskTimeout, RatchetError
 from ratchet.protocol.ids import new_id
 
 __all__ = [
     "Actor",
     "ActorRef",
     "ActorSystem",
-    "ActorCrashed",
-    "ActorStopped",
-    "AskTimeout",
     "ExitCallback",
     "PeriodicService",
     "ServiceActor",
@@ -42,23 +39,6 @@ log = structlog.get_logger("ratchet.actors")
 
 A = TypeVar("A", bound="Actor")
 ExitCallback = Callable[["ActorRef[Any]", BaseException | None], None]
-
-
-class ActorStopped(Unavailable):
-    """The actor stopped before it answered."""
-
-
-class ActorCrashed(RatchetError):
-    """The actor raised while handling the asked message (the cause is chained).
-
-    Retryable: its supervisor restarts it from the last checkpoint, and a repeated message
-    is then handled by the fresh actor."""
-
-    default_retryable = True
-
-
-class AskTimeout(Unavailable):
-    """No answer within the ask's timeout; the message may still be processed."""
 
 
 @dataclass(slots=True)
@@ -279,6 +259,8 @@ class ActorSystem:
                 if n.startswith(prefix) and n.endswith(suffix) and r.is_alive]
 
 
+# Mail, not an error class: it carries the serve loop's exception into the mailbox, whose
+# handler re-raises it so the actor crashes on its own task.
 @dataclass(slots=True)
 class _ServiceFailed:
     error: BaseException

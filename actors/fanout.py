@@ -45,6 +45,7 @@ from ratchet.actors.switches import Switches
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
+from ratchet.protocol.catalogue import EventType, MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import encode
 from ratchet.protocol.ids import new_id
@@ -127,11 +128,11 @@ def branch_done_change(task_id: str, key: str, node: str, branch: str, status: s
                        payload: dict[str, Any], producer: str, now: float,
                        partitions: int = DEFAULT_PARTITIONS) -> TaskChange:
     """The side-channel change settling a branch: its event, and the mail to its task."""
-    env = Envelope(type="branch.done", message_id=new_id("msg"), correlation_id=task_id,
+    env = Envelope(type=MessageType.BRANCH_DONE, message_id=new_id("msg"), correlation_id=task_id,
                    sent_at=now, body={"key": key, "node": node, "branch": branch,
                                       "status": status})
-    kind = {"SUCCEEDED": "branch.completed", "FAILED": "branch.failed",
-            "TIMED_OUT": "branch.timed_out"}[status]
+    kind = {"SUCCEEDED": EventType.BRANCH_COMPLETED, "FAILED": EventType.BRANCH_FAILED,
+            "TIMED_OUT": EventType.BRANCH_TIMED_OUT}[status]
     return TaskChange(
         task_id=task_id, expected_version=None, producer=producer, now=now,
         events=[(kind, {"node": node, "branch": branch, **payload})],

@@ -39,8 +39,8 @@ from ratchet.actors.nodes import (
     StepFn,
     StepNode,
     WaitNode,
-    WorkflowDefinitionError,
 )
+from ratchet.protocol.errors import WorkflowDefinitionError
 
 __all__ = ["Workflow"]
 

@@ -45,7 +45,6 @@ __all__ = [
     "StepFn",
     "StepNode",
     "WaitNode",
-    "WorkflowDefinitionError",
 ]
 
 #: Successor that finishes the workflow (the task SUCCEEDS).
@@ -70,10 +69,6 @@ class BranchGraph(Protocol):
     def node(self, name: str) -> Node: ...
 
     def validate(self, *, as_branch: bool = False) -> None: ...
-
-
-class WorkflowDefinitionError(ValueError):
-    """A workflow definition is malformed; the message names the bad node."""
 
 
 @dataclass(slots=True)

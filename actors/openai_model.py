@@ -21,10 +21,8 @@ The API key is sent as ``Authorization: Bearer ...`` and nowhere else: it is not
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import http.client
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -39,6 +37,7 @@ from ratchet.protocol.errors import (
     ToolRateLimited,
     ToolTransient,
 )
+from ratchet.protocol.retry_after import retry_after_seconds
 
 __all__ = ["OpenAICompatibleModel"]
 
@@ -160,7 +159,7 @@ class OpenAICompatibleModel:
             err.close()
         text = f"model server answered {status}: {_server_message(raw) or err.reason}"
         if status == 429:
-            retry_after = _retry_after(err.headers)
+            retry_after = retry_after_seconds(err.headers)
             return self._error(ToolRateLimited, text, status=status, retry_after=retry_after)
         if status >= 500 or status == 408:
             return self._error(ToolTransient, text, status=status)
@@ -185,7 +184,9 @@ class OpenAICompatibleModel:
 
 
 class _Malformed(Exception):
-    """A 200 reply that does not have the chat-completion shape."""
+    """A 200 reply that does not have the chat-completion shape.
+
+    Private, not in ``protocol/errors.py``: ``_parse`` always turns it into ToolTransient."""
 
 
 def _check_params(params: Mapping[str, Any], kind: type[Exception]) -> None:
@@ -298,19 +299,3 @@ def _server_message(raw: bytes) -> str:
 def _snippet(raw: bytes) -> str:
     text = raw.decode(errors="replace").strip()
     return text if len(text) <= _MAX_SERVER_MESSAGE else text[:_MAX_SERVER_MESSAGE] + "..."
-
-
-def _retry_after(headers: Any, default: float = 1.0) -> float:
-    """Retry-After in seconds: delta-seconds or an HTTP date; ``default`` when absent/bad."""
-    value = headers.get("Retry-After") if headers is not None else None
-    if not value:
-        return default
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return default
-    return max(0.0, when.timestamp() - time.time())

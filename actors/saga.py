@@ -12,10 +12,12 @@ from typing import Any
 
 import structlog
 
-from ratchet.actors.actions import ActionFailed, ActionRunner, HandoffRequired
+from ratchet.actors.actions import ActionRunner, HandoffRequired
 from ratchet.actors.workflow import Registry
 from ratchet.persistence.ledger import ActionRecord, ActionWrite
 from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.catalogue import EventType
+from ratchet.protocol.errors import ActionFailed
 
 __all__ = ["compensate_task", "pending_compensations"]
 
@@ -71,8 +73,8 @@ async def compensate_task(runner: ActionRunner, store: TaskStore, registry: Regi
             }, approval=True) from exc
         await runner.env.commit(
             action=ActionWrite(action.key, "COMPENSATED"),
-            events=[("action.compensated", {"key": action.key, "tool": action.tool,
-                                            "by": tool.compensate.tool.name})])
+            events=[(EventType.ACTION_COMPENSATED, {"key": action.key, "tool": action.tool,
+                                                    "by": tool.compensate.tool.name})])
         done.append(action.key)
     return done
 

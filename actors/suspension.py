@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from ratchet.actors.actions import (
-    ActionFailed,
     AwaitExternal,
     HandoffRequired,
     PauseRequested,
@@ -21,6 +20,7 @@ from ratchet.actors.saga import compensate_task
 from ratchet.actors.task_deps import error_of
 from ratchet.actors.task_kernel import TaskKernel
 from ratchet.persistence.ledger import ActionRecord, TimerWrite
+from ratchet.protocol.errors import ActionFailed
 from ratchet.protocol.states import TaskEvent
 
 __all__ = ["suspend", "pause", "handoff_package", "fail_with_saga", "unresolved_actions",

@@ -11,18 +11,11 @@ reverse order (saga), then FAILED. Otherwise the actor crashes and its superviso
 fresh one from the last checkpoint, so committed steps never run again; the re-run step
 finds its completed actions in the ledger and does not repeat them.
 
-A step may also suspend the task (:mod:`actors.actions` control signals): an accepted
-action → WAITING_EXTERNAL until a confirmation or a timer; an undecidable outcome →
-UNKNOWN with a handoff package. The actor then stops (passivates): a waiting task costs a
-store row, not a live actor.
-
-A step boundary may also carry a ``task.progress`` heartbeat (actors/progress.py), at most
-one per ``progress_interval``. A fresh actor for a RUNNING task records ``task.recovered``;
-past ``max_recoveries`` within ``recovery_window`` it hands the task to a human instead
-(the crash-loop guard, actors/crash_loop.py).
-
-What the actor is given (``TaskDeps``), the messages it takes, and ``fail_task`` live in
-actors/task_deps.py (re-exported here).
+A step may also suspend the task (actors/suspension.py); the actor then passivates: a
+waiting task costs a store row, not a live actor. A boundary may carry a ``task.progress``
+heartbeat; a fresh actor for a RUNNING task records ``task.recovered`` (past the crash-loop
+guard's bound it hands the task to a human). The actor implements the TaskKernel its
+behaviours are written against (actors/task_kernel.py); its mail table is task_mail.py.
 """
 
 from __future__ import annotations
@@ -33,7 +26,7 @@ from typing import Any
 import structlog
 
 from ratchet.actors import crash_loop, graph_runtime, task_control
-from ratchet.actors.actions import ActionFailed, ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.core import Actor, ActorRef
 from ratchet.actors.nodes import END, StepContext, StepNode
 from ratchet.actors.progress import ProgressMeter, progress_payload
@@ -42,10 +35,14 @@ from ratchet.actors.task_deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task_deps import error_of as error_of
 from ratchet.actors.task_mail import mail_table
 from ratchet.actors.workflow import Workflow, bind_step_logger
-from ratchet.persistence.checkpoints import StateTracker
-from ratchet.persistence.ports import TaskRecord
-from ratchet.persistence.txns import CheckpointWrite, DuplicateMessage, TaskChange
-from ratchet.protocol.errors import BudgetExhausted, RatchetError, UnknownWorkflow
+from ratchet.persistence import CheckpointWrite, StateTracker, TaskChange, TaskRecord
+from ratchet.protocol.errors import (
+    ActionFailed,
+    BudgetExhausted,
+    DuplicateMessage,
+    RatchetError,
+    UnknownWorkflow,
+)
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from ratchet.protocol.errors import (
     ToolConflict,
     ToolDeadlineExceeded,
+    ToolDefinitionError,
     ToolInvalidArgument,
     ToolPermissionDenied,
     ToolRateLimited,
@@ -37,7 +38,6 @@ __all__ = [
     "RetryPolicy",
     "Tool",
     "ToolContext",
-    "ToolDefinitionError",
     "classify",
     "tool",
 ]
@@ -46,10 +46,6 @@ A = TypeVar("A", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 Kind = Literal["read", "write"]
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
-
-
-class ToolDefinitionError(ValueError):
-    """A tool definition is malformed; the message names the tool and the bad part."""
 
 
 @dataclass(frozen=True, slots=True)

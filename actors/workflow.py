@@ -19,12 +19,11 @@ from typing import Any
 import structlog
 
 from ratchet.actors.graph import Workflow
-from ratchet.actors.nodes import StepContext, StepFn, WorkflowDefinitionError
+from ratchet.actors.nodes import StepContext, StepFn
 from ratchet.actors.tools import Tool
-from ratchet.protocol.errors import UnknownWorkflow
+from ratchet.protocol.errors import UnknownWorkflow, WorkflowDefinitionError
 
-__all__ = ["StepContext", "StepFn", "Workflow", "Registry", "WorkflowDefinitionError",
-           "bind_step_logger"]
+__all__ = ["StepContext", "StepFn", "Workflow", "Registry", "bind_step_logger"]
 
 
 class Registry:

@@ -31,6 +31,7 @@ from bench.steps import percentile
 from ratchet.actors.loop_detect import LoopPolicy
 from ratchet.actors.models import ModelRequest, ModelResponse
 from ratchet.actors.scripted_model import ScriptedModel, reply
+from ratchet.protocol.events import decode_event
 from ratchet.supervisors.cli import configure_logging
 from ratchet.supervisors.embedded_nats import EmbeddedNats
 
@@ -128,7 +129,7 @@ async def main() -> None:
             all_live = asyncio.Event()
 
             async def on_turn(msg: Any) -> None:
-                event = ratchet.Event.model_validate(__import__("msgpack").unpackb(msg.data))
+                event = decode_event(msg.data)
                 if event.payload.get("turn") == LIVE_TURNS - 1:
                     reached.add(event.task_id)
                     if len(reached) >= LIVE:

@@ -22,14 +22,12 @@ import msgpack
 
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.store_rows import _StoreParts
-from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.errors import Fenced, PartitionCountMismatch
 
 __all__ = [
-    "Fenced",
     "LeaseRow",
     "LeaseRows",
     "NodeRow",
-    "PartitionCountMismatch",
     "acquire_txn",
     "check_fence",
     "ensure_partitions_txn",
@@ -38,22 +36,6 @@ __all__ = [
     "renew_txn",
     "set_node_status_txn",
 ]
-
-
-class Fenced(RatchetError):
-    """The write came from a node that no longer holds the task's partition lease.
-
-    The actor that hit it stops without a crash: restarting it here cannot help. Whoever
-    holds the lease runs the task (this node again, once a late renewal goes through)."""
-
-    code = ErrorCode.FENCED
-    ends_actor = True
-
-
-class PartitionCountMismatch(RatchetError):
-    """The store was created for another number of partitions than this node uses."""
-
-    code = ErrorCode.INVALID_ARGUMENT
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,9 +13,9 @@ from typing import Any
 import msgpack
 
 from ratchet.persistence.checkpoints import decode_optional
-from ratchet.protocol.errors import NotFound
+from ratchet.protocol.errors import ActionKeyTaken, NotFound
 
-__all__ = ["ACTION_COLUMNS", "ActionKeyTaken", "ActionRecord", "ActionWrite", "TimerWrite",
+__all__ = ["ACTION_COLUMNS", "ActionRecord", "ActionWrite", "TimerWrite",
            "action_record", "write_action", "write_timers_waits_handoff"]
 
 #: The ledger's columns, in the order :func:`action_record` reads them.
@@ -60,19 +60,6 @@ def action_record(row: Any) -> ActionRecord:
         error=decode_optional(row[12]), provider_id=row[13], compensates=row[14], seq=row[15],
         created_at=row[16], updated_at=row[17], next_attempt_at=row[18],
     )
-
-
-class ActionKeyTaken(Exception):
-    """The idempotency key is already in the ledger; the change was not applied.
-
-    ``existing`` holds the row's columns (see :func:`action_record`) so the
-    caller can act on it without another read.
-    """
-
-    def __init__(self, key: str, existing: tuple[Any, ...] | None = None) -> None:
-        super().__init__(key)
-        self.key = key
-        self.existing = existing
 
 
 @dataclass(slots=True)

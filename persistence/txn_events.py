@@ -14,22 +14,17 @@ from typing import Any
 import msgpack
 
 from ratchet.persistence.checkpoints import StateDelta
+from ratchet.protocol.events import encode_event, pack_payload
 from ratchet.protocol.ids import new_id
-from ratchet.protocol.messages import SCHEMA_VERSION
 from ratchet.protocol.subjects import event_subject
 
 __all__ = [
-    "MAX_EVENT_PAYLOAD",
     "OutboxRow",
     "CheckpointWrite",
     "insert_outbox",
     "append_events",
     "write_checkpoint",
 ]
-
-
-#: Event payloads larger than this are published truncated (stored whole).
-MAX_EVENT_PAYLOAD = 256 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,36 +75,22 @@ def append_events(
     events: list[tuple[str, dict[str, Any]]],
 ) -> list[OutboxRow]:
     """Append ``events`` to the task's history from ``first_seq`` on, each with the outbox
-    row that publishes it on the event stream."""
+    row that publishes it on the event stream (the table keeps the payload whole; the
+    stream's copy is truncated past ``protocol.events.MAX_EVENT_PAYLOAD``)."""
     rows: list[OutboxRow] = []
     seq = first_seq
     for event_type, payload in events:
         event_id = new_id("evt")
-        packed_payload = msgpack.packb(payload, use_bin_type=True)
+        packed_payload = pack_payload(payload)
         conn.execute(
             "INSERT INTO events(task_id, sequence, event_id, type, aggregate_version,"
             " occurred_at, payload) VALUES (?,?,?,?,?,?,?)",
             (task_id, seq, event_id, event_type, version, now, packed_payload),
         )
-        published = payload
-        if len(packed_payload) > MAX_EVENT_PAYLOAD:
-            # The stream (NATS max payload) cannot carry it; the events table keeps it whole.
-            published = {"truncated": True, "bytes": len(packed_payload)}
-        wire = msgpack.packb(
-            {
-                "schema_version": SCHEMA_VERSION,
-                "event_id": event_id,
-                "task_id": task_id,
-                "tenant": tenant,
-                "sequence": seq,
-                "type": event_type,
-                "aggregate_version": version,
-                "occurred_at": now,
-                "producer": producer,
-                "payload": published,
-            },
-            use_bin_type=True,
-        )
+        wire = encode_event(
+            event_id=event_id, task_id=task_id, tenant=tenant, sequence=seq,
+            event_type=event_type, aggregate_version=version, occurred_at=now,
+            producer=producer, payload=payload, packed_payload=packed_payload)
         rows.append(insert_outbox(conn, event_subject(tenant, task_id, event_type), event_id, wire, now))
         seq += 1
     return rows

@@ -21,13 +21,11 @@ from ratchet.persistence.graph_rows import (
     write_branches,
 )
 from ratchet.persistence.ledger import (
-    ActionKeyTaken,
     ActionWrite,
     TimerWrite,
     write_action,
     write_timers_waits_handoff,
 )
-from ratchet.persistence.txn_events import MAX_EVENT_PAYLOAD as MAX_EVENT_PAYLOAD
 from ratchet.persistence.txn_events import (
     CheckpointWrite,
     OutboxRow,
@@ -35,13 +33,12 @@ from ratchet.persistence.txn_events import (
     insert_outbox,
     write_checkpoint,
 )
-from ratchet.protocol.errors import BudgetExhausted, NotFound, VersionConflict
+from ratchet.protocol.catalogue import EventType
+from ratchet.protocol.errors import BudgetExhausted, DuplicateMessage, NotFound, VersionConflict
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
 
 __all__ = [
-    "DuplicateMessage",
-    "ActionKeyTaken",
     "ActionWrite",
     "TimerWrite",
     "OutboxRow",
@@ -55,10 +52,6 @@ __all__ = [
     "record_dead_letter_txn",
     "delete_outbox_txn",
 ]
-
-
-class DuplicateMessage(Exception):
-    """The inbound message id was already processed; the change was not applied."""
 
 
 @dataclass(slots=True)
@@ -347,9 +340,9 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
         version=1,
         producer=task.producer,
         now=task.now,
-        events=[("task.queued", {"workflow": task.workflow,
-                                 "workflow_version": task.workflow_version,
-                                 "idempotency_key": task.idempotency_key})],
+        events=[(EventType.TASK_QUEUED, {"workflow": task.workflow,
+                                         "workflow_version": task.workflow_version,
+                                         "idempotency_key": task.idempotency_key})],
     )
     subject, msg_id, payload = task.start_mail
     outbox.append(insert_outbox(conn, subject, msg_id, payload, task.now))

@@ -3,6 +3,10 @@
 Every error that can cross a process boundary carries a ``code`` from :class:`ErrorCode`,
 a human message, a ``retryable`` flag and structured ``details``; the same shape travels in
 error replies (see ``docs/protocol.md``).
+
+Every error class of the runtime is defined here, whichever layer raises it, so one module
+lists them all with their codes. Control signals that are not errors (a task suspending,
+a request forwarded to another node) stay beside the code that raises and catches them.
 """
 
 from __future__ import annotations
@@ -29,6 +33,23 @@ __all__ = [
     "ToolTransient",
     "ToolOutcomeUnknown",
     "ToolDeadlineExceeded",
+    "WorkflowDefinitionError",
+    "ToolDefinitionError",
+    "DuplicateMessage",
+    "ActionKeyTaken",
+    "Fenced",
+    "PartitionCountMismatch",
+    "ActorCrashed",
+    "ActorStopped",
+    "AskTimeout",
+    "ActionFailed",
+    "LoopDetected",
+    "RemoteError",
+    "Escalation",
+    "NotOwner",
+    "TaskFinished",
+    "PermissionDenied",
+    "CommandConflict",
 ]
 
 
@@ -45,6 +66,7 @@ class ErrorCode(StrEnum):
     BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
     LOOP_DETECTED = "LOOP_DETECTED"
     FENCED = "FENCED"
+    INVALID_DEFINITION = "INVALID_DEFINITION"
 
 
 class RatchetError(Exception):
@@ -200,3 +222,147 @@ class ToolDeadlineExceeded(ToolError):
     Nothing was sent; never retried."""
 
     code = ErrorCode.UNAVAILABLE
+
+
+# -- definitions (raised when a workflow or tool is built, never halfway through a run) ----
+#
+# Also ValueErrors: callers that validate with ``except ValueError`` keep working.
+
+
+class WorkflowDefinitionError(RatchetError, ValueError):
+    """A workflow definition is malformed; the message names the bad node."""
+
+    code = ErrorCode.INVALID_DEFINITION
+
+
+class ToolDefinitionError(RatchetError, ValueError):
+    """A tool definition is malformed; the message names the tool and the bad part."""
+
+    code = ErrorCode.INVALID_DEFINITION
+
+
+# -- the store ----------------------------------------------------------------------------
+
+
+class DuplicateMessage(RatchetError):
+    """The inbound message id was already processed; the change was not applied.
+
+    The task actor that delivered the message answers ``duplicate``: it never reaches a
+    reply or an event."""
+
+    code = ErrorCode.CONFLICT
+
+    def __init__(self, message_id: str) -> None:
+        super().__init__(message_id, message_id=message_id)
+        self.message_id = message_id
+
+
+class ActionKeyTaken(RatchetError):
+    """The idempotency key is already in the ledger; the change was not applied.
+
+    ``existing`` holds the row's columns (see ``persistence.ledger.action_record``) so the
+    caller can act on it without another read. The action runner resumes from that row: it
+    never reaches a reply or an event."""
+
+    code = ErrorCode.CONFLICT
+
+    def __init__(self, key: str, existing: tuple[Any, ...] | None = None) -> None:
+        super().__init__(key, key=key)
+        self.key = key
+        self.existing = existing
+
+
+class Fenced(RatchetError):
+    """The write came from a node that no longer holds the task's partition lease.
+
+    The actor that hit it stops without a crash: restarting it here cannot help. Whoever
+    holds the lease runs the task (this node again, once a late renewal goes through)."""
+
+    code = ErrorCode.FENCED
+    ends_actor = True
+
+
+class PartitionCountMismatch(RatchetError):
+    """The store was created for another number of partitions than this node uses."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+# -- actors -------------------------------------------------------------------------------
+
+
+class ActorCrashed(RatchetError):
+    """The actor raised while handling the asked message (the cause is chained).
+
+    Retryable: its supervisor restarts it from the last checkpoint, and a repeated message
+    is then handled by the fresh actor."""
+
+    default_retryable = True
+
+
+class ActorStopped(Unavailable):
+    """The actor stopped before it answered."""
+
+
+class AskTimeout(Unavailable):
+    """No answer within the ask's timeout; the message may still be processed."""
+
+
+class ActionFailed(RatchetError):
+    """The action failed for good (never-retried error, retries or deadline exhausted, or
+    a key conflict). The step fails; the task compensates and ends FAILED."""
+
+    code = ErrorCode.CONFLICT
+
+
+class LoopDetected(RatchetError):
+    """An agent node's loop was detected again after its corrective message."""
+
+    code = ErrorCode.LOOP_DETECTED
+
+
+class RemoteError(RatchetError):
+    """An error reply from a node; ``code`` is the wire code (INTERNAL if this client does
+    not know it, the original in ``wire_code``)."""
+
+    def __init__(self, code: str, message: str, retryable: bool, details: dict[str, Any]):
+        super().__init__(message, retryable=retryable, **details)
+        try:
+            self.code = ErrorCode(code)
+        except ValueError:
+            self.code = ErrorCode.INTERNAL
+        self.wire_code = code
+
+
+# -- supervision and the node's services --------------------------------------------------
+
+
+class Escalation(RatchetError):
+    """A supervisor's restart intensity was exceeded; its parent must act."""
+
+
+class NotOwner(RatchetError):
+    """This node does not hold the lease of the task's partition (another node runs it)."""
+
+    code = ErrorCode.UNAVAILABLE
+    default_retryable = True
+
+
+class TaskFinished(RatchetError):
+    """Mail for a task that already reached a terminal state: nothing to deliver."""
+
+    code = ErrorCode.CONFLICT
+
+
+class PermissionDenied(RatchetError):
+    """An admin principal lacks the role the verb needs, or the verb is not one of the
+    subject's tenant (a cluster verb on a tenant's subject)."""
+
+    code = ErrorCode.PERMISSION_DENIED
+
+
+class CommandConflict(RatchetError):
+    """An admin command id reused with another request, or an ``expected_version`` or
+    ``request_hash`` that does not match the task."""
+
+    code = ErrorCode.CONFLICT

@@ -15,20 +15,22 @@ The layers below are importable as ``ratchet.protocol``, ``ratchet.persistence``
 finance and model simulators, the demo) as ``ratchet.testing``.
 """
 
-from ratchet.actors.actions import ActionFailed
-from ratchet.actors.client import Client, RemoteError
+from ratchet.actors.client import Client
 from ratchet.actors.nodes import CANCEL, END, FAIL, JoinPolicy
 from ratchet.actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext, tool
-from ratchet.actors.workflow import Registry, StepContext, Workflow, WorkflowDefinitionError
+from ratchet.actors.workflow import Registry, StepContext, Workflow
 from ratchet.protocol.clock import Clock, FakeClock, SystemClock
 from ratchet.protocol.errors import (
+    ActionFailed,
     ErrorCode,
     IllegalTransition,
     InvalidMessage,
     NotFound,
     RatchetError,
+    RemoteError,
     RequestConflict,
     UnknownWorkflow,
+    WorkflowDefinitionError,
 )
 from ratchet.protocol.messages import Event, TaskSnapshot
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition

@@ -2,7 +2,7 @@
 
 from ratchet.supervisors.node import Node, NodeConfig
 from ratchet.supervisors.restart_policy import Restart, Strategy, backoff_delay, intensity_exceeded
-from ratchet.supervisors.supervisor import ChildSpec, Escalation, Supervisor
+from ratchet.supervisors.supervisor import ChildSpec, Supervisor
 
 __all__ = [
     "Node",
@@ -12,6 +12,5 @@ __all__ = [
     "backoff_delay",
     "intensity_exceeded",
     "ChildSpec",
-    "Escalation",
     "Supervisor",
 ]

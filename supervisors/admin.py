@@ -29,14 +29,18 @@ from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.ports import StorePort
 from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, encode, parse_body
 from ratchet.protocol.errors import (
+    CommandConflict,
     ErrorCode,
     IllegalTransition,
     InvalidMessage,
     NotFound,
+    PermissionDenied,
     RatchetError,
+    TaskFinished,
     Unavailable,
 )
 from ratchet.protocol.ids import new_id, request_hash
@@ -47,27 +51,17 @@ from ratchet.supervisors.admin_cluster import ClusterVerbs
 from ratchet.supervisors.admin_reads import ReadVerbs
 from ratchet.supervisors.request_service import RequestService
 from ratchet.supervisors.supervisor import RestartChild
-from ratchet.supervisors.tasks import (
-    TaskFinished,
-    TaskSupervision,
-    task_actor_name,
-    task_supervisor_name,
-)
+from ratchet.supervisors.tasks import TaskSupervision, task_actor_name, task_supervisor_name
 
 __all__ = ["AdminActor", "CLUSTER_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
 
 log = structlog.get_logger("ratchet.admin")
 
+#: The event that records an operator's request, by the request's action.
+_REQUESTED = {"cancel": EventType.TASK_CANCEL_REQUESTED, "pause": EventType.TASK_PAUSE_REQUESTED}
+
 #: Roles that include others (an operator may also view).
 _IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
-
-
-class PermissionDenied(RatchetError):
-    code = ErrorCode.PERMISSION_DENIED
-
-
-class CommandConflict(RatchetError):
-    code = ErrorCode.CONFLICT
 
 
 class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
@@ -88,7 +82,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         self.node_id = node_id
 
     async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
-        if verb not in VERB_ROLES or env.type != f"admin.{verb}":
+        if verb not in VERB_ROLES or env.type != admin_type(verb):
             raise InvalidMessage(f"unknown admin verb {verb!r} (type {env.type!r})", verb=verb)
         cmd = parse_body(env, AdminCommand)
         if (verb in CLUSTER_VERBS) != (tenant == SYSTEM_TENANT):
@@ -162,7 +156,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         await self.store.apply(TaskChange(
             task_id=rec.task_id, expected_version=None, producer=self.node_id,
             now=self.clock.now(), control={**rec.control, action: request},
-            events=[(f"task.{action}_requested", request)]))
+            events=[(_REQUESTED[action], request)]))
         live = self.system.lookup(task_actor_name(rec.task_id))
         if live is not None and action == "cancel":
             live.interrupt()  # a running step is abandoned, not waited for
@@ -174,7 +168,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
             return {"task_id": rec.task_id, "status": f"{action} requested", "effect": "none:"
                     " the task finished first"}
         if ref is not None:
-            ref.tell(DeliverMail(Envelope(type="task.control", message_id=new_id("msg"),
+            ref.tell(DeliverMail(Envelope(type=MessageType.TASK_CONTROL, message_id=new_id("msg"),
                                           correlation_id=cmd.command_id,
                                           body={"action": action, "request": request})))
         return {"task_id": rec.task_id, "status": f"{action} requested",
@@ -212,7 +206,8 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if ref is None:
             raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
         outcome = await ref.ask(DeliverMail(Envelope(
-            type="approval.decision", message_id=new_id("msg"), correlation_id=cmd.command_id,
+            type=MessageType.APPROVAL_DECISION, message_id=new_id("msg"),
+            correlation_id=cmd.command_id,
             body={"task_id": rec.task_id, "approval_id": approval_id, "decision": decision,
                   "decided_by": cmd.principal.name, "reason": cmd.args.get("reason"),
                   "request_hash": row["request_hash"]})), timeout=30.0)
@@ -270,7 +265,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if not isinstance(new_input, dict):
             raise InvalidMessage("args.input must be a map")
         task_id, now = new_id("tsk"), self.clock.now()
-        start = Envelope(type="task.start", message_id=new_id("msg"),
+        start = Envelope(type=MessageType.TASK_START, message_id=new_id("msg"),
                          correlation_id=cmd.command_id, sent_at=now,
                          body=StartTask(task_id=task_id, tenant=tenant).model_dump())
         checkpoint = (None if cmd.args.get("checkpoint") is None
@@ -329,7 +324,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if ref is None:
             raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
         outcome = await ref.ask(DeliverMail(Envelope(
-            type="task.control", message_id=new_id("msg"), correlation_id=cmd.command_id,
+            type=MessageType.TASK_CONTROL, message_id=new_id("msg"), correlation_id=cmd.command_id,
             body={"action": "resume", "request": {"by": cmd.principal.name}})), timeout=30.0)
         if str(outcome).startswith("refused"):
             raise IllegalTransition(str(outcome), task_id=rec.task_id)

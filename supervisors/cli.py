@@ -18,10 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.actors.bus import MB, StreamLimits
-from ratchet.actors.client import Client, RemoteError
+from ratchet.actors.client import Client
 from ratchet.actors.workflow import Registry
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
-from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.catalogue import EventType
+from ratchet.protocol.errors import (
+    RatchetError,
+    RemoteError,
+    ToolDefinitionError,
+    WorkflowDefinitionError,
+)
 from ratchet.protocol.ids import new_id
 from ratchet.supervisors.node import Node, NodeConfig
 from ratchet.testing.demo import run_demo
@@ -145,7 +151,7 @@ async def _watch(args: argparse.Namespace) -> int:
         async for event in client.watch(args.task_id, after=args.after,
                                         follow_terminal=args.follow):
             _print(event.model_dump())
-            if event.type == "task.failed":
+            if event.type == EventType.TASK_FAILED:
                 code = 3
     finally:
         await client.close()
@@ -295,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     except RemoteError as exc:
         _print({"error": exc.to_wire() | {"code": exc.wire_code}})
         return 2
+    except (WorkflowDefinitionError, ToolDefinitionError):
+        # A bad app is a bug to fix: its traceback and exit 1 (docs/workflows.md), not the
+        # one-line error of a refused request.
+        raise
     except RatchetError as exc:
         _print({"error": exc.to_wire()})
         return 2

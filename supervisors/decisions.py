@@ -12,6 +12,7 @@ from __future__ import annotations
 import structlog
 from nats.aio.msg import Msg
 
+from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.codec import decode_envelope, parse_body
 from ratchet.protocol.errors import InvalidMessage, NotFound
 from ratchet.protocol.messages import ApprovalDecision
@@ -32,7 +33,7 @@ class DecisionRouter(TaskRouter):
         tenant = tenant_of(msg.subject)
         try:
             env = decode_envelope(msg.data)
-            if env.type != "approval.decision":
+            if env.type != MessageType.APPROVAL_DECISION:
                 raise InvalidMessage(f"expected approval.decision, got {env.type!r}")
             decision = parse_body(env, ApprovalDecision)
             record = await self.store.load_task(decision.task_id)

@@ -13,6 +13,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from ratchet.actors.bus import redelivery_delay
+from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import InvalidMessage
 from ratchet.protocol.subjects import STREAM_EXTERNAL, dlq_subject, tenant_of
@@ -42,7 +43,7 @@ class ExternalRouter(TaskRouter):
         tenant = tenant_of(msg.subject)
         try:
             env = decode_envelope(msg.data)
-            if env.type != "external.resolved":
+            if env.type != MessageType.EXTERNAL_RESOLVED:
                 raise InvalidMessage(f"expected external.resolved, got {env.type!r}")
             cid = env.body.get("correlation_id")
             if not isinstance(cid, str) or not cid:

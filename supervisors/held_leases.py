@@ -13,8 +13,9 @@ from typing import Any
 
 import structlog
 
-from ratchet.persistence.leases import Fenced, LeaseRow
+from ratchet.persistence.leases import LeaseRow
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import Fenced
 from ratchet.protocol.subjects import partition_of
 
 __all__ = ["HeldLeases"]

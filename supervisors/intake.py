@@ -24,6 +24,7 @@ from ratchet.actors.core import ServiceActor
 from ratchet.actors.workflow import Registry
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import NewTask
+from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, decode_envelope, encode, parse_body
 from ratchet.protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
@@ -70,7 +71,7 @@ class Acceptor:
         check_token(tenant, "tenant")
         if not self.has_room():
             raise Unavailable("this node's queue of tasks waiting to run is full; retry later")
-        if env.type != "task.submit":
+        if env.type != MessageType.TASK_SUBMIT:
             raise InvalidMessage(f"expected type task.submit, got {env.type!r}", type=env.type)
         body = parse_body(env, SubmitTask)
         workflow = self.registry.get(body.workflow, body.workflow_version)
@@ -81,8 +82,8 @@ class Acceptor:
         task_id = task_id_for(tenant, body.idempotency_key)
         now = self.clock.now()
         start = Envelope(
-            type="task.start", message_id=new_id("msg"), correlation_id=env.correlation_id,
-            causation_id=env.message_id, sent_at=now,
+            type=MessageType.TASK_START, message_id=new_id("msg"),
+            correlation_id=env.correlation_id, causation_id=env.message_id, sent_at=now,
             body=StartTask(task_id=task_id, tenant=tenant).model_dump(),
         )
         result = await self.store.accept_submission(NewTask(

@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 
 from ratchet.actors.bus import Bus
 from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import NotFound
@@ -86,7 +87,7 @@ class MailRouter(TaskRouter):
             if env.message_id in self._recent:
                 await msg.ack()
                 return
-            if env.type == "task.start" \
+            if env.type == MessageType.TASK_START \
                     and not self.tasks.admitted(task_id, str(env.body.get("tenant", ""))):
                 # Queued for a running slot (fair admission): the task is QUEUED in the
                 # store, so the scheduler (or recovery after a restart) starts it later.

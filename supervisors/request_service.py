@@ -34,7 +34,10 @@ def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
 
 class Forwarded(Exception):
     """Raised by :meth:`RequestService.answer` when it passed the request on to another
-    node, which answers the requester directly: no reply from here."""
+    node, which answers the requester directly: no reply from here.
+
+    A control signal, not an error (so not in ``protocol/errors.py``): nothing failed, and
+    ``_handle`` catches it and sends nothing."""
 
 
 @dataclass(slots=True)

@@ -16,13 +16,13 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from ratchet.actors.bus import Bus, deliveries, redelivery_delay
-from ratchet.actors.core import ActorCrashed, ServiceActor
+from ratchet.actors.core import ServiceActor
 from ratchet.actors.task_actor import DeliverMail
 from ratchet.persistence.ports import TaskRecord, TaskStore
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.errors import InvalidMessage, RatchetError
+from ratchet.protocol.errors import ActorCrashed, InvalidMessage, RatchetError, TaskFinished
 from ratchet.protocol.messages import Envelope
-from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
+from ratchet.supervisors.tasks import TaskSupervision
 
 __all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure",
            "POISON_AFTER"]

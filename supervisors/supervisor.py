@@ -19,7 +19,7 @@ from typing import Any
 import structlog
 
 from ratchet.actors.core import Actor, ActorRef, ActorSystem
-from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.errors import Escalation
 from ratchet.supervisors.restart_policy import (
     Restart,
     Strategy,
@@ -28,14 +28,10 @@ from ratchet.supervisors.restart_policy import (
     should_restart,
 )
 
-__all__ = ["ChildSpec", "Supervisor", "Escalation", "RestartChild", "StartChild",
+__all__ = ["ChildSpec", "Supervisor", "RestartChild", "StartChild",
            "StartChildren", "StopChild", "StopChildren", "WhichChildren"]
 
 log = structlog.get_logger("ratchet.supervisor")
-
-
-class Escalation(RatchetError):
-    """A supervisor's restart intensity was exceeded; its parent must act."""
 
 
 @dataclass(frozen=True)

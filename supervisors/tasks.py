@@ -21,7 +21,7 @@ from ratchet.actors.core import Actor, ActorRef, ActorSystem
 from ratchet.actors.task_actor import Advance, TaskActor, TaskDeps, fail_task
 from ratchet.actors.tool_session import ToolSession
 from ratchet.persistence.ports import TaskRecord
-from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.errors import NotOwner, RatchetError, TaskFinished
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskStatus, is_terminal
 from ratchet.protocol.subjects import partition_of
@@ -36,22 +36,10 @@ from ratchet.supervisors.supervisor import (
     WhichChildren,
 )
 
-__all__ = ["NotOwner", "TaskFinished", "TASKS_ROOT", "TaskSupervision", "Ownership", "Forward", "task_actor_name", "task_supervisor_name"]
+__all__ = ["TASKS_ROOT", "TaskSupervision", "Ownership", "Forward", "task_actor_name",
+           "task_supervisor_name"]
 
 log = structlog.get_logger("ratchet.tasks")
-
-
-class NotOwner(RatchetError):
-    """This node does not hold the lease of the task's partition (another node runs it)."""
-
-    code = ErrorCode.UNAVAILABLE
-    default_retryable = True
-
-
-class TaskFinished(RatchetError):
-    """Mail for a task that already reached a terminal state: nothing to deliver."""
-
-    code = ErrorCode.CONFLICT
 
 
 #: Where the node spawns the tasks supervisor (``node`` → ``tasks``).

@@ -14,9 +14,11 @@ import structlog
 from ratchet.actors.core import ServiceActor
 from ratchet.actors.task_actor import DeliverMail
 from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import TaskFinished
 from ratchet.protocol.messages import Envelope
-from ratchet.supervisors.tasks import TaskFinished, TaskSupervision
+from ratchet.supervisors.tasks import TaskSupervision
 
 __all__ = ["TimerService"]
 
@@ -59,7 +61,8 @@ class TimerService(ServiceActor):
                 continue
             if ref is None:
                 continue  # its supervisor is between restarts: next round
-            env = Envelope(type="timer.fired", message_id=f"timer:{timer['timer_id']}:{timer['due_at']}",
+            env = Envelope(type=MessageType.TIMER_FIRED,
+                           message_id=f"timer:{timer['timer_id']}:{timer['due_at']}",
                            correlation_id=timer["timer_id"], sent_at=self.clock.now(),
                            body={"kind": timer["kind"], "payload": timer["payload"],
                                  "timer_id": timer["timer_id"]})

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from ratchet.actors.core import Actor, ActorCrashed, ActorStopped, ActorSystem, AskTimeout
+from ratchet.actors.core import Actor, ActorSystem
+from ratchet.protocol.errors import ActorCrashed, ActorStopped, AskTimeout
 
 
 class Echo(Actor):

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from ratchet.persistence.leases import Fenced, LeaseRow, PartitionCountMismatch
+from ratchet.persistence.leases import LeaseRow
 from ratchet.persistence.store import Store
 from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.clock import FakeClock
+from ratchet.protocol.errors import Fenced, PartitionCountMismatch
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
 

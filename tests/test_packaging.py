@@ -106,6 +106,8 @@ PUBLIC = {
         "Clock", "FakeClock", "SystemClock", "canonical", "decode_envelope", "decode_map",
         "encode", "parse_body", "ErrorCode", "IllegalTransition", "InvalidMessage", "NotFound",
         "RatchetError", "RequestConflict", "Unavailable", "UnknownWorkflow", "VersionConflict",
+        "ActorCrashed", "ActorStopped", "AskTimeout", "DuplicateMessage", "Escalation",
+        "RemoteError", "WorkflowDefinitionError",
         "new_id", "request_hash", "task_id_for", "SCHEMA_VERSION", "Envelope", "ErrorBody",
         "Event", "GetTask", "Reply", "StartTask", "SubmitTask", "TaskAccepted", "TaskSnapshot",
         "TERMINAL", "TRANSITIONS", "TaskEvent", "TaskStatus", "is_terminal", "transition",
@@ -113,17 +115,15 @@ PUBLIC = {
     "ratchet.persistence": [
         "AdminStore", "LeaseStore", "OutboxStore", "StorePort", "TaskStore", "BLOB_THRESHOLD",
         "StateDelta", "StateTracker", "LoadedState", "Store", "TaskRecord", "AcceptResult",
-        "ChangeResult", "CheckpointWrite", "DuplicateMessage", "NewTask", "OutboxRow",
+        "ChangeResult", "CheckpointWrite", "NewTask", "OutboxRow",
         "TaskChange",
     ],
     "ratchet.actors": [
-        "Client", "RemoteError", "Actor", "ActorCrashed", "ActorRef", "ActorStopped",
-        "ActorSystem", "AskTimeout", "Registry", "StepContext", "Workflow",
-        "WorkflowDefinitionError",
+        "Client", "Actor", "ActorRef", "ActorSystem", "Registry", "StepContext", "Workflow",
     ],
     "ratchet.supervisors": [
         "Node", "NodeConfig", "Restart", "Strategy", "backoff_delay", "intensity_exceeded",
-        "ChildSpec", "Escalation", "Supervisor",
+        "ChildSpec", "Supervisor",
     ],
     "ratchet.testing": [
         "FakeClock", "FinanceClient", "FinanceSimulatorProcess", "SimulatorStartError",

@@ -24,11 +24,12 @@ from hypothesis import strategies as st
 from ratchet.actors.backoff import backoff_delay
 from ratchet.actors.join_policy import JoinVerdict, decide
 from ratchet.actors.nodes import JoinPolicy
-from ratchet.actors.tools import Decision, RetryPolicy, ToolDefinitionError, classify
+from ratchet.actors.tools import Decision, RetryPolicy, classify
 from ratchet.protocol.errors import (
     RatchetError,
     ToolConflict,
     ToolDeadlineExceeded,
+    ToolDefinitionError,
     ToolError,
     ToolInvalidArgument,
     ToolOutcomeUnknown,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from email.utils import formatdate
+
 import msgpack
 import pytest
 
@@ -16,6 +19,7 @@ from ratchet.protocol import (
     parse_body,
     task_id_for,
 )
+from ratchet.protocol.retry_after import retry_after_seconds
 from ratchet.protocol.subjects import mail_subject, partition_of, submit_subject
 
 
@@ -115,3 +119,12 @@ def test_inbound_subjects_are_read_by_one_parser_that_never_takes_a_longer_subje
     assert request_route("ratchet.api") == ("", "")
     assert mail_route("ratchet.mail.3.tsk_x.task") == ("tsk_x", "task")
     assert mail_route("ratchet.mail.3.tsk_x") is None
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date_else_the_default() -> None:
+    assert retry_after_seconds({"Retry-After": "2.5"}) == 2.5
+    assert retry_after_seconds({"Retry-After": "-3"}) == 0.0
+    assert 50 < retry_after_seconds({"Retry-After": formatdate(time.time() + 60,
+                                                               usegmt=True)}) <= 60
+    assert retry_after_seconds({"Retry-After": "soon"}, default=7.0) == 7.0
+    assert retry_after_seconds({}) == 1.0 and retry_after_seconds(None) == 1.0

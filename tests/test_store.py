@@ -12,7 +12,6 @@ import pytest
 
 from ratchet.persistence import (
     CheckpointWrite,
-    DuplicateMessage,
     NewTask,
     StateTracker,
     Store,
@@ -20,6 +19,7 @@ from ratchet.persistence import (
 )
 from ratchet.persistence.migrations import MIGRATIONS, migrate
 from ratchet.protocol import IllegalTransition, TaskEvent, VersionConflict
+from ratchet.protocol.errors import DuplicateMessage
 
 
 def _new_task(task_id: str = "t1", key: str = "k1", digest: str = "sha256:aa") -> NewTask:

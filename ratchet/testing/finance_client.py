@@ -19,11 +19,9 @@ anything else once the request went out
 
 from __future__ import annotations
 
-import email.utils
 import http.client
 import json
 import socket
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -39,6 +37,7 @@ from ratchet.protocol.errors import (
     ToolRateLimited,
     ToolTransient,
 )
+from ratchet.protocol.retry_after import retry_after_seconds
 
 __all__ = ["FinanceClient"]
 
@@ -205,26 +204,10 @@ def _http_error(err: urllib.error.HTTPError, where: str, key: str | None) -> Too
     if status == 409:
         return ToolConflict(message, **details)
     if status == 429:
-        return ToolRateLimited(message, retry_after=_retry_after(err.headers), **details)
+        return ToolRateLimited(message, retry_after=retry_after_seconds(err.headers), **details)
     if status in _TRANSIENT_STATUSES:
         return ToolTransient(message, **details)
     if 400 <= status < 500:
         return ToolInvalidArgument(message, **details)
     # Any other status is not one the provider promises to send before committing.
     return ToolOutcomeUnknown(message, **details)
-
-
-def _retry_after(headers: Any, default: float = 1.0) -> float:
-    """Retry-After in seconds: delta-seconds or an HTTP date; ``default`` when absent/bad."""
-    value = headers.get("Retry-After") if headers is not None else None
-    if not value:
-        return default
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return default
-    return max(0.0, when.timestamp() - time.time())

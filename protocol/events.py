@@ -1,0 +1,78 @@
+"""An event as its stream carries it: the one encoder (the store's outbox) and the one decoder
+(the client, and anyone following a task in Python).
+
+The wire form is the msgpack map of :class:`~ratchet.protocol.messages.Event`, keys in the
+model's order. The events table keeps every payload whole; the stream cannot carry more than
+NATS's maximum payload, so a payload over :data:`MAX_EVENT_PAYLOAD` is published as
+``{"truncated": true, "bytes": n}`` (``docs/protocol.md``, Events).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgpack
+
+from ratchet.protocol.codec import decode_map
+from ratchet.protocol.messages import SCHEMA_VERSION, Event
+
+__all__ = ["MAX_EVENT_PAYLOAD", "decode_event", "encode_event", "pack_payload"]
+
+#: Event payloads whose msgpack encoding is larger than this are published truncated.
+MAX_EVENT_PAYLOAD = 256 * 1024
+
+
+def pack_payload(payload: Mapping[str, Any]) -> bytes:
+    """A payload's msgpack bytes, as the events table stores them."""
+    return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def encode_event(
+    *,
+    event_id: str,
+    task_id: str,
+    tenant: str,
+    sequence: int,
+    event_type: str,
+    aggregate_version: int,
+    occurred_at: float,
+    producer: str,
+    payload: Mapping[str, Any],
+    packed_payload: bytes | None = None,
+) -> bytes:
+    """The event's bytes on its stream.
+
+    Args:
+        packed_payload: ``pack_payload(payload)`` if the caller already has it (the store
+            does, for its events table): it decides the truncation without packing twice.
+    """
+    size = len(packed_payload if packed_payload is not None else pack_payload(payload))
+    published = payload if size <= MAX_EVENT_PAYLOAD else {"truncated": True, "bytes": size}
+    # A plain dict built by hand, not Event(...).model_dump(): this runs for every event in
+    # the writer's transaction, and the test pins it to the model's keys and order.
+    return msgpack.packb(  # type: ignore[no-any-return]
+        {
+            "schema_version": SCHEMA_VERSION,
+            "event_id": event_id,
+            "task_id": task_id,
+            "tenant": tenant,
+            "sequence": sequence,
+            "type": event_type,
+            "aggregate_version": aggregate_version,
+            "occurred_at": occurred_at,
+            "producer": producer,
+            "payload": published,
+        },
+        use_bin_type=True,
+    )
+
+
+def decode_event(data: bytes) -> Event:
+    """An event from its stream bytes.
+
+    Raises:
+        InvalidMessage: not a msgpack map, or too large.
+        pydantic.ValidationError: a map that is not an event.
+    """
+    return Event.model_validate(decode_map(data))
