@@ -22,9 +22,9 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.steps import percentile
-from ratchet.actors.tools import ToolContext
+from ratchet.actors.workflow.tools import ToolContext
 from ratchet.supervisors.cli import configure_logging
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceSimulatorProcess
 from ratchet.testing.expense import ClaimArgs, _submit_claim, refund_claim, submit_claim
 

@@ -26,7 +26,7 @@ import ratchet
 from bench.steps import NodeProc, percentile, publish_submit
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.supervisors.cli import configure_logging
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 OPERATOR = {"name": "bench", "roles": ["operator"]}
 

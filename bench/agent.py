@@ -28,12 +28,12 @@ from pydantic import BaseModel
 
 import ratchet
 from bench.steps import percentile
-from ratchet.actors.loop_detect import LoopPolicy
-from ratchet.actors.models import ModelRequest, ModelResponse
-from ratchet.actors.scripted_model import ScriptedModel, reply
+from ratchet.actors.agents.loop_detect import LoopPolicy
+from ratchet.actors.agents.models import ModelRequest, ModelResponse
+from ratchet.actors.agents.scripted_model import ScriptedModel, reply
 from ratchet.protocol.events import decode_event
 from ratchet.supervisors.cli import configure_logging
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 TURNS = 200
 LIVE = 200

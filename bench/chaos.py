@@ -37,7 +37,7 @@ from bench.steps import NodeProc
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.cli import configure_logging
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 
 KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random")

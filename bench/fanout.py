@@ -30,7 +30,7 @@ from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import decision_subject
 from ratchet.supervisors.cli import configure_logging
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 PARKED = 10_000
 

@@ -56,7 +56,7 @@ from ratchet.protocol.codec import decode_map
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS, partition_of
 from ratchet.supervisors.cli import configure_logging
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 LONG_STEPS = 60
 LONG_STEP_S = 0.1

@@ -40,7 +40,7 @@ from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import Envelope, SubmitTask
 from ratchet.protocol.subjects import submit_subject
 from ratchet.supervisors.cli import configure_logging
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "NORMAL")
 

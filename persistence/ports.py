@@ -2,7 +2,7 @@
 
 The runtime depends on these protocols, not on a storage engine: each consumer is typed
 with the narrowest port that covers the calls it makes, and only the composition root
-(supervisors/node.py, which opens the store) names a concrete class. The SQLite
+(supervisors/node/node.py, which opens the store) names a concrete class. The SQLite
 :class:`~persistence.store.Store` implements every port (structurally: it does not
 inherit from them); a PostgreSQL store (a later issue) will implement the same ports.
 

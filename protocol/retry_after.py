@@ -1,7 +1,7 @@
 """A provider's ``Retry-After`` header, read once for every HTTP tool and model adapter.
 
 Here, the lowest layer, because both the runtime's OpenAI-compatible model adapter
-(``actors/openai_model.py``) and the finance simulator's client (``ratchet/testing``, which
+(``actors/agents/openai_model.py``) and the finance simulator's client (``ratchet/testing``, which
 imports only ``protocol`` and the facade) turn a 429 into ``ToolRateLimited(retry_after=...)``.
 """
 

@@ -15,10 +15,17 @@ The layers below are importable as ``ratchet.protocol``, ``ratchet.persistence``
 finance and model simulators, the demo) as ``ratchet.testing``.
 """
 
-from ratchet.actors.client import Client
-from ratchet.actors.nodes import CANCEL, END, FAIL, JoinPolicy
-from ratchet.actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext, tool
-from ratchet.actors.workflow import Registry, StepContext, Workflow
+from ratchet.actors.transport.client import Client
+from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
+from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
+from ratchet.actors.workflow.tools import (
+    Accepted,
+    Compensation,
+    RetryPolicy,
+    Tool,
+    ToolContext,
+    tool,
+)
 from ratchet.protocol.clock import Clock, FakeClock, SystemClock
 from ratchet.protocol.errors import (
     ActionFailed,
@@ -34,7 +41,7 @@ from ratchet.protocol.errors import (
 )
 from ratchet.protocol.messages import Event, TaskSnapshot
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
-from ratchet.supervisors.node import Node, NodeConfig
+from ratchet.supervisors.node.node import Node, NodeConfig
 
 __version__ = "0.2.0"
 

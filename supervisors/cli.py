@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ratchet.actors.bus import MB, StreamLimits
-from ratchet.actors.client import Client
-from ratchet.actors.workflow import Registry
+from ratchet.actors.transport.bus import MB, StreamLimits
+from ratchet.actors.transport.client import Client
+from ratchet.actors.workflow.registry import Registry
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
@@ -29,7 +29,7 @@ from ratchet.protocol.errors import (
     WorkflowDefinitionError,
 )
 from ratchet.protocol.ids import new_id
-from ratchet.supervisors.node import Node, NodeConfig
+from ratchet.supervisors.node.node import Node, NodeConfig
 from ratchet.testing.demo import run_demo
 
 __all__ = ["main", "load_app"]

@@ -11,9 +11,9 @@ from pydantic import BaseModel
 
 import ratchet
 from ratchet import END
-from ratchet.actors.loop_detect import LoopPolicy
-from ratchet.actors.models import ModelRequest
-from ratchet.actors.scripted_model import ScriptedModel, reply
+from ratchet.actors.agents.loop_detect import LoopPolicy
+from ratchet.actors.agents.models import ModelRequest
+from ratchet.actors.agents.scripted_model import ScriptedModel, reply
 
 
 class Category(BaseModel):

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import ratchet
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from tests.apps import RUNS, app
 
 ROOT = Path(__file__).resolve().parent.parent

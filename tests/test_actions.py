@@ -11,7 +11,7 @@ import pytest
 from pydantic import BaseModel
 
 import ratchet
-from ratchet.actors.tools import Tool
+from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.codec import encode
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.messages import Envelope
@@ -341,7 +341,7 @@ async def test_a_step_timeout_bounds_the_tool_calls_inside_it(
 async def test_a_still_pending_action_rearms_its_timer_then_goes_to_a_human(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
-    from ratchet.actors.task_waits import MAX_PENDING_REARMS
+    from ratchet.actors.task.waits import MAX_PENDING_REARMS
 
     clock = ratchet.FakeClock()
     await start_node(expense_app, clock=clock)
@@ -467,7 +467,7 @@ async def test_an_agent_whose_write_is_accepted_parks_and_resumes_without_asking
 ) -> None:
     import json as _json
 
-    from ratchet.actors.scripted_model import ScriptedModel, reply
+    from ratchet.actors.agents.scripted_model import ScriptedModel, reply
     from ratchet.testing.expense import refund_claim, submit_claim
 
     claim = {"report_id": "ag1", "employee": "e", "amount": 12.0}

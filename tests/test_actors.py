@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.actors.core import Actor, ActorSystem
+from ratchet.actors.core.actor import Actor, ActorSystem
 from ratchet.protocol.errors import ActorCrashed, ActorStopped, AskTimeout
 
 

@@ -278,7 +278,7 @@ async def test_a_disabled_tool_is_refused_and_freeze_holds_new_steps_until_thawe
 async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    from ratchet.supervisors.retention import RetentionSweeper
+    from ratchet.supervisors.services.retention import RetentionSweeper
 
     wf = ratchet.Workflow("bulky")
 

@@ -175,7 +175,7 @@ async def test_a_node_killed_mid_conversation_resumes_it_without_asking_again(
 async def test_an_agent_talks_to_an_openai_compatible_endpoint_with_retries(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    from ratchet.actors.openai_model import OpenAICompatibleModel
+    from ratchet.actors.agents.openai_model import OpenAICompatibleModel
     from ratchet.testing.model_stub_process import ModelStubProcess
     from tests.agent_apps import agent_workflow
 

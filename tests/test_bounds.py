@@ -8,15 +8,15 @@ import pytest
 from nats.js.api import DiscardPolicy, RetentionPolicy
 from nats.js.errors import APIError
 
-from ratchet.actors.bus import Bus, StreamLimits, stream_configs
-from ratchet.actors.core import ActorSystem
+from ratchet.actors.core.actor import ActorSystem
+from ratchet.actors.transport.bus import Bus, StreamLimits, stream_configs
 from ratchet.persistence.store import Store
 from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.clock import FakeClock, SystemClock
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT
-from ratchet.supervisors.mail_router import RecentIds
-from ratchet.supervisors.outbox_relay import OutboxRelay
+from ratchet.supervisors.services.mail_router import RecentIds
+from ratchet.supervisors.services.outbox_relay import OutboxRelay
 
 
 def test_recent_ids_forget_what_is_older_than_their_age() -> None:

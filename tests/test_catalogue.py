@@ -33,7 +33,7 @@ NOT_TYPES = {
 }
 #: f-strings that start with a type family's word but build no type: the agent
 #: conversation's state-key prefix (agent.<node>.).
-F_STRING_NOT_TYPES = {("actors/agent_conversation.py", "agent.")}
+F_STRING_NOT_TYPES = {("actors/task/agent_conversation.py", "agent.")}
 
 EVENTS = {m.value for m in EventType}
 MESSAGES = {m.value for m in MessageType}

@@ -11,9 +11,9 @@ import pytest
 import structlog
 
 import ratchet
-from ratchet.actors.crash_loop import RECOVERY_NODE, crash_loop, record_recovery
-from ratchet.actors.task_actor import TaskDeps
-from ratchet.actors.task_deps import NoHooks
+from ratchet.actors.task.actor import TaskDeps
+from ratchet.actors.task.crash_loop import RECOVERY_NODE, crash_loop, record_recovery
+from ratchet.actors.task.deps import NoHooks
 from ratchet.protocol.clock import FakeClock
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal

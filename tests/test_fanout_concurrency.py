@@ -11,7 +11,7 @@ import pytest
 
 import ratchet
 from ratchet import JoinPolicy
-from ratchet.actors.fanout import _gates, branch_slot
+from ratchet.actors.task.fanout import _gates, branch_slot
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
 
 #: What the branch bodies of the running test report: how many run now, and the peak.

@@ -112,7 +112,7 @@ async def test_an_agent_node_visited_twice_starts_a_fresh_conversation(
 ) -> None:
     import json
 
-    from ratchet.actors.scripted_model import ScriptedModel, reply
+    from ratchet.actors.agents.scripted_model import ScriptedModel, reply
     from tests.agent_apps import Verdict, lookup_policy
 
     model = ScriptedModel([reply(json.dumps({"category": "x", "limit": 1.0}))])

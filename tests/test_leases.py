@@ -14,7 +14,7 @@ from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.clock import FakeClock
 from ratchet.protocol.errors import Fenced, PartitionCountMismatch
 from ratchet.protocol.subjects import partition_of
-from ratchet.supervisors.leases import LeaseHooks, LeaseManager, LeaseSettings
+from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
 
 P = 4
 
@@ -187,7 +187,7 @@ async def test_nodes_share_partitions_hand_over_on_drain_and_reap_the_dead(
 
 async def test_a_second_live_process_under_the_same_node_id_is_refused(
         tmp_path: Path, monkeypatch: Any) -> None:
-    import ratchet.supervisors.leases as leases_module
+    import ratchet.supervisors.node.leases as leases_module
 
     clock = FakeClock(start=1000.0)
     a_store, b_store = await _stores(tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratchet.actors.loop_detect import LoopPolicy, TurnRecord, detect
+from ratchet.actors.agents.loop_detect import LoopPolicy, TurnRecord, detect
 
 P = LoopPolicy(repeat=3, alternation=6, watch_field="status", window=6, flips=4)
 

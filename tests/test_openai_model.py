@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ratchet.actors.models import Message, ModelRequest, ToolCall, ToolSpec
-from ratchet.actors.openai_model import OpenAICompatibleModel
+from ratchet.actors.agents.models import Message, ModelRequest, ToolCall, ToolSpec
+from ratchet.actors.agents.openai_model import OpenAICompatibleModel
 from ratchet.protocol.errors import (
     ToolError,
     ToolInvalidArgument,

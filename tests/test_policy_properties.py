@@ -21,10 +21,10 @@ from typing import Literal, TypeVar
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from ratchet.actors.backoff import backoff_delay
-from ratchet.actors.join_policy import JoinVerdict, decide
-from ratchet.actors.nodes import JoinPolicy
-from ratchet.actors.tools import Decision, RetryPolicy, classify
+from ratchet.actors.core.backoff import backoff_delay
+from ratchet.actors.workflow.join_policy import JoinVerdict, decide
+from ratchet.actors.workflow.nodes import JoinPolicy
+from ratchet.actors.workflow.tools import Decision, RetryPolicy, classify
 from ratchet.protocol.errors import (
     RatchetError,
     ToolConflict,

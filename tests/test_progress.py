@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import ratchet
-from ratchet.actors.progress import ProgressMeter, percent, progress_payload
+from ratchet.actors.task.progress import ProgressMeter, percent, progress_payload
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
 
 # -- the pure parts ------------------------------------------------------------------------
@@ -56,7 +56,7 @@ def test_a_zero_interval_makes_every_boundary_due() -> None:
 
 
 def test_task_deps_refuse_a_negative_progress_interval() -> None:
-    from ratchet.actors.task_actor import TaskDeps
+    from ratchet.actors.task.actor import TaskDeps
 
     with pytest.raises(ValueError, match="progress_interval"):
         TaskDeps(None, None, None, "n", progress_interval=-1)  # type: ignore[arg-type]

@@ -8,8 +8,8 @@ import ratchet
 from ratchet.protocol.codec import encode
 from ratchet.protocol.messages import Envelope, StartTask
 from ratchet.protocol.subjects import STREAM_DLQ, mail_subject
-from ratchet.supervisors.recovery import RecoverySweeper
-from ratchet.supervisors.supervisor import StopChild
+from ratchet.supervisors.services.recovery import RecoverySweeper
+from ratchet.supervisors.supervision.supervisor import StopChild
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, wait_terminal
 

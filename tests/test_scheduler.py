@@ -8,7 +8,7 @@ from collections import Counter, deque
 
 import pytest
 
-from ratchet.supervisors.scheduler import FairScheduler
+from ratchet.supervisors.supervision.scheduler import FairScheduler
 
 
 def _complete_oldest(sched: FairScheduler, running: deque[str]) -> list[tuple[str, str]]:

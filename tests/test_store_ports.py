@@ -29,7 +29,7 @@ from tests.conftest import ROOT
 CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
 #: Where a store is opened: the only modules of the upper layers that name the SQLite class.
-COMPOSITION_ROOTS = {"supervisors/node.py"}
+COMPOSITION_ROOTS = {"supervisors/node/node.py"}
 UPPER_LAYERS = ("actors", "supervisors")
 
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ratchet.actors.core import Actor, ActorSystem
+from ratchet.actors.core.actor import Actor, ActorSystem
 from ratchet.protocol import FakeClock
 from ratchet.supervisors import ChildSpec, Restart, Supervisor, backoff_delay, intensity_exceeded
-from ratchet.supervisors.restart_policy import should_restart
-from ratchet.supervisors.supervisor import WhichChildren
+from ratchet.supervisors.supervision.restart_policy import should_restart
+from ratchet.supervisors.supervision.supervisor import WhichChildren
 
 
 def test_restart_types_follow_otp() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 import ratchet
 from ratchet.protocol.ids import task_id_for
-from ratchet.supervisors.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from tests.apps import app
 from tests.conftest import ROOT
 

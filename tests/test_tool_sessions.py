@@ -11,9 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ratchet.actors.core import ActorSystem
-from ratchet.actors.tool_session import Invoke, ToolSession
-from ratchet.actors.tools import Tool, ToolContext
+from ratchet.actors.core.actor import ActorSystem
+from ratchet.actors.effects.tool_session import Invoke, ToolSession
+from ratchet.actors.workflow.tools import Tool, ToolContext
 from ratchet.persistence import Store
 from ratchet.protocol import FakeClock
 

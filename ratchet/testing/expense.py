@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 
 import ratchet
-from ratchet.actors.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext
+from ratchet.actors.workflow.tools import Accepted, Compensation, RetryPolicy, Tool, ToolContext
 from ratchet.testing.finance_client import FinanceClient
 
 

@@ -1,0 +1,396 @@
+"""The action protocol: every external write takes effect once, or ends UNKNOWN and is
+reconciled — never silently retried.
+
+For a write: look the key up in the ledger (a completed action is never called again; the
+same key with another request is a typed conflict) → record IN_FLIGHT (commit) → call
+through the tool session → record the outcome (commit). Outcomes are four:
+completed → SUCCEEDED; failed (never-retried class, or retries exhausted) → FAILED;
+accepted (202) → the task waits (WAITING_EXTERNAL) for a confirmation; unknown (timeout,
+dropped connection) → UNKNOWN, then reconcile with ``query``: found → SUCCEEDED with the
+result back-filled; not found → resend with the same key; undecidable or no ``query`` →
+the task goes UNKNOWN with a handoff package for a human.
+Every retry is recorded as an event (reason, delay, attempt) before its delay, with the
+action PENDING and its ``next_attempt_at`` stored: a retry delay survives a restart (a
+resumed task waits out the rest of it, then records IN_FLIGHT again before the call).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ratchet.actors.core.actor import ActorRef
+from ratchet.actors.core.backoff import backoff_delay
+from ratchet.actors.effects.switches import Switches
+from ratchet.actors.effects.tool_session import Invoke
+from ratchet.actors.workflow.tools import Accepted, Decision, Tool, classify
+from ratchet.persistence.ledger import ActionRecord, ActionWrite, action_record
+from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.catalogue import EventType
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import canonical, encode
+from ratchet.protocol.errors import (
+    ActionFailed,
+    ActionKeyTaken,
+    ErrorCode,
+    RatchetError,
+    ToolDeadlineExceeded,
+    ToolRateLimited,
+)
+from ratchet.protocol.ids import request_hash
+
+__all__ = ["ActionRunner", "PauseRequested", "AwaitExternal", "CallEnv", "HandoffRequired",
+           "TaskSuspended"]
+
+
+class TaskSuspended(BaseException):
+    """Control signal, not an error (so not in protocol/errors.py): the task cannot go on
+    now. A BaseException so that step code's ``except Exception`` cannot swallow it."""
+
+
+class HandoffRequired(TaskSuspended):
+    """A human must decide. ``approval`` is False for an undecidable outcome (the task goes
+    UNKNOWN) and True for a decision the runtime cannot take (WAITING_APPROVAL), such as a
+    compensation that failed for good."""
+
+    def __init__(self, reason: str, package: dict[str, Any], *, approval: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.package = package
+        self.approval = approval
+
+
+class AwaitExternal(TaskSuspended):
+    def __init__(self, correlation_id: str, key: str, timeout: float) -> None:
+        super().__init__(correlation_id)
+        self.correlation_id = correlation_id
+        self.key = key
+        self.timeout = timeout
+
+
+class PauseRequested(TaskSuspended):
+    """An operator's pause, taken at the safe point before a tool call."""
+
+    def __init__(self, tool: str) -> None:
+        super().__init__(tool)
+        self.tool = tool
+
+
+Commit = Callable[..., Awaitable[None]]
+
+
+@dataclass
+class CallEnv:
+    """What the runner needs from its task actor."""
+
+    task_id: str
+    tenant: str
+    step_index: int
+    store: TaskStore
+    clock: Clock
+    commit: Commit  # commit(**TaskChange fields) under the actor's version
+    session: Callable[[str], Awaitable[ActorRef[Any]]]
+    deadline: float | None  # absolute (clock.now()), the nearer of task and step deadlines
+    rng: random.Random
+    default_external_timeout: float = 3600.0
+    #: Count each new write against the task's ``tool_calls`` budget (refused atomically
+    #: when spent). Off for agent turns (they count their own) and for compensations (an
+    #: undo must never be refused for want of budget).
+    count_tool_calls: bool = True
+    switches: Switches | None = None  # disabled tools are refused
+    pause_requested: Callable[[], bool] | None = None  # checked before every call
+
+
+def _hash(tool: Tool[Any, Any], args: BaseModel) -> str:
+    return request_hash(canonical({"tool": tool.name, "args": args.model_dump(mode="json")}))
+
+
+def _error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, RatchetError):
+        return {**exc.to_wire(), "type": type(exc).__name__}
+    return {"code": "UNKNOWN", "message": str(exc)[:2000], "type": type(exc).__name__}
+
+
+class ActionRunner:
+    def __init__(self, env: CallEnv) -> None:
+        self.env = env
+
+    # -- entry point ------------------------------------------------------------------
+
+    async def call(self, tool: Tool[Any, Any], args: Any, *, compensates: str | None = None) -> Any:
+        """Run ``tool`` with ``args`` under the action protocol; returns its result model.
+
+        Raises:
+            ActionFailed: failed for good. HandoffRequired / AwaitExternal: task suspends.
+        """
+        if not isinstance(args, tool.args):
+            try:
+                args = tool.args.model_validate(args)
+            except ValidationError as exc:
+                raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
+                                   tool=tool.name) from None
+        if self.env.pause_requested is not None and self.env.pause_requested() \
+                and compensates is None:
+            raise PauseRequested(tool.name)  # a safe point: nothing of this call has started
+        if self.env.switches is not None and tool.name in self.env.switches.disabled_tools \
+                and compensates is None:
+            failure = ActionFailed(f"tool {tool.name} is disabled (kill switch)", tool=tool.name,
+                                   retryable=True)
+            failure.code = ErrorCode.UNAVAILABLE
+            raise failure
+        if tool.kind == "read":
+            return await self._read(tool, args)
+        assert tool.key is not None
+        return await self._write(tool, args, tool.key(args), compensates)
+
+    # -- reads: retried freely, not ledgered --------------------------------------------
+
+    async def _read(self, tool: Tool[Any, Any], args: BaseModel) -> Any:
+        attempt = 1
+        while True:
+            ok, value = await self._invoke(tool, args, None, attempt, "call")
+            if ok:
+                return self._coerce(tool, value)
+            decision = classify(value, "read")
+            delay = self._delay(decision, value, attempt, tool)
+            if decision is Decision.FAIL or delay is None:
+                raise ActionFailed(f"{tool.name} failed: {value}", tool=tool.name,
+                                   error=_error(value))
+            await self.env.commit(events=[(EventType.ACTION_RETRY, self._retry_payload(
+                tool, None, decision, value, delay, attempt))])
+            await self.env.clock.sleep(delay)
+            attempt += 1
+
+    # -- writes: the ledger -----------------------------------------------------------
+
+    async def _write(self, tool: Tool[Any, Any], args: BaseModel, key: str,
+                     compensates: str | None) -> Any:
+        digest = _hash(tool, args)
+        # No read first: the insert is the check. A key already in the ledger makes the
+        # whole change roll back and comes back with its row (one round trip, not two).
+        try:
+            await self.env.commit(
+                action=ActionWrite(key, "IN_FLIGHT", insert=True, tool=tool.name,
+                                   kind=tool.kind, request_hash=digest,
+                                   args=encode(args.model_dump(mode="json")),
+                                   step_index=self.env.step_index, attempts=1,
+                                   compensates=compensates),
+                events=[(EventType.ACTION_STARTED, {"key": key, "tool": tool.name, "attempt": 1,
+                                                    "compensates": compensates})],
+                **({"spend": {"tool_calls": 1}, "enforce_budget": True}
+                   if self.env.count_tool_calls and compensates is None else {}),
+            )
+        except ActionKeyTaken as taken:
+            assert taken.existing is not None
+            return await self._resume(tool, args, key, digest, action_record(taken.existing))
+        return await self._attempts(tool, args, key, 1)
+
+    async def _resume(self, tool: Tool[Any, Any], args: BaseModel, key: str, digest: str,
+                      row: ActionRecord) -> Any:
+        if row.request_hash != digest:
+            raise ActionFailed(f"idempotency key {key} was used for a different request",
+                               key=key, tool=tool.name)
+        if row.status == "COMPENSATED":
+            # Done and undone: reusing its result would report a side effect that no longer
+            # exists. Doing it again is a new business action, with a new key.
+            raise ActionFailed(f"action {key} was compensated; it is not redone under the"
+                               " same key", key=key, tool=tool.name)
+        if row.status == "SUCCEEDED":
+            await self.env.commit(events=[(EventType.ACTION_REUSED, {"key": key, "tool": tool.name,
+                                                                     "status": row.status})])
+            return self._coerce(tool, row.result)
+        if row.status == "FAILED":
+            failure = ActionFailed(f"{tool.name} failed before: "
+                                   f"{(row.error or {}).get('message')}", key=key,
+                                   tool=tool.name, error=row.error)
+            code = str((row.error or {}).get("code"))
+            if code in ErrorCode.__members__:
+                failure.code = ErrorCode(code)  # the provider's reason, as the first time
+            raise failure
+        if row.accepted:
+            raise AwaitExternal(key, key, self.env.default_external_timeout)
+        if row.status == "PENDING":
+            # A retry was scheduled and nothing is in flight: honour its delay (it is stored,
+            # so it survives a restart), then call again with the same key.
+            if row.next_attempt_at is not None:
+                await self.env.clock.sleep(max(0.0, row.next_attempt_at - self.env.clock.now()))
+            await self._start_attempt(tool, key, row.attempts, resumed=True)
+            return await self._attempts(tool, args, key, row.attempts)
+        # IN_FLIGHT (we crashed during the call) or UNKNOWN: the outcome is not known.
+        return await self._reconcile(tool, args, key, row.attempts)
+
+    async def _attempts(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int) -> Any:
+        while True:
+            ok, value = await self._invoke(tool, args, key, attempt, "call")
+            if ok:
+                return await self._record_success(tool, key, value, EventType.ACTION_SUCCEEDED)
+            decision = classify(value, "write")
+            if decision is Decision.UNKNOWN:
+                await self.env.commit(
+                    action=ActionWrite(key, "UNKNOWN", error=_error(value)),
+                    events=[(EventType.ACTION_UNKNOWN, {"key": key, "tool": tool.name,
+                                                        "attempt": attempt,
+                                                        "error": _error(value)})])
+                return await self._reconcile(tool, args, key, attempt)
+            delay = self._delay(decision, value, attempt, tool)
+            if decision is Decision.FAIL or delay is None:
+                await self._record_failure(tool, key, value, attempt, decision)
+            assert delay is not None
+            await self.env.commit(
+                action=ActionWrite(key, "PENDING", attempts=attempt + 1,
+                                   next_attempt_at=self.env.clock.now() + delay),
+                events=[(EventType.ACTION_RETRY, self._retry_payload(tool, key, decision, value,
+                                                                     delay, attempt))])
+            await self.env.clock.sleep(delay)
+            attempt += 1
+            await self._start_attempt(tool, key, attempt)
+
+    async def _start_attempt(self, tool: Tool[Any, Any], key: str, attempt: int,
+                             resumed: bool = False) -> None:
+        """PENDING → IN_FLIGHT, committed before the call."""
+        await self.env.commit(
+            action=ActionWrite(key, "IN_FLIGHT"),
+            events=[(EventType.ACTION_STARTED, {"key": key, "tool": tool.name, "attempt": attempt,
+                                                **({"resumed": True} if resumed else {})})])
+
+    async def _reconcile(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int) -> Any:
+        if tool.query is None:
+            raise HandoffRequired("outcome unknown and the tool has no query",
+                                  self._package(tool, args, key, attempt, "no query declared"))
+        for q in range(1, tool.retry.max_attempts + 1):
+            ok, value = await self._invoke(tool, args, key, q, "query")
+            if ok:
+                if value is None:
+                    if attempt >= tool.retry.max_attempts:
+                        raise HandoffRequired("not found after the last allowed resend",
+                                              self._package(tool, args, key, attempt,
+                                                            "resend budget exhausted"))
+                    await self.env.commit(
+                        action=ActionWrite(key, "IN_FLIGHT", attempts=attempt + 1),
+                        events=[(EventType.ACTION_RECONCILED, {"key": key, "found": False,
+                                                               "then": "resend with the same key",
+                                                               "attempt": attempt + 1})])
+                    return await self._attempts(tool, args, key, attempt + 1)
+                return await self._record_success(tool, key, value, EventType.ACTION_RECONCILED)
+            decision = classify(value, "read")
+            delay = self._delay(decision, value, q, tool)
+            if decision is Decision.FAIL or delay is None:
+                break
+            await self.env.commit(events=[(EventType.ACTION_RETRY, self._retry_payload(
+                tool, key, decision, value, delay, q, op="query"))])
+            await self.env.clock.sleep(delay)
+        raise HandoffRequired("outcome could not be reconciled",
+                              self._package(tool, args, key, attempt, "query undecidable"))
+
+    # -- helpers ------------------------------------------------------------------------
+
+    async def _record_success(self, tool: Tool[Any, Any], key: str, value: Any, event: str) -> Any:
+        if isinstance(value, Accepted):
+            correlation = value.correlation_id or key
+            await self.env.commit(
+                action=ActionWrite(key, "IN_FLIGHT", accepted=True, provider_id=value.provider_id),
+                events=[(EventType.ACTION_ACCEPTED, {"key": key, "tool": tool.name,
+                                                     "provider_id": value.provider_id,
+                                                     "correlation_id": correlation})])
+            raise AwaitExternal(correlation, key, value.timeout or self.env.default_external_timeout)
+        try:
+            result = self._coerce(tool, value)
+        except ActionFailed as exc:
+            # The provider acted but answered outside the contract: we cannot know what it
+            # did. That is an unknown outcome for a human, not a failure to retry.
+            await self.env.commit(
+                action=ActionWrite(key, "UNKNOWN", error=_error(exc)),
+                events=[(EventType.ACTION_UNKNOWN, {"key": key, "tool": tool.name,
+                                                    "error": _error(exc)})])
+            raise HandoffRequired("the provider's result failed validation", {
+                "why": "invalid provider result", "tool": tool.name, "key": key,
+                "error": exc.message}) from exc
+        provider_id = getattr(result, "provider_id", None)
+        payload: dict[str, Any] = {"key": key, "tool": tool.name, "provider_id": provider_id}
+        if event == EventType.ACTION_RECONCILED:
+            payload["found"] = True
+        await self.env.commit(
+            action=ActionWrite(key, "SUCCEEDED", result=result.model_dump(mode="json"),
+                               provider_id=provider_id),
+            events=[(event, payload)])
+        return result
+
+    async def _record_failure(self, tool: Tool[Any, Any], key: str, exc: BaseException,
+                              attempt: int, decision: Decision) -> None:
+        reason = "not retryable" if decision is Decision.FAIL else "retries or deadline exhausted"
+        await self.env.commit(
+            action=ActionWrite(key, "FAILED", error=_error(exc)),
+            events=[(EventType.ACTION_FAILED, {"key": key, "tool": tool.name, "attempt": attempt,
+                                               "reason": reason, "error": _error(exc)})])
+        failure = ActionFailed(f"{tool.name} failed ({reason}): {exc}", key=key, tool=tool.name,
+                               error=_error(exc))
+        if isinstance(exc, RatchetError):
+            failure.code = exc.code  # a 403 stays PERMISSION_DENIED on the wire
+        raise failure
+
+    def _coerce(self, tool: Tool[Any, Any], value: Any) -> Any:
+        if isinstance(value, tool.result):
+            return value
+        try:
+            return tool.result.model_validate(value)
+        except ValidationError as exc:
+            raise ActionFailed(f"{tool.name} returned an invalid result: {exc.errors()[:3]}",
+                               tool=tool.name) from None
+
+    def _remaining(self) -> float | None:
+        return None if self.env.deadline is None else self.env.deadline - self.env.clock.now()
+
+    def _delay(self, decision: Decision, exc: BaseException, attempt: int,
+               tool: Tool[Any, Any]) -> float | None:
+        """The delay before the next attempt, or None when no attempt is left in budget."""
+        if decision is Decision.FAIL or attempt >= tool.retry.max_attempts:
+            return None
+        if decision is Decision.RETRY_AFTER and isinstance(exc, ToolRateLimited) \
+                and exc.retry_after is not None:
+            delay = max(0.0, exc.retry_after)
+        else:
+            delay = backoff_delay(attempt - 1, tool.retry.base_delay, tool.retry.max_delay,
+                                  self.env.rng)
+        remaining = self._remaining()
+        if remaining is not None and delay >= remaining:
+            return None  # the deadline would pass before the next attempt
+        return delay
+
+    async def query_once(self, tool: Tool[Any, Any], args: BaseModel, key: str) -> tuple[bool, Any]:
+        """One ``query`` of the provider (no retries): ``(ok, result | Accepted | None | error)``."""
+        if tool.query is None:
+            return (False, ActionFailed(f"{tool.name} has no query", tool=tool.name))
+        return await self._invoke(tool, args, key, 1, "query")
+
+    async def _invoke(self, tool: Tool[Any, Any], args: BaseModel, key: str | None,
+                      attempt: int, op: str) -> tuple[bool, Any]:
+        timeout = tool.timeout
+        remaining = self._remaining()
+        if remaining is not None:
+            if remaining <= 0:
+                return (False, ToolDeadlineExceeded(f"deadline passed before {tool.name}",
+                                                    tool=tool.name))
+            timeout = min(timeout, remaining)
+        session = await self.env.session(tool.session)
+        outcome: tuple[bool, Any] = await session.ask(
+            Invoke(tool, args, key, attempt, timeout, op), timeout=timeout + 30.0)
+        return outcome
+
+    def _retry_payload(self, tool: Tool[Any, Any], key: str | None, decision: Decision,
+                       exc: BaseException, delay: float, attempt: int,
+                       op: str = "call") -> dict[str, Any]:
+        return {"key": key, "tool": tool.name, "op": op, "reason": decision.value,
+                "error": _error(exc), "delay_s": round(delay, 4), "attempt": attempt,
+                "next_attempt": attempt + 1}
+
+    def _package(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int,
+                 why: str) -> dict[str, Any]:
+        return {"why": why, "tool": tool.name, "key": key, "attempts": attempt,
+                "request": args.model_dump(mode="json"),
+                "options": ["confirm the action happened (mark SUCCEEDED with the provider's"
+                            " result)", "confirm it did not happen (resend with the same key)",
+                            "fail the task (compensations run)"]}

@@ -1,0 +1,395 @@
+"""The task actor: runs one task's sequential workflow, one durable step at a time.
+
+Each step ends in one store transaction (compare-and-set on the task version) holding the
+checkpoint delta, the ``step.completed`` event and its outbox row. Between steps the actor
+sends itself ``Advance``, so other mail (and a stop) is handled at step boundaries, the
+task's safe points.
+
+When a step raises: ``step.failed`` is recorded; an :class:`ActionFailed` (a side effect
+failed for good), or the step's last allowed attempt, ends the task: compensations run in
+reverse order (saga), then FAILED. Otherwise the actor crashes and its supervisor starts a
+fresh one from the last checkpoint, so committed steps never run again; the re-run step
+finds its completed actions in the ledger and does not repeat them.
+
+A step may also suspend the task (actors/task/suspension.py); the actor then passivates: a
+waiting task costs a store row, not a live actor. A boundary may carry a ``task.progress``
+heartbeat; a fresh actor for a RUNNING task records ``task.recovered`` (past the crash-loop
+guard's bound it hands the task to a human). The actor implements the TaskKernel its
+behaviours are written against (actors/task/kernel.py); its mail table is task_mail.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from ratchet.actors.core.actor import Actor, ActorRef
+from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.task import control as task_control
+from ratchet.actors.task import crash_loop, graph_runtime
+from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
+from ratchet.actors.task.deps import error_of as error_of
+from ratchet.actors.task.mail import mail_table
+from ratchet.actors.task.progress import ProgressMeter, progress_payload
+from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
+from ratchet.actors.workflow.nodes import END, StepContext, StepNode
+from ratchet.actors.workflow.registry import Workflow, bind_step_logger
+from ratchet.persistence import CheckpointWrite, StateTracker, TaskChange, TaskRecord
+from ratchet.protocol.errors import (
+    ActionFailed,
+    BudgetExhausted,
+    DuplicateMessage,
+    RatchetError,
+    UnknownWorkflow,
+)
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
+
+__all__ = ["TaskActor", "TaskDeps", "Advance", "DeliverMail", "fail_task"]
+
+log = structlog.get_logger("ratchet.task")
+
+
+class TaskActor(Actor):
+    def __init__(self, task_id: str, deps: TaskDeps, restarts: int = 0) -> None:
+        self.task_id = task_id
+        self.deps = deps
+        self.restarts = restarts
+        self.log = log.bind(task_id=task_id)
+        self.record: TaskRecord | None = None
+        self.workflow: Workflow | None = None
+        self.state: dict[str, Any] = {}
+        self.tracker = StateTracker()
+        self.version = 0
+        self.status = TaskStatus.QUEUED
+        self.next_step = 0  # nodes completed so far (progress)
+        self.current: str = END  # the node to run next (END: finished)
+        self.visits: dict[str, int] = {}
+        self.spent: dict[str, float] = {}
+        self._recovered_from: str | None = None
+        self.checkpoint_seq = 0  # the last checkpoint written (kept in step with commits)
+        self._progress = ProgressMeter(deps.progress_interval)
+        self._attempt = 1
+        self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
+        self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
+        #: Mail handlers by envelope type, tried in order (a None answer: not mine).
+        self._mail = mail_table(self, start=self._start)
+        self._scope: asyncio.Timeout | None = None
+        self._interrupted = False
+        self.pause_requested = False
+
+    # -- hooks -------------------------------------------------------------------------
+
+    async def on_start(self) -> None:
+        """Load the task and its last checkpoint; queue an Advance if it can run."""
+        rec = await self.deps.store.load_task(self.task_id)
+        self.record = rec
+        self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
+        self.visits = dict(rec.visits)
+        self.spent = dict(rec.spent)
+        self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
+        self._attempt = rec.step_failures + 1
+        self.checkpoint_seq = rec.last_checkpoint
+        self._progress.mark(self.deps.clock.now())  # the first heartbeat one interval from now
+        if is_terminal(self.status):
+            self.ref.stop()
+            return
+        if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+            self.deps.hooks.task_active(self.task_id, rec.tenant)
+        try:
+            self.workflow = self.deps.registry.get(rec.workflow, rec.workflow_version)
+        except UnknownWorkflow as exc:
+            # Restarting cannot help: say so once, loudly, instead of crash-looping.
+            error = error_of(exc, "workflow not registered on this node")
+            await self.commit(status_event=TaskEvent.FAILED, error=error, events=[(
+                "task.failed", {"reason": "workflow not registered on this node",
+                                "node": self.deps.producer, "error": error})])
+            self.ref.stop()
+            return
+        self.current = rec.current_node or self.workflow.start
+        loaded = await self.deps.store.load_state(self.task_id)
+        self.state = loaded.values
+        self.tracker = StateTracker(loaded.encoded)
+        for digest in loaded.blobs:
+            self.tracker.note_stored_blob(digest)
+        if self.status is TaskStatus.RUNNING:
+            # Either our supervisor restarted us or a node is recovering the task.
+            self._recovered_from = "actor_restart" if self.restarts else "node_recovery"
+        if rec.control and await task_control.apply_pending_control(self):
+            return
+        self.pause_requested = "pause" in rec.control  # parked meanwhile: at the next point
+        if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+            self.ref.tell(Advance())
+
+    def request_pause(self) -> None:
+        """Out of band: pause at the next safe point, which may be the next tool call of the
+        step in progress (the step then runs again on resume; its completed calls are
+        answered by the ledger)."""
+        self.pause_requested = True
+
+    def interrupt(self) -> bool:
+        """Abandon the step in progress, if any (called on the loop, from outside, for an
+        operator's cancel; the step is not committed and the control mail comes next)."""
+        scope = self._scope
+        if scope is None:
+            return False
+        self._interrupted = True
+        scope.reschedule(asyncio.get_running_loop().time())
+        return True
+
+    async def on_stop(self) -> None:
+        try:
+            await graph_runtime.stop_fanout_children(self)
+        finally:
+            self.deps.hooks.task_stopped(self.task_id)  # its running slot goes to the next task
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, Advance):
+            await self._advance()
+            return None
+        if isinstance(message, DeliverMail):
+            return await self._deliver(message.envelope)
+        if isinstance(message, graph_runtime.JoinDone):
+            await graph_runtime.on_join_done(self, message)
+            return None
+        return await super().receive(message)
+
+    # -- mail ---------------------------------------------------------------------------
+
+    async def _deliver(self, env: Envelope) -> str:
+        outcome = await self._deliver_one(env)
+        if self.status not in (TaskStatus.QUEUED, TaskStatus.RUNNING) and self.ref.is_alive:
+            self.ref.stop()  # still parked (late, repeated or refused mail): stay passivated
+        return outcome
+
+    async def _deliver_one(self, env: Envelope) -> str:
+        try:
+            for handle in self._mail.get(env.type, ()):
+                outcome = await handle(env)
+                if outcome is not None:
+                    return outcome
+        except DuplicateMessage:
+            return "duplicate"
+        self.log.warning("unexpected mail dropped", type=env.type, message_id=env.message_id)
+        return "ignored"
+
+    async def _start(self, env: Envelope) -> str:
+        if self.status is not TaskStatus.QUEUED:
+            return "duplicate"
+        if self._frozen():
+            return "frozen"  # dispatched when thawed
+        await self._dispatch(inbox_message_id=env.message_id)
+        return "processed"
+
+    # -- the kernel (actors/task/kernel.py) --------------------------------------------
+
+    def advance(self) -> None:
+        self.ref.tell(Advance())
+
+    def passivate(self) -> None:
+        self.ref.stop()
+
+    # -- commits ------------------------------------------------------------------------
+
+    async def _commit(self, change: TaskChange) -> None:
+        result = await self.deps.store.apply(change)
+        self.version, self.status = result.version, result.status
+        self.checkpoint_seq = result.last_checkpoint
+
+    def _change(self, **kwargs: Any) -> TaskChange:
+        return TaskChange(task_id=self.task_id, expected_version=self.version,
+                          producer=self.deps.producer, now=self.deps.clock.now(), **kwargs)
+
+    async def commit(self, **kwargs: Any) -> None:
+        """Commit a change under this actor's version (the action runner's callback)."""
+        await self._commit(self._change(**kwargs))
+        if kwargs.get("spend"):
+            self.spent = {k: self.spent.get(k, 0) + kwargs["spend"].get(k, 0)
+                          for k in set(self.spent) | set(kwargs["spend"])}
+
+    async def _dispatch(self, inbox_message_id: str | None = None) -> None:
+        assert self.workflow is not None
+        await self._commit(self._change(
+            status_event=TaskEvent.DISPATCHED,
+            events=[("task.started", {"steps_total": self.workflow.step_count,
+                                      "node": self.deps.producer})],
+            inbox_message_id=inbox_message_id,
+        ))
+
+    # -- execution ----------------------------------------------------------------------
+
+    def _frozen(self) -> bool:
+        return self.deps.switches is not None and bool(self.deps.switches.frozen)
+
+    async def _advance(self) -> None:
+        if is_terminal(self.status) or self.workflow is None:
+            self.ref.stop()
+            return
+        if self._frozen():
+            return  # dispatch frozen: wait at this safe point until thawed
+        if self.status is TaskStatus.QUEUED:
+            await self._dispatch()
+        if self.status is not TaskStatus.RUNNING:
+            return  # waiting or paused: a later message resumes it
+        if self.pause_requested:  # a pause that arrived while the task was parked
+            await pause(self)
+            return
+        if self._recovered_from is not None:
+            reason, self._recovered_from = self._recovered_from, None
+            if not await crash_loop.record_recovery(self, reason):
+                return  # a crash loop: handed to a human
+        assert self.record is not None
+        if self.record.deadline_at is not None and self.deps.clock.now() >= self.record.deadline_at:
+            await fail_with_saga(self, RatchetError("task deadline passed"),
+                                            "deadline passed")
+            return
+        if self.current == END:
+            await self._succeed()
+            return
+        node = self.workflow.node(self.current)
+        bounded = [node]
+        if node.kind == "fanout":  # a loop may be bounded on the join: entering its fan-out
+            bounded.append(self.workflow.node(node.join))  # type: ignore[attr-defined]
+        over = [n for n in bounded if n.max_visits is not None
+                and self.visits.get(n.name, 0) >= n.max_visits]
+        if over:
+            await fail_with_saga(
+                self, RatchetError(f"node {over[0].name} entered more than"
+                                   f" {over[0].max_visits} times"), "loop bound exceeded")
+            return
+        if await graph_runtime.run_node(self, node):
+            self.ref.tell(Advance())
+
+    def _counts_visits(self, name: str) -> bool:
+        assert self.workflow is not None
+        node = self.workflow.nodes.get(name)
+        return node is not None and (node.max_visits is not None
+                                     or node.kind in ("fanout", "join", "wait", "approval",
+                                                      "agent"))
+
+    async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
+                   count_visit: bool = True, **kwargs: Any) -> None:
+        """Commit leaving ``node`` for ``to`` as a checkpoint (with whatever state changed)."""
+        delta = self.tracker.diff(self.state)
+        for _, payload in events:
+            if "changed" in payload and payload["changed"] is None:
+                payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
+        # Visits are counted only where something reads them (loop bounds, per-visit keys of
+        # fan-outs and waits): a 1,000-step sequence must not rewrite a 1,000-entry map
+        # at every step.
+        counted = count_visit and self._counts_visits(node)  # an agent's turns are one visit
+        visits = {**self.visits, node: self.visits.get(node, 0) + 1} if counted else None
+        now = self.deps.clock.now()
+        heartbeat = self._progress.due(now)
+        if heartbeat:  # in this boundary's own transaction: progress costs no extra write
+            assert self.record is not None
+            events = [*events, ("task.progress", progress_payload(
+                node=to, steps_completed=self.next_step + 1, steps_total=self.record.steps_total,
+                last_checkpoint=self.checkpoint_seq + 1, owner=self.deps.producer))]
+        await self._commit(self._change(
+            events=events,
+            checkpoint=CheckpointWrite(self.next_step, node, self.next_step + 1, delta,
+                                       next_node=to, visits=visits),
+            **kwargs))
+        if heartbeat:
+            self._progress.mark(now)
+        self.next_step += 1
+        self.current = to
+        if visits is not None:
+            self.visits = visits
+        self._attempt = 1
+
+    def runner(self, step_index: int, step_timeout: float | None,
+               *, task_deadline: bool = True, count_tool_calls: bool = True) -> ActionRunner:
+        """The action runner for one step. Compensations pass ``task_deadline=False``: an
+        undo must still run when the task failed because its deadline passed."""
+        assert self.record is not None
+        deadlines = [d for d in (self.record.deadline_at if task_deadline else None,
+                                 self.deps.clock.now() + step_timeout if step_timeout else None)
+                     if d is not None]
+
+        tenant = self.record.tenant
+
+        async def session(name: str) -> ActorRef[Any]:
+            ref: ActorRef[Any] = await self.deps.children.session(self.task_id, tenant, name)
+            return ref
+
+        return ActionRunner(CallEnv(
+            task_id=self.task_id, tenant=self.record.tenant, step_index=step_index,
+            store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
+            deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
+            # Counting costs a read-modify-write per call: only for tasks with such a budget.
+            count_tool_calls=count_tool_calls and "tool_calls" in self.record.budget,
+            switches=self.deps.switches,
+            pause_requested=lambda: self.pause_requested))
+
+    async def run_step(self, step: StepNode) -> bool:
+        """Run one step node; True when it committed and the task can go on."""
+        assert self.workflow is not None and self.record is not None
+        index = self.next_step
+        ctx = StepContext(
+            task_id=self.task_id, tenant=self.record.tenant, workflow=self.workflow.name,
+            step_name=step.name, step_index=index, attempt=self._attempt,
+            input=self.record.input, state=self.state, clock=self.deps.clock,
+            log=bind_step_logger(self.task_id, self.record.tenant, step.name),
+            runner=self.runner(index, step.timeout),
+        )
+        started = asyncio.get_running_loop().time()
+        try:
+            try:
+                # One cancel scope serves both the step's own timeout and an operator's
+                # interrupt (rescheduled to "now"), with no extra task per step.
+                async with asyncio.timeout(step.timeout) as scope:
+                    self._scope = scope
+                    update = await step.fn(ctx)
+            except TimeoutError:
+                if not self._interrupted:
+                    raise  # the step's own timeout: a step failure, handled below
+                self._interrupted = False
+                await self._commit(self._change(events=[("step.interrupted", {
+                    "step": step.name, "index": index})]))
+                return False  # the operator's request is handled next, at this safe point
+            finally:
+                self._scope = None
+            if update:
+                self.state.update(update)
+        except TaskSuspended as signal:
+            await suspend(self, signal)
+            return False
+        except Exception as exc:
+            await self._record_step_failure(step.name, index, exc)
+            if isinstance(exc, ActionFailed | BudgetExhausted) \
+                    or self._attempt >= self.deps.max_step_attempts:
+                reason = ("a side effect failed" if isinstance(exc, ActionFailed)
+                          else "budget exhausted" if isinstance(exc, BudgetExhausted)
+                          else f"step {step.name} failed {self._attempt} times")
+                await fail_with_saga(self, exc, reason)
+                return False
+            raise  # crash: the supervisor restarts us from the last checkpoint
+        duration = asyncio.get_running_loop().time() - started
+        await self.move(step.name, step.next, [("step.completed", {
+            "step": step.name, "index": index, "duration_ms": round(duration * 1000, 3),
+            "changed": None, "next": step.next})])
+        return True
+
+    async def _record_step_failure(self, name: str, index: int, exc: BaseException) -> None:
+        error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+        if isinstance(exc, TimeoutError):
+            error["message"] = "step timed out"
+        await self._commit(self._change(step_failed=True, events=[("step.failed", {
+            "step": name, "index": index, "attempt": self._attempt, "error": error})]))
+        self.log.warning("step failed", step=name, attempt=self._attempt, error=repr(exc))
+
+    async def _succeed(self) -> None:
+        raw = self.state.get("output")
+        output = raw if isinstance(raw, dict) else ({"value": raw} if raw is not None else {})
+        await self._commit(self._change(
+            status_event=TaskEvent.SUCCEEDED,
+            events=[("task.succeeded", {"output": output})],
+            output=output, control={},  # a request still pending has nothing left to act on
+        ))
+        self.log.info("task succeeded")
+        self.ref.stop()
+

@@ -1,0 +1,75 @@
+"""An agent node's conversation: its messages, its turn records (for the loop detectors)
+and the tool results it has seen, kept in memory by the task actor, appended to the agent
+log in each turn's own transaction, and read back from the log after a restart.
+
+Used by ``actors/task/agent_node.py``, which runs the turns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from ratchet.actors.agents.loop_detect import TurnRecord
+from ratchet.actors.agents.models import Message
+from ratchet.actors.task.kernel import TaskKernel
+
+__all__ = ["Conversation", "digest"]
+
+
+def digest(value: Any) -> str:
+    """A short, stable digest of a JSON-like value (messages, tool results, schemas)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+class Conversation:
+    """An agent node's messages and turn records: kept in memory by the task actor, appended
+    to the agent log in the turn's own transaction, read back from it after a restart."""
+
+    def __init__(self, actor: TaskKernel, scope: str, log: list[tuple[str, dict[str, Any]]]):
+        self.state = actor.state
+        self.p = f"agent.{scope}."
+        self.node = scope
+        # Kept as Message objects, so a turn does not rebuild the whole conversation.
+        self.messages: list[Message] = []
+        self.hash = ""
+        for k, b in log:
+            if k == "message":
+                self.messages.append(Message.from_dict(b))
+                self.hash = digest([self.hash, b])
+        self.turns = [TurnRecord.from_dict(b) for k, b in log if k == "turn"]
+        self.seq = len(log)
+        self.seen = {str(b.get("artifact")) for k, b in log if k == "artifact"}
+        self.pending: list[tuple[str, int, str, dict[str, Any]]] = []
+
+    def _log(self, kind: str, body: dict[str, Any]) -> None:
+        self.pending.append((self.node, self.seq, kind, body))
+        self.seq += 1
+
+    def add(self, message: dict[str, Any]) -> None:
+        self.messages.append(Message.from_dict(message))
+        self.hash = digest([self.hash, message])
+        self._log("message", message)
+
+    def add_turn(self, record: TurnRecord) -> None:
+        self.turns.append(record)
+        self._log("turn", record.to_dict())
+
+    def see(self, artifact: str) -> bool:
+        """Note a tool result; True when it was not seen before in this conversation."""
+        if artifact in self.seen:
+            return False
+        self.seen.add(artifact)
+        self._log("artifact", {"artifact": artifact})
+        return True
+
+    def flush(self) -> list[tuple[str, int, str, dict[str, Any]]]:
+        out, self.pending = self.pending, []
+        return out
+
+    def get(self, what: str, default: Any = None) -> Any:
+        return self.state.get(f"{self.p}{what}", default)
+
+    def set(self, what: str, value: Any) -> None:
+        self.state[f"{self.p}{what}"] = value

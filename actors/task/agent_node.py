@@ -1,0 +1,354 @@
+"""How a task actor runs an agent node, one checkpointed turn at a time.
+
+A turn: check the budget → ask the model (retried like a read; recorded in the ledger, keyed
+by task, node, visit and turn, by the turn's own commit — so a resumed task never asks a
+recorded turn again, and asks the interrupted one at most once more) → validate what it proposes
+against the node's tools and their argument schemas (errors go back to the model as tool
+results, never as exceptions) → execute through the tool sessions (writes via the ledger)
+→ check the loop detectors → commit the new messages and the budget spent in one
+transaction. The conversation lives in the task state, one key per message, so each turn
+writes only what it added and a resumed agent rebuilds the same conversation.
+A final answer must validate against the node's output model (bounded repair attempts).
+The model never moves the task: BUDGET_EXHAUSTED and LOOP_DETECTED are runtime outcomes,
+routed along declared edges.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from ratchet.actors.agents.loop_detect import LoopPolicy, TurnRecord, detect
+from ratchet.actors.agents.models import Message, Model, ModelRequest, ToolSpec
+from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
+from ratchet.actors.task.agent_conversation import Conversation, digest
+from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.suspension import fail_with_saga, suspend
+from ratchet.actors.workflow.nodes import FAIL, AgentNode
+from ratchet.actors.workflow.tools import RetryPolicy, Tool, ToolContext
+from ratchet.persistence.ledger import ActionWrite
+from ratchet.protocol.codec import canonical, encode
+from ratchet.protocol.errors import ActionFailed, BudgetExhausted, LoopDetected, RatchetError
+from ratchet.protocol.ids import request_hash
+
+__all__ = ["run_agent", "BudgetExhausted"]
+
+
+class ModelCall(BaseModel):
+    """What the ledger records of a model call: the turn's key, and a digest of the exact
+    request (the conversation is in the agent log, not copied into every call)."""
+
+    key: str
+    conversation: str  # running hash of every message sent
+    messages: int
+    tools: str
+    params: dict[str, Any]
+    model: str
+
+
+class ModelAnswer(BaseModel):
+    message: dict[str, Any]
+    prompt_tokens: int
+    completion_tokens: int
+    model: str
+    version: str
+    cost: float
+
+
+def _model_tool(node: AgentNode, model: Model, request: ModelRequest) -> Tool[Any, Any]:
+    """This turn's model call as a read (retried by the action runner's policy: Retry-After,
+    backoff, every retry an event). It is recorded in the ledger by the turn's own commit,
+    with the messages it produced: a turn is asked again only if that commit never
+    happened."""
+
+    async def ask(ctx: ToolContext, args: ModelCall) -> ModelAnswer:
+        response = await model.complete(request)
+        return ModelAnswer(message=response.message.to_dict(),
+                           prompt_tokens=response.usage.prompt_tokens,
+                           completion_tokens=response.usage.completion_tokens,
+                           model=response.model or model.name, version=model.version,
+                           cost=response.cost)
+
+    return Tool(f"model.{node.name}", ask, "read", ModelCall, ModelAnswer,
+                timeout=node.model_timeout,
+                retry=RetryPolicy(max_attempts=4, base_delay=0.2, max_delay=10),
+                session="model")
+
+
+def _record(call: ModelCall, answer: ModelAnswer, node: AgentNode, step: int) -> ActionWrite:
+    """The ledger row of a model call: request digest, model version, parameters, answer."""
+    return ActionWrite(call.key, "SUCCEEDED", insert=True, tool=f"model.{node.name}",
+                       kind="model", request_hash=request_hash(canonical(call.model_dump())),
+                       args=encode(call.model_dump()), step_index=step, attempts=1,
+                       result=answer.model_dump(), provider_id=answer.version)
+
+
+_SPECS: dict[int, tuple[list[ToolSpec], str]] = {}
+
+
+def _specs(node: AgentNode) -> tuple[list[ToolSpec], str]:
+    """The tools as the model sees them, and their digest (schemas are costly to build)."""
+    cached = _SPECS.get(id(node))
+    if cached is None:
+        specs = [ToolSpec(t.name, (t.fn.__doc__ or t.name).strip().split("\n")[0],
+                          t.args.model_json_schema()) for t in node.tools]
+        cached = (specs, digest([(x.name, x.parameters) for x in specs]))
+        _SPECS[id(node)] = cached
+    return cached
+
+
+def _exhausted(actor: TaskKernel, spent: dict[str, float]) -> str | None:
+    assert actor.record is not None
+    budget = actor.record.budget
+    for dim in ("tokens", "model_calls", "tool_calls", "money"):
+        if budget.get(dim) is not None and spent.get(dim, 0) >= budget[dim]:
+            return dim
+    wall = budget.get("wall_time_s")
+    if wall is not None and actor.deps.clock.now() - actor.record.created_at >= wall:
+        return "wall_time_s"
+    return None
+
+
+@dataclass(slots=True)
+class _Turn:
+    """One turn in progress: what was proposed, by which model, and what it cost so far."""
+
+    conv: Conversation
+    number: int
+    spent: dict[str, float]  # the task's spending before this turn
+    proposed: Message
+    answered_by: str = ""
+    version: str = ""
+    record: ActionWrite | None = None  # the model call's ledger row (None: not asked again)
+    spend: dict[str, float] = field(default_factory=dict)  # this turn's, tool calls included
+    upto: int = 0  # how many pending agent-log entries belong to the proposal
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
+    """Run one turn; True when the task can go on (another turn, or the next node)."""
+    assert actor.record is not None and actor.workflow is not None
+    model: Model = node.model if not isinstance(node.model, str) else \
+        actor.deps.registry.resources[node.model]
+    # Each visit of the node is its own conversation (a bounded loop may come back to it).
+    visit = actor.visits.get(node.name, 0)
+    scope = f"{node.name}#{visit}"
+    conv = await _open_conversation(actor, node, scope)
+    turn = int(conv.get("turn", 0))
+    spent = dict(actor.spent)
+    dim = _exhausted(actor, spent)
+    if dim is not None or turn >= node.max_turns:
+        reason = f"budget exhausted: {dim}" if dim else f"no answer in {node.max_turns} turns"
+        return await _stop(actor, node, conv, node.on_budget_exhausted, "agent.budget_exhausted",
+                           {"dimension": dim or "turns", "spent": spent,
+                            "budget": actor.record.budget},
+                           BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
+    runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
+    t = await _propose(actor, node, model, runner, conv, visit, turn, spent)
+    # Each outcome below is final when it is True or False; None: the turn commits as usual.
+    if not t.proposed.tool_calls:
+        outcome = await _take_answer(actor, node, t)
+    else:
+        outcome = await _run_calls(actor, node, t, runner, scope)
+    if outcome is not None:
+        return outcome
+    return await _end_turn(actor, node, t)
+
+
+async def _open_conversation(actor: TaskKernel, node: AgentNode, scope: str) -> Conversation:
+    """The conversation of this visit of the node: kept by the actor, else read back from
+    the agent log, else started with the node's system message and prompt."""
+    assert actor.record is not None
+    conv: Conversation | None = actor.conversations.get(scope)
+    if conv is None:
+        conv = Conversation(actor, scope, await actor.deps.store.agent_log(actor.task_id, scope))
+        actor.conversations[scope] = conv
+    if not conv.messages:
+        if node.system:
+            conv.add(Message("system", node.system).to_dict())
+        conv.add(Message("user", node.prompt(actor.state, actor.record.input)).to_dict())
+    return conv
+
+
+async def _propose(actor: TaskKernel, node: AgentNode, model: Model, runner: ActionRunner,
+                   conv: Conversation, visit: int, turn: int,
+                   spent: dict[str, float]) -> _Turn:
+    """Ask the model for this turn's proposal (a read, recorded by the turn's commit)."""
+    specs, specs_digest = _specs(node)
+    last = conv.messages[-1]
+    if last.role == "assistant" and last.tool_calls:
+        # The proposal was recorded before the task parked on one of its calls (an accepted
+        # write, a handoff): run the calls again — the ledger answers for what already
+        # happened — and do not ask the model again.
+        return _Turn(conv, turn, spent, last)
+    request = ModelRequest(messages=list(conv.messages), tools=specs, params=dict(node.params))
+    asked = ModelCall(
+        key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
+        messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
+        model=f"{model.name}:{model.version}")
+    answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
+    record = _record(asked, answer, node, actor.next_step)
+    spend: dict[str, float] = {"tokens": answer.prompt_tokens + answer.completion_tokens,
+                               "model_calls": 1, "money": answer.cost}
+    conv.add(answer.message)
+    return _Turn(conv, turn, spent, conv.messages[-1], answered_by=answer.model,
+                 version=answer.version, record=record, spend=spend, upto=len(conv.pending))
+
+
+async def _take_answer(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool | None:
+    """A final answer: valid, it is the node's output and the task moves on (True). Invalid,
+    it goes back to the model for repair (None), or past ``repair_attempts`` the task fails
+    (False)."""
+    conv = t.conv
+    try:
+        output = node.output.model_validate_json(t.proposed.content or "")
+    except ValidationError as exc:
+        repairs = int(conv.get("repairs", 0)) + 1
+        conv.set("repairs", repairs)
+        if repairs > node.repair_attempts:
+            error = RatchetError(f"answer failed validation {repairs} times",
+                                 node=node.name, problems=str(exc)[:500])
+            await actor.move(node.name, node.name, [("agent.turn", {
+                "node": node.name, "turn": t.number, "outcome": "invalid answer"})],
+                spend=t.spend, agent_log=conv.flush(), action=t.record, count_visit=False)
+            await fail_with_saga(actor, error, "agent answer invalid")
+            return False
+        conv.add(Message("user", "Your answer did not validate against the required "
+                         f"schema {node.output.model_json_schema()}: "
+                         f"{exc.errors()[:3]}. Reply with JSON only.").to_dict())
+        t.events.append(("agent.repair", {"node": node.name, "turn": t.number,
+                                          "attempt": repairs}))
+        return None
+    actor.state[node.name] = output.model_dump(mode="json")
+    conv.set("turn", t.number + 1)
+    actor.spent = _add(t.spent, t.spend)
+    await actor.move(node.name, node.next, [("agent.answered", {
+        "node": node.name, "turn": t.number, "model": t.answered_by,
+        "version": t.version, "tokens": t.spend.get("tokens", 0)})], spend=t.spend,
+        agent_log=conv.flush(), action=t.record)
+    return True
+
+
+async def _run_calls(actor: TaskKernel, node: AgentNode, t: _Turn, runner: ActionRunner,
+                     scope: str) -> bool | None:
+    """Run the proposed tool calls, then look for a loop: False when the task parked on a
+    call, the loop's outcome when the node stops, None when the turn commits as usual."""
+    try:
+        result, new_artifacts = await _call_tools(actor, node, t, runner)
+    except TaskSuspended as signal:
+        # Keep the proposal (and what it cost) before parking, so the model is not asked
+        # this turn again; the calls run again on resume, answered by the ledger.
+        # Tool calls are counted when the turn completes (they run again on resume).
+        parked = {k: v for k, v in t.spend.items() if k != "tool_calls"}
+        await actor.commit(agent_log=t.conv.pending[:t.upto], action=t.record,
+                           spend=parked or None,
+                           events=[("agent.turn", {"node": node.name, "turn": t.number,
+                                                   "outcome": "parked"})])
+        actor.conversations.pop(scope, None)
+        await suspend(actor, signal)
+        return False
+    return await _check_loop(actor, node, t, result, new_artifacts)
+
+
+async def _call_tools(actor: TaskKernel, node: AgentNode, t: _Turn,
+                      runner: ActionRunner) -> tuple[Any, bool]:
+    """Run each proposed call and answer it in the conversation; returns the last result,
+    and whether any result was new to the conversation."""
+    tools = {x.name: x for x in node.tools}
+    new_artifacts = False
+    result: Any = None
+    for call in t.proposed.tool_calls:
+        result = await _execute(actor, runner, tools, call.name, call.arguments, t.spent,
+                                t.spend)
+        new_artifacts = t.conv.see(digest(result)) or new_artifacts
+        t.conv.add(Message("tool", json.dumps(result, default=str), tool_call_id=call.id,
+                           name=call.name).to_dict())
+    return result, new_artifacts
+
+
+async def _check_loop(actor: TaskKernel, node: AgentNode, t: _Turn, result: Any,
+                      new_artifacts: bool) -> bool | None:
+    """Record the turn for the loop detectors. A loop found: the first time the model is
+    told so (None: the turn commits), the next time the node stops along ``on_loop``."""
+    conv = t.conv
+    proposed = t.proposed
+    policy = node.loop or LoopPolicy()
+    conv.add_turn(TurnRecord(
+        digest([(c.name, c.arguments) for c in proposed.tool_calls]),
+        tuple(c.name for c in proposed.tool_calls), new_artifacts,
+        result.get(policy.watch_field) if policy.watch_field and isinstance(result, dict)
+        else None))
+    found = detect(conv.turns[-max(policy.repeat, policy.window, policy.alternation):], policy)
+    if found is None:
+        return None
+    evidence = {"pattern": found.pattern, **found.evidence,
+                "history": [x.to_dict() for x in conv.turns[-10:]]}
+    if conv.get("intervened"):
+        conv.set("turn", t.number + 1)
+        await actor.move(node.name, node.name, [("agent.turn", {
+            "node": node.name, "turn": t.number, "outcome": "loop"})], spend=t.spend,
+            agent_log=conv.flush(), action=t.record, count_visit=False)
+        actor.spent = _add(t.spent, t.spend)
+        return await _stop(actor, node, conv, node.on_loop, "agent.loop_detected", evidence,
+                           LoopDetected(f"loop detected: {found.pattern}",
+                                        node=node.name, pattern=found.pattern))
+    conv.set("intervened", True)
+    conv.add(Message("user", f"You are repeating yourself ({found.pattern}). Change"
+                     " approach, or give your final answer now.").to_dict())
+    t.events.append(("agent.intervention", {"node": node.name, **evidence}))
+    return None
+
+
+async def _end_turn(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool:
+    """Commit the turn: its messages, the model call's ledger row and what it spent."""
+    t.conv.set("turn", t.number + 1)
+    t.events.insert(0, ("agent.turn", {
+        "node": node.name, "turn": t.number, "model": t.answered_by, "version": t.version,
+        "tool_calls": [c.name for c in t.proposed.tool_calls],
+        "tokens": t.spend.get("tokens", 0)}))
+    await actor.move(node.name, node.name, t.events, spend=t.spend, agent_log=t.conv.flush(),
+                     action=t.record, count_visit=False)
+    actor.spent = _add(t.spent, t.spend)
+    return True
+
+
+async def _execute(actor: TaskKernel, runner: Any, tools: dict[str, Tool[Any, Any]], name: str,
+                   arguments: dict[str, Any], spent: dict[str, float],
+                   spend: dict[str, float]) -> Any:
+    """Run one proposed call; every refusal is an answer to the model, not an exception."""
+    tool = tools.get(name)
+    if tool is None:
+        return {"error": f"unknown tool {name!r}; allowed: {sorted(tools)}"}
+    try:
+        args = tool.args.model_validate(arguments)
+    except ValidationError as exc:
+        return {"error": f"invalid arguments for {name}: {exc.errors()[:3]}"}
+    budget = actor.record.budget if actor.record else {}
+    if budget.get("tool_calls") is not None and \
+            spent.get("tool_calls", 0) + spend.get("tool_calls", 0) >= budget["tool_calls"]:
+        return {"error": "tool-call budget exhausted"}
+    spend["tool_calls"] = spend.get("tool_calls", 0) + 1
+    try:
+        result = await runner.call(tool, args)
+    except ActionFailed as exc:
+        return {"error": f"{name} failed: {exc.message}"}
+    return result.model_dump(mode="json")
+
+
+def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in set(a) | set(b)}
+
+
+async def _stop(actor: TaskKernel, node: AgentNode, conv: Conversation, route: str, event: str,
+                evidence: dict[str, Any], error: RatchetError) -> bool:
+    pending = conv.flush()
+    if route == FAIL:
+        await actor.commit(events=[(event, {"node": node.name, **evidence})], agent_log=pending)
+        await fail_with_saga(actor, error, error.message)
+        return False
+    await actor.move(node.name, route, [(event, {"node": node.name, **evidence,
+                                                 "to": route})], agent_log=pending)
+    return True

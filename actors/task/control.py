@@ -1,0 +1,111 @@
+"""Operator control of a running task: cancel, pause, resume.
+
+The admin service records the request on the task first (``tasks.control``, with an event),
+then tells the task's actor. The actor acts at a safe point: between steps — a running step
+is interrupted for a cancel when it can be (``TaskActor.interrupt``), a blocking tool call
+on its thread cannot be and is left to finish, its action marked UNKNOWN. A pending request
+found on activation (the actor was parked, or crashed) is acted on at once.
+
+- cancel → branches and tool sessions stop; actions still in flight are marked UNKNOWN;
+  compensations run if the workflow declares ``compensate_on_cancel``; CANCELLED (never
+  FAILED; a late result can never make it SUCCEEDED: terminal states absorb).
+- pause → PAUSED at the next safe point (from QUEUED or RUNNING); the actor passivates.
+- resume → re-checks the workflow version, the deadline and the budget, then QUEUED and on
+  from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratchet.actors.effects.actions import HandoffRequired
+from ratchet.actors.effects.saga import compensate_task
+from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.suspension import pause, suspend
+from ratchet.persistence.ledger import ActionWrite
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
+
+__all__ = ["handle_control", "apply_pending_control"]
+
+
+async def apply_pending_control(actor: TaskKernel) -> bool:
+    """Act on a request recorded while no actor was listening; True if the task stopped."""
+    assert actor.record is not None
+    control = actor.record.control
+    if "cancel" in control:
+        await cancel(actor, control["cancel"])
+        return True
+    if "pause" in control and actor.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+        await pause(actor, control["pause"])
+        return True
+    return False
+
+
+async def handle_control(actor: TaskKernel, env: Envelope) -> str:
+    action = env.body.get("action")
+    request = dict(env.body.get("request") or {})
+    if is_terminal(actor.status):
+        return f"already {actor.status.value}"
+    if action == "cancel":
+        await cancel(actor, request)
+        return "cancelled"
+    if action == "pause":
+        if actor.status not in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+            return f"not paused: {actor.status.value}"
+        await pause(actor, request)
+        return "paused"
+    if action == "resume":
+        return await resume(actor, request)
+    return "ignored"
+
+
+async def cancel(actor: TaskKernel, request: dict[str, Any]) -> None:
+    assert actor.workflow is not None
+    await actor.deps.children.stop_children(actor.task_id, None)  # branches, joins, tool sessions
+    actor.joins.clear()
+    compensated: list[str] = []
+    if actor.workflow.compensate_on_cancel and actor.status is TaskStatus.RUNNING:
+        runner = actor.runner(actor.next_step, None, task_deadline=False, count_tool_calls=False)
+        try:
+            compensated = await compensate_task(runner, actor.deps.store, actor.deps.registry,
+                                                actor.task_id)
+        except HandoffRequired as signal:  # an undo that failed for good: a human decides
+            signal.package["cancel"] = request
+            await actor.commit(control={}, events=[("task.cancel_incomplete", {
+                "by": request.get("by"), "reason": signal.reason})])
+            await suspend(actor, signal)
+            return
+    unknown = [a.key for a in await actor.deps.store.task_actions(actor.task_id)
+               if a.status in ("IN_FLIGHT", "PENDING")]
+    for key in unknown:  # calls that could not be interrupted: their outcome is not known
+        await actor.commit(action=ActionWrite(key, "UNKNOWN"),
+                           events=[("action.unknown", {"key": key, "reason": "task cancelled"})])
+    await actor.commit(status_event=TaskEvent.CANCELLED, control={},
+                       events=[("task.cancelled", {"by": request.get("by"),
+                                                   "reason": request.get("reason"),
+                                                   "unknown_actions": unknown,
+                                                   "compensated": compensated})])
+    actor.log.warning("task cancelled", by=request.get("by"))
+    actor.passivate()
+
+
+
+async def resume(actor: TaskKernel, request: dict[str, Any]) -> str:
+    assert actor.record is not None and actor.workflow is not None
+    # Refusals are answers, not raises: a raise here would crash the actor.
+    if actor.status is not TaskStatus.PAUSED:
+        return f"refused: resume needs a PAUSED task, not {actor.status.value}"
+    if actor.record.deadline_at is not None and actor.deps.clock.now() >= actor.record.deadline_at:
+        return "refused: the task's deadline passed while it was paused"
+    budget, spent = actor.record.budget, actor.spent
+    over = [d for d in ("tokens", "model_calls", "tool_calls", "money")
+            if budget.get(d) is not None and spent.get(d, 0) >= budget[d]]
+    if over:
+        return f"refused: budget exhausted: {over}"
+    await actor.commit(status_event=TaskEvent.RESUMED, events=[("task.resumed", {
+        "by": request.get("by"), "workflow": actor.workflow.name,
+        "version": actor.workflow.version, "from_checkpoint": actor.record.last_checkpoint,
+        "at_node": actor.current})])
+    actor.advance()
+    return "resumed"

@@ -1,0 +1,292 @@
+"""Fan-out / fan-in: branch actors run the branches; a join actor applies the policy.
+
+A branch is a small graph (steps, choices, routes) with its own state. It is the unit of
+recovery: its result is committed once, when it finishes, with a ``branch.done`` mail to
+its task in the same transaction; a branch interrupted by a crash runs again from its start,
+a finished one never does. Branch commits are side-channel changes (no compare-and-set on
+the task), so branches never conflict with each other.
+
+The join keeps its completion set in the store (the ``branches`` rows): on (re)start it
+recounts them, then follows ``branch.done`` notifications; repeats and out-of-order
+notifications change nothing a set does not already hold.
+
+At most ``max_concurrency`` branches of one fan-out run their body at once (the node's
+``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): every branch actor is started,
+and waits in its ``run`` message for a slot of its fan-out's :func:`branch_slot`. A waiting
+branch holds no slot, so stopping or killing it (the join decided, the task was cancelled)
+is as prompt as for a running one. A branch's time budget counts from when it gets its slot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import traceback
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from ratchet.actors.core.actor import Actor
+from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.effects.switches import Switches
+from ratchet.actors.workflow.join_policy import JoinVerdict, decide
+from ratchet.actors.workflow.nodes import (
+    END,
+    BranchGraph,
+    ChoiceNode,
+    JoinPolicy,
+    RouteNode,
+    StepContext,
+    StepNode,
+)
+from ratchet.persistence.ledger import TimerWrite
+from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.txns import TaskChange
+from ratchet.protocol.catalogue import EventType, MessageType
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import encode
+from ratchet.protocol.ids import new_id
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import DEFAULT_PARTITIONS, mail_subject
+
+__all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "JoinActor", "JoinDone",
+           "JoinTimeout", "ResendVerdict", "branch_done_change", "branch_slot", "branch_timer",
+           "branch_timer_id"]
+
+log = structlog.get_logger("ratchet.fanout")
+
+#: Branches of one fan-out running their body at once, when the fan-out sets no
+#: ``max_concurrency``: bounds what one wide task takes from its neighbours on the node.
+DEFAULT_BRANCH_CONCURRENCY = 64
+
+
+@dataclass(slots=True)
+class _Gate:
+    slots: asyncio.Semaphore
+    users: int = 0  # branches holding or waiting for a slot
+
+
+#: (task_id, fan-out key) -> its gate; an entry lives while a branch holds or awaits a slot.
+_gates: dict[tuple[str, str], _Gate] = {}
+
+
+@asynccontextmanager
+async def branch_slot(task_id: str, key: str, limit: int) -> AsyncIterator[None]:
+    """Hold one of the ``limit`` slots of the fan-out ``key`` of ``task_id`` (waits, first
+    come first served, while all are taken). Cancelling a waiter takes no slot."""
+    gate = _gates.get((task_id, key))
+    if gate is None:
+        gate = _gates[(task_id, key)] = _Gate(asyncio.Semaphore(limit))
+    gate.users += 1
+    try:
+        async with gate.slots:
+            yield
+    finally:
+        gate.users -= 1
+        if gate.users == 0 and _gates.get((task_id, key)) is gate:
+            del _gates[(task_id, key)]
+
+
+def branch_timer_id(task_id: str, key: str, branch: str) -> str:
+    return f"br:{task_id}:{key}:{branch}"
+
+
+def branch_timer(task_id: str, key: str, node: str, branch: str, due_at: float) -> TimerWrite:
+    """The durable timer that times a branch out (``on_timer`` settles it TIMED_OUT)."""
+    return TimerWrite(branch_timer_id(task_id, key, branch), "branch_timeout", due_at,
+                      {"key": key, "node": node, "branch": branch})
+
+
+@dataclass(frozen=True, slots=True)
+class BranchDone:
+    branch: str
+    status: str
+
+
+@dataclass(frozen=True, slots=True)
+class JoinTimeout:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ResendVerdict:
+    """From a restarted task actor: repeat the verdict if it was already reached."""
+
+
+@dataclass(frozen=True, slots=True)
+class JoinDone:
+    key: str
+    node: str
+    verdict: JoinVerdict
+    results: dict[str, Any]
+
+
+def branch_done_change(task_id: str, key: str, node: str, branch: str, status: str,
+                       payload: dict[str, Any], producer: str, now: float,
+                       partitions: int = DEFAULT_PARTITIONS) -> TaskChange:
+    """The side-channel change settling a branch: its event, and the mail to its task."""
+    env = Envelope(type=MessageType.BRANCH_DONE, message_id=new_id("msg"), correlation_id=task_id,
+                   sent_at=now, body={"key": key, "node": node, "branch": branch,
+                                      "status": status})
+    kind = {"SUCCEEDED": EventType.BRANCH_COMPLETED, "FAILED": EventType.BRANCH_FAILED,
+            "TIMED_OUT": EventType.BRANCH_TIMED_OUT}[status]
+    return TaskChange(
+        task_id=task_id, expected_version=None, producer=producer, now=now,
+        events=[(kind, {"node": node, "branch": branch, **payload})],
+        mail=[(mail_subject(task_id, "task", partitions), env.message_id, encode(env))])
+
+
+class BranchActor(Actor):
+    """Runs one branch once it has a slot, and commits its result with its notification.
+
+    Args:
+        max_concurrency: slots of its fan-out (every branch of the fan-out passes the same).
+        arm_timeout: the branch's time budget, armed as its durable timer when it gets its
+            slot; None when it has none, or when the fan-out's start armed it already.
+    """
+
+    def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
+                 graph: BranchGraph, task_input: dict[str, Any], state: dict[str, Any],
+                 store: TaskStore, clock: Clock, producer: str, session: Any,
+                 switches: Switches | None = None,
+                 max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
+                 arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS) -> None:
+        self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
+        self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
+        self.state = state
+        self.store, self.clock, self.producer, self.session = store, clock, producer, session
+        self.switches = switches
+        self.max_concurrency, self.arm_timeout = max_concurrency, arm_timeout
+        self.partitions = partitions
+
+    async def on_start(self) -> None:
+        self.ref.tell("run")
+
+    async def receive(self, message: Any) -> Any:
+        if message != "run":
+            return await super().receive(message)
+        status, result, error = "SUCCEEDED", None, None
+        # Runs in this actor's task; a stop while waiting for the slot kills the wait.
+        async with branch_slot(self.task_id, self.key, self.max_concurrency):
+            if self.arm_timeout is not None:
+                # Its budget starts now, not when the fan-out started. A raise is a crash:
+                # the supervisor restarts the branch, which arms the timer again.
+                await self._side_commit(timers=[branch_timer(
+                    self.task_id, self.key, self.node, self.branch,
+                    self.clock.now() + self.arm_timeout)])
+            try:
+                result = await self._run()
+            except TaskSuspended as signal:  # a branch cannot park the task: it fails instead
+                status, error = "FAILED", {"type": type(signal).__name__, "message": str(signal)}
+            except Exception as exc:
+                status = "FAILED"
+                error = {"type": type(exc).__name__, "message": str(exc)[:2000],
+                         "trace": "".join(traceback.format_exception(exc))[-2000:]}
+        payload: dict[str, Any] = {"key": self.key}
+        if error is not None:
+            payload["error"] = {k: v for k, v in error.items() if k != "trace"}
+        change = branch_done_change(self.task_id, self.key, self.node, self.branch, status,
+                                    payload, self.producer, self.clock.now(), self.partitions)
+        await self.store.finish_branch(change, self.key, self.branch, status, result, error)
+        self.ref.stop()
+        return None
+
+    async def _run(self) -> Any:
+        current, visits = self.graph.start, dict[str, int]()
+        runner = ActionRunner(CallEnv(
+            task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
+            clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
+            rng=random.Random(), switches=self.switches))
+        while current != END:
+            node = self.graph.node(current)
+            visits[current] = visits.get(current, 0) + 1
+            if node.max_visits is not None and visits[current] > node.max_visits:
+                raise RuntimeError(f"branch node {current} entered more than {node.max_visits} times")
+            if isinstance(node, StepNode):
+                ctx = StepContext(task_id=self.task_id, tenant=self.tenant,
+                                  workflow=self.graph.name, step_name=node.name, step_index=0,
+                                  attempt=1, input=self.input, state=self.state, clock=self.clock,
+                                  log=log.bind(task_id=self.task_id, branch=self.branch),
+                                  runner=runner, branch=self.branch)
+                if node.timeout is not None:
+                    update = await asyncio.wait_for(node.fn(ctx), node.timeout)
+                else:
+                    update = await node.fn(ctx)
+                if update:
+                    self.state.update(update)
+                current = node.next
+            elif isinstance(node, ChoiceNode):
+                target = node.guard(self.state)
+                if target not in node.targets:
+                    raise RuntimeError(f"guard of {node.name} chose undeclared target {target!r}")
+                current = target
+            elif isinstance(node, RouteNode):
+                current = node.table.get(node.key(self.state), node.default or END)
+            else:  # validation keeps other kinds out of branches
+                raise RuntimeError(f"{node.kind} node {node.name} cannot run in a branch")
+        return self.state.get("output", self.state)
+
+    async def _side_commit(self, **kwargs: Any) -> None:
+        await self.store.apply(TaskChange(task_id=self.task_id, expected_version=None,
+                                          producer=self.producer, now=self.clock.now(), **kwargs))
+
+
+class JoinActor(Actor):
+    """Keeps a fan-out's completion set and tells the task when the policy has decided."""
+
+    def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
+                 branches: list[str], store: TaskStore, tell_task: Any,
+                 timer_fired: bool) -> None:
+        self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
+        # By name, not by ref: the task actor may be restarted while the branches run.
+        self.branches, self.store, self.tell_task = branches, store, tell_task
+        self.timed_out = timer_fired
+        self.statuses: dict[str, str] = {}
+        self.verdict: JoinDone | None = None
+
+    async def on_start(self) -> None:
+        await self._evaluate(await self._recount())
+
+    async def receive(self, message: Any) -> Any:
+        if isinstance(message, BranchDone):
+            # The message is a nudge; the row is the truth. A repeat, a late or a forged
+            # notification cannot settle a branch the store does not hold as settled.
+            if self.statuses.get(message.branch) == "RUNNING":
+                row = await self.store.branch(self.task_id, self.key, message.branch)
+                if row is not None and row["status"] != "RUNNING":
+                    self.statuses[message.branch] = row["status"]
+            await self._evaluate()
+        elif isinstance(message, JoinTimeout):
+            # Decide on the store's view, not on notifications still in flight: a branch
+            # that finished before the deadline must not count as late.
+            rows = await self._recount()
+            self.timed_out = True
+            await self._evaluate(rows)
+        elif isinstance(message, ResendVerdict):
+            if self.verdict is not None:
+                self.tell_task(self.task_id, self.verdict)
+        else:
+            return await super().receive(message)
+        return None
+
+    async def _recount(self) -> dict[str, dict[str, Any]]:
+        """Read the completion set from the store; returns the rows it was read from."""
+        rows = await self.store.branches(self.task_id, self.key)
+        self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
+        return rows
+
+    async def _evaluate(self, rows: dict[str, dict[str, Any]] | None = None) -> None:
+        """Decide once; ``rows``: the branch rows just read, if any (else read them here)."""
+        if self.verdict is not None:
+            return
+        verdict = decide(self.policy, self.statuses, self.timed_out)
+        if verdict is None:
+            return
+        if rows is None:
+            rows = await self.store.branches(self.task_id, self.key)
+        results = {b: r["result"] for b, r in rows.items() if r["status"] == "SUCCEEDED"}
+        self.verdict = JoinDone(self.key, self.node, verdict, results)
+        self.tell_task(self.task_id, self.verdict)

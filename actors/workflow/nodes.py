@@ -1,0 +1,258 @@
+"""The node kinds of a workflow graph, and what step code sees.
+
+Every node names its successors up front, so a workflow can be listed, validated, drawn
+and audited before it runs: the runtime moves a task only along declared edges.
+
+========================  ==============================================================
+kind                      successors
+========================  ==============================================================
+step                      ``next`` (default: the next node declared, or the end)
+choice (conditional)      ``targets``: the guard must return one of them
+route (routing table)     ``table`` values and the required ``default``
+fanout                    its ``join`` (branches run between them)
+join                      ``next``
+approval (suspension)     ``on_approve``, ``on_reject``, and ``on_timeout`` (a node, or
+                          ``"cancel"``)
+wait (suspension)         ``next``, and ``on_timeout`` (a node, or ``"fail"``)
+agent                     ``next``; ``on_budget_exhausted`` and ``on_loop`` (a node, or
+                          ``"fail"``)
+========================  ==============================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from ratchet.actors.workflow.tools import Tool
+from ratchet.protocol.clock import Clock
+
+__all__ = [
+    "BranchGraph",
+    "END",
+    "CANCEL",
+    "FAIL",
+    "AgentNode",
+    "ApprovalNode",
+    "ChoiceNode",
+    "FanoutNode",
+    "JoinNode",
+    "JoinPolicy",
+    "Node",
+    "RouteNode",
+    "StepContext",
+    "StepFn",
+    "StepNode",
+    "WaitNode",
+]
+
+#: Successor that finishes the workflow (the task SUCCEEDS).
+END = "END"
+#: ``on_timeout`` of an approval that cancels the task.
+CANCEL = "cancel"
+#: ``on_timeout`` of a wait that fails the task.
+FAIL = "fail"
+
+
+
+class BranchGraph(Protocol):
+    """A fan-out branch's graph as the nodes see it (``actors/workflow/graph.py``'s ``Workflow``
+    implements it; named here so that the node kinds need not import the graph)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def start(self) -> str: ...
+
+    def node(self, name: str) -> Node: ...
+
+    def validate(self, *, as_branch: bool = False) -> None: ...
+
+
+@dataclass(slots=True)
+class StepContext:
+    task_id: str
+    tenant: str
+    workflow: str
+    step_name: str
+    step_index: int
+    attempt: int
+    input: Mapping[str, Any]
+    state: dict[str, Any]
+    clock: Clock
+    log: Any  # a structlog BoundLogger with task_id and step bound
+    runner: Any = None  # the task's ActionRunner (set by the task actor)
+    branch: str | None = None  # set inside a fan-out branch
+
+    async def call(self, tool: Tool[Any, Any], args: Any) -> Any:
+        """Call a registered tool under the action protocol and return its result model.
+
+        Writes take effect once (ledger + idempotency key); a completed call is never made
+        again when the step re-runs, its recorded result is returned instead.
+        """
+        return await self.runner.call(tool, args)
+
+
+StepFn = Callable[[StepContext], Awaitable[Mapping[str, Any] | None]]
+Guard = Callable[[Mapping[str, Any]], str]
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    #: How often the task may enter this node; required on every node of a cycle.
+    max_visits: int | None = field(default=None, kw_only=True)
+
+    kind = "node"
+
+    def successors(self) -> list[str]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class StepNode(Node):
+    fn: StepFn
+    next: str = END
+    timeout: float | None = None
+    kind = "step"
+
+    def successors(self) -> list[str]:
+        return [self.next]
+
+
+@dataclass(frozen=True)
+class ChoiceNode(Node):
+    guard: Guard
+    targets: tuple[str, ...]
+    kind = "choice"
+
+    def successors(self) -> list[str]:
+        return list(self.targets)
+
+
+@dataclass(frozen=True)
+class RouteNode(Node):
+    key: Callable[[Mapping[str, Any]], Any]
+    table: Mapping[Any, str]
+    default: str | None
+    kind = "route"
+
+    def successors(self) -> list[str]:
+        out = list(dict.fromkeys(self.table.values()))
+        if self.default is not None and self.default not in out:
+            out.append(self.default)
+        return out
+
+
+@dataclass(frozen=True)
+class JoinPolicy:
+    """How a join decides.
+
+    - ``all``: every branch must succeed;
+    - ``at_least``: ``k`` successes are enough (the join completes as soon as k succeeded);
+    - ``required``: the ``required`` branches must succeed, the others are optional.
+    ``timeout`` (seconds after the fan-out started): the join decides with what it has;
+    branches still running count as timed out. ``defaults``: the value a missing, failed
+    or timed-out branch takes instead of failing the join (degrade).
+    """
+
+    mode: Literal["all", "at_least", "required"] = "all"
+    k: int | None = None
+    required: frozenset[str] = frozenset()
+    timeout: float | None = None
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FanoutNode(Node):
+    branches: Mapping[str, BranchGraph]
+    join: str
+    #: Each branch's own time budget (seconds); a branch past it is TIMED_OUT.
+    branch_timeout: float | None = None
+    #: ``branch_input(state, branch) -> dict``: the branch's initial state.
+    branch_input: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None
+    #: At most this many branches of one task run their body at once (the others wait
+    #: their turn); None: ``actors.task.fanout.DEFAULT_BRANCH_CONCURRENCY``.
+    max_concurrency: int | None = None
+    kind = "fanout"
+
+    def successors(self) -> list[str]:
+        return [self.join]
+
+
+@dataclass(frozen=True)
+class JoinNode(Node):
+    of: str
+    policy: JoinPolicy
+    next: str = END
+    kind = "join"
+
+    def successors(self) -> list[str]:
+        return [self.next]
+
+
+@dataclass(frozen=True)
+class ApprovalNode(Node):
+    on_approve: str
+    on_reject: str
+    timeout: float | None
+    on_timeout: str | None
+    approvers: str = "approvers"
+    #: ``request(state) -> dict``: exactly what is being approved (amount, resource, ...).
+    request: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
+    kind = "approval"
+
+    def successors(self) -> list[str]:
+        out = [self.on_approve, self.on_reject]
+        if self.on_timeout not in (None, CANCEL):
+            out.append(self.on_timeout)
+        return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class AgentNode(Node):
+    """A model proposes the next action; the runtime validates it against ``tools`` and their
+    argument schemas, checks the budget and the loop detectors, executes it through the tool
+    sessions (writes go through the ledger), records it, and loops until a final answer
+    that validates against ``output``.
+
+    ``model``: a Model, or the name of a registry resource holding one.
+    ``prompt(state, input) -> str``: the first user message.
+    """
+
+    model: Any
+    tools: tuple[Tool[Any, Any], ...]
+    output: type[Any]
+    prompt: Callable[[Mapping[str, Any], Mapping[str, Any]], str]
+    system: str = ""
+    max_turns: int = 20
+    repair_attempts: int = 2
+    loop: Any = None  # actors.agents.loop_detect.LoopPolicy (None: the defaults)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    model_timeout: float = 60.0
+    next: str = END
+    on_budget_exhausted: str = FAIL
+    on_loop: str = FAIL
+    kind = "agent"
+
+    def successors(self) -> list[str]:
+        out = [self.next]
+        out += [t for t in (self.on_budget_exhausted, self.on_loop) if t != FAIL]
+        return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class WaitNode(Node):
+    correlation: Callable[[Mapping[str, Any]], str]
+    timeout: float | None
+    on_timeout: str | None
+    next: str = END
+    kind = "wait"
+
+    def successors(self) -> list[str]:
+        out = [self.next]
+        if self.on_timeout not in (None, FAIL):
+            out.append(self.on_timeout)
+        return list(dict.fromkeys(out))

@@ -1,0 +1,71 @@
+"""A node's configuration: identity, state directory, NATS, store durability and limits,
+task supervision, admission, leases, streams. Every field has a default fit for one node
+on one machine; ``ratchet serve``'s flags set them (supervisors/cli.py).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ratchet.actors.transport.bus import StreamLimits
+from ratchet.protocol.subjects import DEFAULT_PARTITIONS
+
+__all__ = ["NodeConfig"]
+
+
+def _default_node_id() -> str:
+    # Stable across restarts, so a restarted node takes its own leases back at once instead
+    # of waiting for them to expire. Give each node of a cluster its own (--node-id).
+    return f"node-{socket.gethostname()}"
+
+
+@dataclass
+class NodeConfig:
+    """Args:
+        state_dir: where the SQLite file (and the embedded server's data) live.
+        nats_url: join this NATS instead of starting the embedded server.
+        synchronous: SQLite ``NORMAL`` (default) or ``FULL`` — see docs/operations.md.
+    """
+
+    state_dir: Path
+    nats_url: str | None = None
+    partitions: int = DEFAULT_PARTITIONS
+    synchronous: str = "NORMAL"
+    node_id: str = field(default_factory=_default_node_id)
+    task_max_restarts: int = 3
+    task_restart_period: float = 60.0
+    task_backoff_base: float = 0.05
+    task_backoff_cap: float = 5.0
+    max_step_attempts: int = 3
+    #: tenant → seconds to keep finished tasks (``"*"``: every other tenant); empty: forever
+    retention: dict[str, float] = field(default_factory=dict)
+    drain_timeout: float = 30.0
+    #: Partition leases: seconds a lease lasts unrenewed, seconds between heartbeats.
+    lease_ttl: float = 5.0
+    lease_interval: float = 1.0
+    #: Fair admission: tasks running at once on this node; per-tenant caps and weights.
+    max_running: int = 64
+    #: Tasks queued for a running slot before intake pushes back (waits / answers BUSY).
+    max_queued: int = 20_000
+    tenant_quotas: dict[str, int] = field(default_factory=dict)
+    tenant_weights: dict[str, float] = field(default_factory=dict)
+    #: Crash-loop guard: more than this many recoveries of a task within the window hand it
+    #: to a human instead of recovering it again.
+    max_recoveries: int = 3
+    recovery_window: float = 600.0
+    #: At most one ``task.progress`` event per task per this many seconds.
+    progress_interval: float = 5.0
+    #: ``loop``/``thread``/``auto`` (loop for NORMAL, thread for FULL): where commits run.
+    #: Several nodes on one file wait on each other's write lock: ``thread`` keeps that
+    #: wait off the event loop.
+    writer: str = "auto"
+    #: The SQLite WAL's bound: at this size writes hold while it is reset (persistence/wal.py).
+    wal_limit_mb: float = 32.0
+    #: JetStream: what the events, dead-letter and work-queue streams may hold (actors/transport/bus.py).
+    streams: StreamLimits = field(default_factory=StreamLimits)
+
+    @property
+    def db_path(self) -> Path:
+        return Path(self.state_dir) / "ratchet.db"

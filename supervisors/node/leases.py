@@ -1,0 +1,291 @@
+"""The lease manager: which partitions this node owns, kept true against the store.
+
+Every ``interval`` (about ttl / 4) it:
+
+1. records the node's heartbeat (liveness plus what it holds and runs) and reads back its
+   status — an operator's ``drain`` is seen here;
+2. renews its leases; a lease it could not renew (another node holds a newer token) is
+   *lost*: the node isolates that partition at once (its writes were already refused by the
+   store) — stops consuming its mail and stops its task actors;
+3. rebalances: its target is an equal share of the partitions among the live, active
+   nodes (zero while draining). Above target, it hands partitions over cleanly (stop their
+   mail and tasks at a safe point, then release the lease); below target, it acquires free
+   or expired leases — that is the reaper: a dead node's leases expire and the survivors
+   take them, bumping the fencing token, and recover the tasks from their checkpoints.
+
+What it holds is kept in a :class:`~supervisors.node.held_leases.HeldLeases`, which the store
+asks for the token a task's writes carry (the Fence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from ratchet.actors.core.actor import ServiceActor
+from ratchet.persistence.leases import LeaseRow
+from ratchet.persistence.ports import LeaseStore
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.node.held_leases import HeldLeases
+
+__all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings"]
+
+log = structlog.get_logger("ratchet.leases")
+
+
+@dataclass
+class LeaseSettings:
+    #: Seconds a lease lasts without renewal; bounds failover (a dead node's partitions
+    #: are taken at most ``ttl + interval`` after its last renewal).
+    ttl: float = 5.0
+    #: Seconds between heartbeats (renewal, rebalancing, reaping).
+    interval: float = 1.0
+    #: Stop writing this long before the lease's expiry as this node last renewed it. Not
+    #: needed for safety — a write that commits after another node took the partition
+    #: carries an old token and is refused by the store — so 0 by default.
+    safety: float = 0.0
+
+
+async def _nothing() -> None:
+    return None
+
+
+@dataclass
+class LeaseHooks:
+    """What the node does when partitions come and go (all awaited, in the tick)."""
+
+    acquired: Callable[[list[LeaseRow]], Awaitable[None]]
+    #: Lost without warning: isolate now (the store already refuses the writes).
+    lost: Callable[[list[int]], Awaitable[None]]
+    #: About to be released on purpose: stop at a safe point first.
+    handing_over: Callable[[list[int]], Awaitable[None]]
+    #: Renewed late but still ours: restart the tasks whose writes were refused meanwhile.
+    resumed: Callable[[list[int]], Awaitable[Any]] = field(default=lambda ps: _nothing())
+    #: Extra liveness and progress for the heartbeat row (live tasks, in-flight, ...).
+    info: Callable[[], dict[str, Any]] = field(default=lambda: {})
+    #: Run every tick after the heartbeat (e.g. reload the kill switches other nodes set).
+    each_tick: Callable[[], Awaitable[None]] | None = None
+
+
+def _pid_alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class LeaseManager(ServiceActor):
+    def __init__(self, store: LeaseStore, clock: Clock, node_id: str, partitions: int,
+                 hooks: LeaseHooks, settings: LeaseSettings | None = None,
+                 holding: HeldLeases | None = None) -> None:
+        self.store = store
+        self.clock = clock
+        self.node_id = node_id
+        self.partitions = partitions
+        self.hooks = hooks
+        self.settings = settings or LeaseSettings()
+        self.holding = holding or HeldLeases(node_id, partitions, clock, self.settings.safety)
+        self.status = "active"
+        self._tick_lock = asyncio.Lock()
+        self._handing_over: set[int] = set()
+        self._handovers: set[asyncio.Task[None]] = set()
+        self._rng = random.Random()
+        self._reclaim = False
+        #: Set when the node begins a clean stop: ticks only renew from then on.
+        self.stopping = False
+
+    # -- what the node reads (HeldLeases) ---------------------------------------------------
+
+    @property
+    def held(self) -> dict[int, int]:
+        return self.holding.held
+
+    @property
+    def fenced_writes(self) -> int:
+        return self.holding.fenced_writes
+
+    def token_for(self, task_id: str) -> tuple[int, int, float]:
+        return self.holding.token_for(task_id)
+
+    def owns(self, task_id: str) -> bool:
+        return self.holding.owns(task_id)
+
+    async def lease_of(self, task_id: str) -> LeaseRow | None:
+        """The store's lease row of the task's partition (who owns it, whatever we think)."""
+        return await self.store.lease(partition_of(task_id, self.partitions))
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Register the node and take a first share (before the node recovers tasks).
+
+        Raises:
+            RatchetError: another live process on this host runs under the same node id.
+        """
+        await self.store.ensure_partitions(self.partitions)
+        now = self.clock.now()
+        for row in await self.store.nodes():
+            pid = row.info.get("pid")
+            if row.node_id == self.node_id and row.status != "stopped" and pid != os.getpid() \
+                    and row.heartbeat_at > now - self.settings.ttl and _pid_alive(pid):
+                raise RatchetError(f"node id {self.node_id} is in use by live process {pid};"
+                                   " give each node its own --node-id", node=self.node_id)
+        await self.store.node_heartbeat(self.node_id, now, self._info(), starting=True)
+        self._reclaim = True
+        try:
+            await self.tick()
+        finally:
+            self._reclaim = False
+
+    async def serve(self) -> None:
+        while True:
+            await self.clock.sleep(self.settings.interval)
+            try:
+                await self.tick()
+            except Exception as exc:  # the store is unreachable: leases lapse, writes stop
+                log.error("lease tick failed", error=repr(exc))
+                await self._expire_overdue()
+
+    async def tick(self) -> None:
+        async with self._tick_lock:
+            # Renewal first: on a loaded node nothing else may delay it.
+            await self._renew(self.clock.now())
+            if self.stopping:
+                return  # shutting down: keep what we hold until release_all, take nothing
+            self.status = await self.store.node_heartbeat(self.node_id, self.clock.now(),
+                                                          self._info())
+            if self.hooks.each_tick is not None:
+                await self.hooks.each_tick()
+            await self._rebalance()
+
+    async def release_all(self) -> None:
+        """Clean shutdown: hand every partition over (the caller stopped the tasks)."""
+        self.stopping = True
+        try:  # a tick still running is waited for, but not for ever
+            await asyncio.wait_for(self._tick_lock.acquire(), timeout=10.0)
+        except TimeoutError:
+            log.warning("lease tick still running at stop; releasing anyway")
+        else:
+            self._tick_lock.release()
+        for task in list(self._handovers):
+            task.cancel()
+        if self.held:
+            held = self.holding.release_all()
+            await self.store.release_leases(self.node_id, held)
+            log.info("leases released", partitions=sorted(held))
+        await self.store.set_node_status(self.node_id, "stopped")
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "partitions": sorted(self.held),
+                "fenced_writes": self.fenced_writes,
+                **self.hooks.info()}
+
+    async def _renew(self, now: float) -> None:
+        if not self.held:
+            return
+        lost = await self.store.renew_leases(self.node_id, self.held, now, self.settings.ttl)
+        for partition in self.held:
+            if partition not in lost:
+                self.holding.valid_until[partition] = now + self.settings.ttl
+        resumed = sorted(p for p in self.holding.lapsed if p in self.held and p not in lost)
+        self.holding.lapsed.clear()
+        if resumed:
+            # Renewal came late, but nobody took the partitions: the tasks whose writes were
+            # refused meanwhile stopped; start them again from their checkpoints.
+            log.warning("leases renewed late; resuming their tasks", partitions=resumed)
+            await self.hooks.resumed(resumed)
+        if lost:
+            log.error("leases lost: another node holds them now; isolating",
+                      partitions=lost)
+            self._drop(lost)
+            await self.hooks.lost(lost)
+
+    async def _expire_overdue(self) -> None:
+        now = self.clock.now()
+        overdue = [p for p in self.held if now >= self.holding.valid_until.get(p, 0.0)]
+        if overdue:
+            log.error("leases expired without renewal; isolating", partitions=overdue)
+            self._drop(overdue)
+            await self.hooks.lost(overdue)
+
+    def _drop(self, partitions: list[int]) -> None:
+        self.holding.drop(partitions)
+
+    async def _target(self) -> int:
+        if self.status != "active":
+            return 0  # draining (or told to stop): hand everything over
+        now = self.clock.now()
+        live = {n.node_id for n in await self.store.nodes()
+                if n.status == "active" and n.heartbeat_at > now - self.settings.ttl}
+        live.add(self.node_id)  # this node counts even if its heartbeat row lags
+        return math.ceil(self.partitions / len(live))
+
+    async def _rebalance(self) -> None:
+        target = await self._target()
+        keeping = len(self.held) - len(self._handing_over)
+        if keeping > target:
+            surplus = sorted(p for p in self.held if p not in self._handing_over)[target:]
+            self._handing_over.update(surplus)
+            # In the background: stopping tasks at a safe point may take a while, and the
+            # ticks must go on renewing (the partitions are still ours until released).
+            task = asyncio.get_running_loop().create_task(self._hand_over(surplus, target))
+            self._handovers.add(task)
+            task.add_done_callback(self._handovers.discard)
+            return
+        if keeping >= target or self._handing_over:
+            return
+        now = self.clock.now()
+        free = [row.partition for row in await self.store.leases()
+                if row.partition not in self.held
+                and (row.owner is None or row.expires_at <= now
+                     or (self._reclaim and row.owner == self.node_id))]
+        self._rng.shuffle(free)  # nodes racing for free partitions mostly pick different ones
+        acquired: list[LeaseRow] = []
+        for partition in free[: target - len(self.held)]:
+            row = await self.store.acquire_lease(partition, self.node_id, now, self.settings.ttl,
+                                                 reclaim=self._reclaim)
+            if row is None:
+                continue  # another node got there first
+            self.holding.take(row)
+            acquired.append(row)
+        if acquired:
+            log.info("partitions acquired", partitions=[r.partition for r in acquired],
+                     tokens=[r.token for r in acquired],
+                     from_owners=[r.previous_owner for r in acquired],
+                     reaped=[r.partition for r in acquired if r.reaped])
+            await self.hooks.acquired(acquired)
+
+    async def _hand_over(self, partitions: list[int], target: int) -> None:
+        try:
+            await self.hooks.handing_over(partitions)
+            async with self._tick_lock:
+                released = {p: self.held[p] for p in partitions if p in self.held}
+                self._drop(list(released))
+                await self.store.release_leases(self.node_id, released)
+            log.info("partitions handed over", partitions=sorted(released), target=target,
+                     status=self.status)
+        except Exception as exc:  # kept (and renewed); the next tick tries again
+            log.error("hand-over failed", partitions=partitions, error=repr(exc))
+        finally:
+            self._handing_over.difference_update(partitions)
+
+    async def on_stop(self) -> None:
+        for task in list(self._handovers):
+            task.cancel()
+        await super().on_stop()

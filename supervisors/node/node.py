@@ -1,0 +1,312 @@
+"""The node: the root supervisor of one Ratchet process.
+
+Start order: store → NATS (embedded or joined) → streams → root supervisor with
+{outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
+every unfinished task.
+Stop order (idempotent): stop intake, the routers and timers (no new work) → stop the tasks
+supervisor (each task stops at its next step boundary, its safe point) → flush the outbox
+→ stop the rest → close NATS → close the store → stop the embedded server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ratchet.actors.core.actor import ActorRef, ActorSystem
+from ratchet.actors.effects.switches import Switches
+from ratchet.actors.task.actor import TaskDeps
+from ratchet.actors.transport.bus import Bus, stream_configs
+from ratchet.actors.workflow.registry import Registry
+from ratchet.persistence.ports import StorePort
+from ratchet.persistence.store import Store  # the composition root: it opens the store
+from ratchet.protocol.clock import Clock, SystemClock
+from ratchet.protocol.codec import encode
+from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
+from ratchet.supervisors.node.config import NodeConfig
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
+from ratchet.supervisors.node.held_leases import HeldLeases
+from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
+from ratchet.supervisors.node.partitions import PartitionWork
+from ratchet.supervisors.services.admin import AdminActor
+from ratchet.supervisors.services.api import ApiActor
+from ratchet.supervisors.services.decisions import DecisionRouter
+from ratchet.supervisors.services.external import ExternalRouter
+from ratchet.supervisors.services.intake import Acceptor, IntakeActor
+from ratchet.supervisors.services.mail_router import MailRouter
+from ratchet.supervisors.services.outbox_relay import OutboxRelay
+from ratchet.supervisors.services.recovery import RecoverySweeper
+from ratchet.supervisors.services.request_service import Ready
+from ratchet.supervisors.services.retention import RetentionSweeper
+from ratchet.supervisors.services.timers import TimerService
+from ratchet.supervisors.supervision.restart_policy import Restart
+from ratchet.supervisors.supervision.scheduler import FairScheduler
+from ratchet.supervisors.supervision.supervisor import (
+    ChildSpec,
+    StopChild,
+    Supervisor,
+    WhichChildren,
+)
+from ratchet.supervisors.supervision.tasks import TaskSupervision
+
+__all__ = ["Node", "NodeConfig"]  # NodeConfig: supervisors/node/config.py
+
+log = structlog.get_logger("ratchet.node")
+
+
+class Node:
+    def __init__(self, config: NodeConfig, registry: Registry, clock: Clock | None = None,
+                 lease_clock: Clock | None = None) -> None:
+        self.config = config
+        self.registry = registry
+        self.clock = clock or SystemClock()
+        # Leases measure the liveness of processes, shared with other processes: wall
+        # time, not the tasks' clock (which a test may move by hours).
+        self.lease_clock = lease_clock or SystemClock()
+        self.system = ActorSystem(self.clock)
+        self.store: StorePort | None = None
+        self.bus: Bus | None = None
+        self.embedded: EmbeddedNats | None = None
+        self.url: str | None = None
+        self.tasks: TaskSupervision | None = None
+        self.root: ActorRef[Supervisor] | None = None
+        self.relay: OutboxRelay | None = None
+        self.leases: LeaseManager | None = None
+        self._stopped = False
+        self._started = False
+        #: Set when the root supervisor gave up (restart intensity exceeded): the process
+        #: should exit rather than linger half-alive.
+        self.failed = asyncio.Event()
+
+    @property
+    def _store(self) -> StorePort:
+        assert self.store is not None
+        return self.store
+
+    async def start(self) -> None:
+        cfg = self.config
+        Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        # The leases this node holds: written by its lease manager, read by the store (the
+        # fencing token of every task write) and by task supervision (which tasks are ours).
+        self.holding = HeldLeases(cfg.node_id, cfg.partitions, self.lease_clock)
+        self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
+                                      wal_limit=int(cfg.wal_limit_mb * 1024 * 1024),
+                                      fence=self.holding)
+        try:
+            bus = await self._connect_bus()
+        except BaseException:
+            await self.stop()
+            raise
+        self.switches = Switches()
+        self.switches.load(await self._store.switches())
+        self._task_supervision()
+        acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
+                            has_room=self.scheduler.has_room,
+                            wait_for_room=self.scheduler.wait_for_room)
+        leases = self._partition_leases(bus)
+        await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
+        root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),
+                          max_restarts=10, period=60.0, backoff_base=0.1, backoff_cap=5.0)
+        self.root = root_ref = self.system.spawn(root, "node", on_exit=self._root_exited)
+        self._started = True
+        await self._wait_until_serving(root_ref)
+        await leases.start()  # takes a share of the partitions and recovers their tasks
+        log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
+                 workflows=self.registry.names())
+
+    async def _connect_bus(self) -> Bus:
+        """Join the configured NATS or another node's embedded server, or start one."""
+        cfg = self.config
+        embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
+        if cfg.nats_url:
+            self.url = cfg.nats_url
+        elif (running := embedded.live_url()) is not None:
+            # Another node of this state dir runs the embedded server: join it (it
+            # stops with that node — several nodes belong on a standalone NATS).
+            self.url = running
+            log.info("joining the embedded nats-server of another node", url=running)
+        else:
+            self.embedded = embedded
+            self.url = await self.embedded.start()
+        self.bus = bus = await Bus.connect(self.url, name=cfg.node_id)
+        await bus.ensure_streams(stream_configs(cfg.streams))
+        return bus
+
+    def _task_supervision(self) -> None:
+        """The tasks supervisor, its fair scheduler, and what every task actor gets."""
+        cfg = self.config
+        deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
+                        max_step_attempts=cfg.max_step_attempts, switches=self.switches,
+                        max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
+                        progress_interval=cfg.progress_interval, partitions=cfg.partitions)
+        self.scheduler = FairScheduler(max_running=cfg.max_running, quotas=cfg.tenant_quotas,
+                                       weights=cfg.tenant_weights, max_queued=cfg.max_queued)
+        self.tasks = TaskSupervision(
+            self.system, deps, scheduler=self.scheduler, ownership=self.holding,
+            forward=self._forward_mail, max_restarts=cfg.task_max_restarts,
+            period=cfg.task_restart_period, backoff_base=cfg.task_backoff_base,
+            backoff_cap=cfg.task_backoff_cap)
+
+    def _partition_leases(self, bus: Bus) -> LeaseManager:
+        """This node's partition work, and the lease manager that hands it partitions."""
+        cfg = self.config
+        store, tasks = self._store, self._tasks
+        self.work = PartitionWork(
+            node_id=cfg.node_id, partitions=cfg.partitions, store=store, tasks=tasks,
+            mail_supervisor=lambda: self.system.lookup("node/mail"),
+            make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p),
+            flush_outbox=self._flush_outbox, activate=tasks.activate_or_release,
+            forget=tasks.forget_partitions)
+        self.leases = leases = LeaseManager(
+            store, self.lease_clock, cfg.node_id, cfg.partitions,
+            LeaseHooks(acquired=self.work.acquired, lost=self.work.lost,
+                       handing_over=self.work.handing_over,
+                       resumed=lambda ps: self.work.recover(set(ps)), info=self._heartbeat_info,
+                       each_tick=self._reload_switches),
+            LeaseSettings(ttl=cfg.lease_ttl, interval=cfg.lease_interval), self.holding)
+        return leases
+
+    def _child_specs(self, bus: Bus, acceptor: Acceptor, leases: LeaseManager) -> list[ChildSpec]:
+        """The root supervisor's children, in start order."""
+        cfg = self.config
+        store, tasks = self._store, self._tasks
+
+        def relay(_: int) -> OutboxRelay:
+            self.relay = OutboxRelay(bus, store, self.clock)
+            return self.relay
+
+        return [
+            ChildSpec("outbox", relay, Restart.PERMANENT, shutdown_timeout=10.0),
+            tasks.root_spec(),
+            ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
+            ChildSpec("admin", lambda _: AdminActor(bus, store, self.system, self.clock,
+                                                    cfg.node_id, tasks, self.switches,
+                                                    self.leases),
+                      Restart.PERMANENT),
+            # One mail router per partition held, started and stopped by the lease manager.
+            ChildSpec("mail", lambda _: Supervisor(self.system, "mail", [], max_restarts=50,
+                                                   period=60.0), Restart.PERMANENT),
+            ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
+            ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),
+                      Restart.PERMANENT),
+            ChildSpec("retention", lambda _: RetentionSweeper(store, self.clock, cfg.retention),
+                      Restart.PERMANENT),
+            ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock),
+                      Restart.PERMANENT),
+            ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock),
+                      Restart.PERMANENT),
+            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
+            ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
+        ]
+
+    async def _wait_until_serving(self, root: ActorRef[Supervisor]) -> None:
+        """Answered after on_start: the children exist; then wait until the request
+        services have subscribed, so a request right after start finds a responder."""
+        await root.ask(WhichChildren(), timeout=30.0)
+        for name in ("api", "admin"):
+            service = self.system.lookup(f"node/{name}")
+            try:
+                if service is not None:
+                    await service.ask(Ready(), timeout=30.0)
+            except Exception as exc:  # it crashed starting: its supervisor restarts it
+                log.warning("request service not ready", service=name, error=repr(exc))
+
+    def writer_summary(self) -> dict[str, Any]:
+        """Group-commit figures: batches, transactions, and how long batches took."""
+        if self.store is None:
+            return {}
+        stats = self.store.writer_stats
+        durations = sorted(stats.commit_seconds)
+
+        def pct(p: float) -> float:
+            return round(durations[int(p * (len(durations) - 1))] * 1000, 3) if durations else 0.0
+
+        wal = self.store.wal_stats
+        return {"commit_batches": stats.batches, "commit_transactions": stats.transactions,
+                "largest_batch": stats.largest_batch, "commit_p50_ms": pct(0.5),
+                "commit_p99_ms": pct(0.99), "commit_max_ms": pct(1.0),
+                "wal_peak_mb": round(wal.wal_peak_bytes / 1e6, 2), "wal_restarts": wal.restarts,
+                "wal_restart_failures": wal.restart_failures,
+                "wal_hold_max_ms": round(wal.hold_max_seconds * 1000, 2)}
+
+    def _root_exited(self, _: ActorRef[Any], reason: BaseException | None) -> None:
+        if reason is not None and not self._stopped:
+            log.critical("node supervisor gave up", error=repr(reason))
+            self.failed.set()
+
+    async def recover(self) -> int:
+        """Activate every unfinished task of the partitions held; returns how many."""
+        assert self.leases is not None
+        return await self.work.recover(set(self.leases.held))
+
+    async def _forward_mail(self, task_id: str, env: Envelope) -> None:
+        # Its own message id for the stream (the original may be in the same stream's
+        # duplicate window); the task's inbox still dedupes by the envelope's id.
+        assert self.bus is not None
+        await self.bus.js.publish(mail_subject(task_id, "task", self.config.partitions),
+                                  encode(env), headers={"Nats-Msg-Id": f"fwd:{env.message_id}"})
+
+    async def _flush_outbox(self) -> None:
+        if self.relay is not None:
+            await self.relay.flush(timeout=5.0)
+
+    def _heartbeat_info(self) -> dict[str, Any]:
+        return {"url": self.url, "live_tasks": len(self._tasks.live_actors())}
+
+    async def _reload_switches(self) -> None:
+        # Another node may have flipped a kill switch: each node re-reads them every tick.
+        was_frozen = self.switches.frozen
+        self.switches.load(await self._store.switches())
+        if was_frozen and not self.switches.frozen:
+            self._tasks.wake_all()  # thawed on another node: waiting tasks here go on too
+
+    @property
+    def _tasks(self) -> TaskSupervision:
+        assert self.tasks is not None
+        return self.tasks
+
+    async def stop(self) -> None:
+        """Drain and shut down, in the documented order. Safe to call twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        # Each stage runs even if an earlier one failed (NATS gone, a child stuck): the store
+        # must close (its threads would keep the process alive) and the server must stop.
+        root = self.root
+        if self.leases is not None:
+            self.leases.stopping = True  # renew only: take no partition while stopping
+        if root is not None and root.is_alive:
+            try:
+                for child in ("intake", "decisions", "external", "recovery", "retention", "timers",
+                              "mail", "admin", "api"):
+                    await root.ask(StopChild(child), timeout=self.config.drain_timeout)
+                await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
+                if self.relay is not None:
+                    await self.relay.flush(timeout=5.0)
+                if self.leases is not None:
+                    await self.leases.release_all()  # the others take the partitions now
+            except Exception as exc:
+                log.warning("drain incomplete", error=repr(exc))
+            await root.stop_and_wait(timeout=15.0)
+        for stage, close in (("nats", self.bus.close if self.bus else None),
+                             ("store", self.store.close if self.store else None),
+                             ("embedded nats-server", self.embedded.stop if self.embedded
+                              else None)):
+            if close is None:
+                continue
+            try:
+                await close()
+            except Exception as exc:
+                log.warning("shutdown stage failed", stage=stage, error=repr(exc))
+        log.info("node stopped", node=self.config.node_id)
+
+    async def __aenter__(self) -> Node:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

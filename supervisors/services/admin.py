@@ -1,0 +1,335 @@
+"""The admin service: operators' commands on ``ratchet.admin.<tenant>.<verb>``.
+
+Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``,
+``resume`` (actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill
+switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw``; and ``purge``. Each with
+the contract every verb follows: a typed reply; the role the verb needs, taken from the
+command's principal (PERMISSION_DENIED otherwise); the tenant of the subject (a task of
+another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
+answer, the same id with another request is CONFLICT); and an audit entry, hash-chained,
+written before the command takes effect and again with its outcome.
+
+The read verbs live in supervisors/services/admin_reads.py and the cluster verbs in
+supervisors/services/admin_cluster.py (mixins of :class:`AdminActor`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+
+from ratchet.actors.core.actor import ActorSystem
+from ratchet.actors.effects.switches import Switches
+from ratchet.actors.task.actor import DeliverMail
+from ratchet.actors.transport.bus import Bus
+from ratchet.persistence.admin_rows import AuditEntry
+from ratchet.persistence.fork import ForkRequest
+from ratchet.persistence.ports import StorePort
+from ratchet.persistence.txns import NewTask, TaskChange
+from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.catalogue import EventType, MessageType, admin_type
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import canonical, encode, parse_body
+from ratchet.protocol.errors import (
+    CommandConflict,
+    ErrorCode,
+    IllegalTransition,
+    InvalidMessage,
+    NotFound,
+    PermissionDenied,
+    RatchetError,
+    TaskFinished,
+    Unavailable,
+)
+from ratchet.protocol.ids import new_id, request_hash
+from ratchet.protocol.messages import AdminCommand, Envelope, StartTask
+from ratchet.protocol.states import TaskStatus, is_terminal
+from ratchet.protocol.subjects import mail_subject
+from ratchet.supervisors.services.admin_cluster import ClusterVerbs
+from ratchet.supervisors.services.admin_reads import ReadVerbs
+from ratchet.supervisors.services.request_service import RequestService
+from ratchet.supervisors.supervision.supervisor import RestartChild
+from ratchet.supervisors.supervision.tasks import (
+    TaskSupervision,
+    task_actor_name,
+    task_supervisor_name,
+)
+
+__all__ = ["AdminActor", "CLUSTER_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
+
+log = structlog.get_logger("ratchet.admin")
+
+#: The event that records an operator's request, by the request's action.
+_REQUESTED = {"cancel": EventType.TASK_CANCEL_REQUESTED, "pause": EventType.TASK_PAUSE_REQUESTED}
+
+#: Roles that include others (an operator may also view).
+_IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
+
+
+class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
+    subject = "ratchet.admin.*.*"
+    queue = "ratchet-admin"
+    store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
+
+    def __init__(self, bus: Bus, store: StorePort, system: ActorSystem, clock: Clock,
+                 node_id: str, tasks: TaskSupervision, switches: Switches,
+                 leases: Any = None) -> None:
+        super().__init__(bus)
+        self.leases = leases  # supervisors.node.leases.LeaseManager (None: one node owns all)
+        self.store = store
+        self.tasks = tasks
+        self.switches = switches
+        self.system = system
+        self.clock = clock
+        self.node_id = node_id
+
+    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
+        if verb not in VERB_ROLES or env.type != admin_type(verb):
+            raise InvalidMessage(f"unknown admin verb {verb!r} (type {env.type!r})", verb=verb)
+        cmd = parse_body(env, AdminCommand)
+        if (verb in CLUSTER_VERBS) != (tenant == SYSTEM_TENANT):
+            raise PermissionDenied(f"{verb} is not a command of tenant {tenant!r}", verb=verb)
+        if cmd.task_id:
+            await self._forward_if_elsewhere(tenant, verb, cmd.task_id, msg)
+        who = cmd.principal.name
+        needed = VERB_ROLES[verb]
+        granted = set(cmd.principal.roles).union(*(_IMPLIES.get(r, set())
+                                                   for r in cmd.principal.roles))
+        digest = request_hash(canonical({"verb": verb, "body": cmd.model_dump()}))
+        state, stored = await self.store.claim_command(tenant, cmd.command_id, verb, digest,
+                                                       self.clock.now())
+        if state == "conflict":
+            raise CommandConflict("command id already used for another request",
+                                  command_id=cmd.command_id)
+        if state == "repeat" and stored is not None:
+            return self._replay(stored)
+        if state == "repeat":
+            raise Unavailable("a request with this command id is still running; retry",
+                              command_id=cmd.command_id)
+        await self._audit(tenant, who, verb, cmd, "requested", {"args": cmd.args})
+        try:
+            if needed not in granted:
+                raise PermissionDenied(f"{verb} needs the {needed} role", verb=verb,
+                                       principal=who)
+            result: dict[str, Any] = await getattr(self, f"_{verb.replace('-', '_')}")(tenant,
+                                                                                       cmd)
+        except RatchetError as exc:
+            await self._audit(tenant, who, verb, cmd, exc.code.value, {"error": exc.message})
+            if exc.retryable:  # a retry with the same id must run again, not replay this
+                await self.store.release_command(tenant, cmd.command_id)
+            else:
+                await self.store.store_command_reply(tenant, cmd.command_id,
+                                                     {"ok": False, "error": exc.to_wire()})
+            raise
+        except Exception as exc:
+            await self._audit(tenant, who, verb, cmd, "INTERNAL", {"error": repr(exc)[:500]})
+            await self.store.release_command(tenant, cmd.command_id)
+            raise
+        await self._audit(tenant, who, verb, cmd, "ok", {})
+        await self.store.store_command_reply(tenant, cmd.command_id, {"ok": True,
+                                                                      "result": result})
+        return result
+
+    def _replay(self, stored: dict[str, Any]) -> dict[str, Any]:
+        if stored.get("ok"):
+            return dict(stored["result"])
+        error = stored["error"]
+        replayed = RatchetError(error["message"], retryable=error.get("retryable", False))
+        replayed.details = dict(error.get("details") or {})
+        replayed.code = ErrorCode(error["code"])
+        raise replayed
+
+    async def _audit(self, tenant: str, who: str, verb: str, cmd: AdminCommand, outcome: str,
+                     detail: dict[str, Any]) -> None:
+        await self.store.audit(AuditEntry(tenant, self.clock.now(), who, verb, cmd.command_id,
+                                          cmd.task_id, outcome, detail))
+
+    def _check_version(self, rec: Any, cmd: AdminCommand) -> None:
+        if cmd.expected_version is not None and cmd.expected_version != rec.version:
+            raise CommandConflict("the task moved on", expected=cmd.expected_version,
+                                  actual=rec.version)
+
+    async def _request(self, rec: Any, cmd: AdminCommand, action: str) -> dict[str, Any]:
+        """Record the operator's request on the task (before it takes effect), then tell its
+        actor, activating it if it is parked. Answers at once: the effect follows at the
+        task's next safe point."""
+        request = {"by": cmd.principal.name, "reason": cmd.args.get("reason"),
+                   "at": self.clock.now(), "command_id": cmd.command_id}
+        await self.store.apply(TaskChange(
+            task_id=rec.task_id, expected_version=None, producer=self.node_id,
+            now=self.clock.now(), control={**rec.control, action: request},
+            events=[(_REQUESTED[action], request)]))
+        live = self.system.lookup(task_actor_name(rec.task_id))
+        if live is not None and action == "cancel":
+            live.interrupt()  # a running step is abandoned, not waited for
+        elif live is not None and action == "pause":
+            live.request_pause()  # the next tool call is a safe point too
+        try:
+            ref = await self.tasks.ensure_running(rec.task_id)
+        except TaskFinished:
+            return {"task_id": rec.task_id, "status": f"{action} requested", "effect": "none:"
+                    " the task finished first"}
+        if ref is not None:
+            ref.tell(DeliverMail(Envelope(type=MessageType.TASK_CONTROL, message_id=new_id("msg"),
+                                          correlation_id=cmd.command_id,
+                                          body={"action": action, "request": request})))
+        return {"task_id": rec.task_id, "status": f"{action} requested",
+                "effect": "at the task's next safe point (between steps)"}
+
+    # -- verbs -------------------------------------------------------------------------------
+
+    async def _approve(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        return await self._decide(tenant, cmd, "approve")
+
+    async def _reject(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        return await self._decide(tenant, cmd, "reject")
+
+    async def _decide(self, tenant: str, cmd: AdminCommand, decision: str) -> dict[str, Any]:
+        """Wraps the approval decision message: the task re-validates the one-time id, the
+        expiry, the node and the request hash just before acting on it."""
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        approval_id = cmd.args.get("approval_id")
+        if not approval_id:
+            raise InvalidMessage(f"{decision} needs args.approval_id")
+        row = await self.store.approval(str(approval_id))
+        if row is None or row["task_id"] != rec.task_id:
+            raise NotFound("no such approval for this task", approval_id=approval_id)
+        if row["status"] != "PENDING":
+            raise IllegalTransition(f"approval already {row['status'].lower()}",
+                                    approval_id=approval_id)
+        if row["expires_at"] is not None and self.clock.now() > row["expires_at"]:
+            raise IllegalTransition("approval expired", approval_id=approval_id)
+        expected_hash = cmd.args.get("request_hash")
+        if expected_hash is not None and expected_hash != row["request_hash"]:
+            raise CommandConflict("the request changed since it was shown",
+                                  approval_id=approval_id)
+        ref = await self.tasks.ensure_running(rec.task_id, record=rec)
+        if ref is None:
+            raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
+        outcome = await ref.ask(DeliverMail(Envelope(
+            type=MessageType.APPROVAL_DECISION, message_id=new_id("msg"),
+            correlation_id=cmd.command_id,
+            body={"task_id": rec.task_id, "approval_id": approval_id, "decision": decision,
+                  "decided_by": cmd.principal.name, "reason": cmd.args.get("reason"),
+                  "request_hash": row["request_hash"]})), timeout=30.0)
+        if outcome != "processed":
+            raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
+        return {"task_id": rec.task_id, "approval_id": approval_id, "decision": decision}
+
+    # Kill switches act on the whole node ("anywhere"), are persisted before they take
+    # effect and, like every command, audited.
+
+    async def _disable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        tool = cmd.args.get("tool")
+        if not tool or not isinstance(tool, str):
+            raise InvalidMessage("disable-tool needs args.tool")
+        await self.store.set_switch("tool", tool, True, cmd.principal.name,
+                                    cmd.args.get("reason"), self.clock.now())
+        self.switches.disabled_tools.add(tool)
+        return {"disabled": sorted(self.switches.disabled_tools)}
+
+    async def _enable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        tool = cmd.args.get("tool")
+        if not tool or not isinstance(tool, str):
+            raise InvalidMessage("enable-tool needs args.tool")
+        await self.store.set_switch("tool", tool, False, cmd.principal.name, None,
+                                    self.clock.now())
+        self.switches.disabled_tools.discard(tool)
+        return {"disabled": sorted(self.switches.disabled_tools)}
+
+    async def _freeze(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        await self.store.set_switch("freeze", "dispatch", True, cmd.principal.name,
+                                    cmd.args.get("reason"), self.clock.now())
+        self.switches.frozen = True
+        return {"frozen": True, "effect": "running steps finish; no new step starts"}
+
+    async def _thaw(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        await self.store.set_switch("freeze", "dispatch", False, cmd.principal.name, None,
+                                    self.clock.now())
+        self.switches.frozen = False
+        # Tasks waiting at their safe point go on.
+        return {"frozen": False, "woken": self.tasks.wake_all()}
+
+    async def _purge(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Remove one finished task (events, checkpoints, unreferenced blobs) on demand."""
+        rec = await self._task(tenant, cmd)
+        if not is_terminal(TaskStatus(rec.status)):
+            raise IllegalTransition(f"only a finished task can be purged, not {rec.status}",
+                                    status=rec.status)
+        return {"task_id": rec.task_id, "removed": await self.store.purge_task(rec.task_id)}
+
+    async def _fork(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Retry from a historical checkpoint as a new task (``fork_of`` the original),
+        optionally with changed input; the original's history is untouched."""
+        rec = await self._task(tenant, cmd)
+        new_input = cmd.args.get("input", rec.input)
+        if not isinstance(new_input, dict):
+            raise InvalidMessage("args.input must be a map")
+        task_id, now = new_id("tsk"), self.clock.now()
+        start = Envelope(type=MessageType.TASK_START, message_id=new_id("msg"),
+                         correlation_id=cmd.command_id, sent_at=now,
+                         body=StartTask(task_id=task_id, tenant=tenant).model_dump())
+        checkpoint = (None if cmd.args.get("checkpoint") is None
+                      else self._int_arg(cmd, "checkpoint", 0))
+        new = NewTask(
+            task_id=task_id, tenant=tenant, workflow=rec.workflow,
+            workflow_version=rec.workflow_version, idempotency_key=f"fork:{task_id}",
+            request_hash=request_hash(canonical({"fork_of": rec.task_id, "input": new_input,
+                                                 "checkpoint": checkpoint})),
+            input=canonical(new_input), steps_total=rec.steps_total, deadline_at=None,
+            now=now, producer=self.node_id, message_id=cmd.command_id,
+            start_mail=(mail_subject(task_id, "task", self.tasks.deps.partitions),
+                        start.message_id, encode(start)))
+        return await self.store.fork(ForkRequest(
+            rec.task_id, checkpoint, new))
+
+    async def _restart(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Restart one task's actor through its supervisor (a fresh actor from the last
+        checkpoint); counts against the supervisor's restart intensity."""
+        rec = await self._task(tenant, cmd)
+        sup = self.system.lookup(task_supervisor_name(rec.task_id))
+        if sup is None:
+            raise IllegalTransition("the task has no live actor to restart",
+                                    status=rec.status)
+        child = str(cmd.args.get("actor", "actor"))  # or a tool session, branch, join
+        result = await sup.ask(RestartChild(child), timeout=30.0)
+        if not result.get("restarted"):
+            raise NotFound(str(result.get("reason")), actor=child)
+        return {"task_id": rec.task_id, "actor": child, "restarts": result["restarts"]}
+
+    async def _cancel(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        if is_terminal(TaskStatus(rec.status)):
+            raise IllegalTransition(f"cannot cancel a {rec.status} task", status=rec.status)
+        return await self._request(rec, cmd, "cancel")
+
+    async def _pause(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        if rec.status not in ("QUEUED", "RUNNING"):
+            raise IllegalTransition(f"cannot pause a {rec.status} task", status=rec.status)
+        return await self._request(rec, cmd, "pause")
+
+    async def _resume(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        self._check_version(rec, cmd)
+        if rec.status != "PAUSED":
+            raise IllegalTransition(f"cannot resume a {rec.status} task", status=rec.status)
+        try:  # the workflow version it was running must still be served here
+            self.tasks.deps.registry.get(rec.workflow, rec.workflow_version)
+        except RatchetError:
+            raise IllegalTransition(f"workflow {rec.workflow} v{rec.workflow_version} is not"
+                                    " served by this node", task_id=rec.task_id) from None
+        ref = await self.tasks.ensure_running(rec.task_id, record=rec)
+        if ref is None:
+            raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
+        outcome = await ref.ask(DeliverMail(Envelope(
+            type=MessageType.TASK_CONTROL, message_id=new_id("msg"), correlation_id=cmd.command_id,
+            body={"action": "resume", "request": {"by": cmd.principal.name}})), timeout=30.0)
+        if str(outcome).startswith("refused"):
+            raise IllegalTransition(str(outcome), task_id=rec.task_id)
+        return {"task_id": rec.task_id, "status": outcome}

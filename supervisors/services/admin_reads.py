@@ -1,0 +1,123 @@
+"""The admin service's read verbs — ``get``, ``history``, ``list``, ``handoff`` and ``tree``
+— and the lookups every verb about a task starts with: a mixin of
+:class:`~supervisors.services.admin.AdminActor`. Reads change nothing; like every verb they are
+role-checked, deduplicated by command id and audited by ``AdminActor.answer``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratchet.actors.core.actor import ActorSystem
+from ratchet.persistence.ports import StorePort
+from ratchet.protocol.errors import InvalidMessage, NotFound, RatchetError
+from ratchet.protocol.messages import AdminCommand
+from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.supervision.supervisor import WhichChildren
+from ratchet.supervisors.supervision.tasks import TASKS_ROOT, task_actor_name
+
+__all__ = ["ReadVerbs"]
+
+
+class ReadVerbs:
+    """The read verbs; ``_task`` and ``_int_arg`` serve every verb of the admin service."""
+
+    store: StorePort
+    system: ActorSystem
+    node_id: str
+    leases: Any  # supervisors.node.leases.LeaseManager (None: one node owns all)
+
+    async def _task(self, tenant: str, cmd: AdminCommand) -> Any:
+        """The task the command names; NOT_FOUND when it is another tenant's."""
+        if not cmd.task_id:
+            raise InvalidMessage("this verb needs task_id")
+        record = await self.store.load_task(cmd.task_id)
+        if record.tenant != tenant:
+            raise NotFound("no such task", task_id=cmd.task_id)  # no existence leak
+        return record
+
+    async def _get(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        snapshot = (await self.store.snapshot(tenant, rec.task_id)).model_dump()
+        owner: dict[str, Any] = {"owner": self.node_id}
+        if self.leases is not None:
+            lease = await self.leases.lease_of(rec.task_id)
+            owner = {"owner": lease.owner if lease else None,
+                     "partition": lease.partition if lease else None,
+                     "lease_token": lease.token if lease else None,
+                     "lease_expires_at": lease.expires_at if lease else None,
+                     "answered_by": self.node_id}
+        return {**snapshot, "current_node": rec.current_node, **owner,
+                "live": self.system.lookup(task_actor_name(rec.task_id)) is not None,
+                "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
+
+    @staticmethod
+    def _int_arg(cmd: AdminCommand, name: str, default: int) -> int:
+        try:
+            return int(cmd.args.get(name, default))
+        except (TypeError, ValueError):
+            raise InvalidMessage(f"args.{name} must be an integer", field=name) from None
+
+    async def _history(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        after = self._int_arg(cmd, "after", 0)
+        limit = max(1, min(self._int_arg(cmd, "limit", 500), 5000))
+        events = (await self.store.events(rec.task_id, after))[:limit]
+        return {"task_id": rec.task_id, "events": events,
+                "next_after": events[-1]["sequence"] if len(events) == limit else None}
+
+    async def _list(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        limit = max(1, min(self._int_arg(cmd, "limit", 100), 1000))
+        for name in ("status", "workflow"):
+            if cmd.args.get(name) is not None and not isinstance(cmd.args[name], str):
+                raise InvalidMessage(f"args.{name} must be a string", field=name)
+        cursor_arg = cmd.args.get("cursor")
+        try:
+            if cursor_arg is not None:
+                float(str(cursor_arg).partition("/")[0])
+                if "/" not in str(cursor_arg):
+                    raise ValueError
+        except ValueError:
+            raise InvalidMessage("args.cursor must be a cursor from a previous page") from None
+        page, cursor = await self.store.list_tasks(
+            tenant, status=cmd.args.get("status"), workflow=cmd.args.get("workflow"),
+            limit=limit, cursor=cmd.args.get("cursor"))
+        return {"tasks": page, "next_cursor": cursor}
+
+    async def _handoff(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        rec = await self._task(tenant, cmd)
+        return {"task_id": rec.task_id, "handoffs": await self.store.handoffs(rec.task_id)}
+
+    async def _tree(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """This node's supervision tree (only the tenant's tasks; with a task id, only that
+        task — answered by the node that owns it), and which node owns each of the
+        tenant's unfinished tasks."""
+        if cmd.task_id:
+            mine = {(await self._task(tenant, cmd)).task_id}
+        else:
+            mine = {t for t, ten, _ in await self.store.active_tasks() if ten == tenant}
+
+        async def node(name: str) -> dict[str, Any]:
+            ref = self.system.lookup(name)
+            out: dict[str, Any] = {"name": name, "alive": ref is not None}
+            if ref is None or not ref.supervises:
+                return out
+            try:
+                children = await ref.ask(WhichChildren(), timeout=5.0)
+            except RatchetError:
+                return out
+            kids = []
+            for child in children:
+                if name == TASKS_ROOT and child["id"] not in mine:
+                    continue  # another tenant's task: not shown
+                sub = await node(f"{name}/{child['id']}")
+                kids.append({**sub, "restarts": child["restarts"], "restart": child["restart"]})
+            out["children"] = kids
+            return out
+
+        out = {"node": self.node_id, "tree": await node("node")}
+        if self.leases is not None:
+            owners = {row.partition: row.owner for row in await self.store.leases()}
+            out["owners"] = {t: owners.get(partition_of(t, self.leases.partitions))
+                             for t in sorted(mine)[:1000]}
+        return out

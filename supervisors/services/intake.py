@@ -1,0 +1,216 @@
+"""Intake: turns submit messages into tasks, exactly once per (tenant, idempotency key).
+
+Producers publish an :class:`~protocol.messages.Envelope` of type ``task.submit`` on
+``ratchet.submit.<tenant>`` (JetStream, ``Nats-Msg-Id`` = ``<tenant>:<idempotency key>``,
+so JetStream drops repeats within its window; the tenant prefix because that window is per
+stream and two tenants may use the same key). The Store's ``requests`` table is the lasting
+guard: same key and same request → the same task; same key and a different request → a
+typed CONFLICT, recorded and answered, no second task. A message that cannot be decoded or
+validated is dead-lettered with its error and acked; it never stops the node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+
+from ratchet.actors.core.actor import ServiceActor
+from ratchet.actors.transport.bus import Bus, redelivery_delay
+from ratchet.actors.workflow.registry import Registry
+from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.txns import NewTask
+from ratchet.protocol.catalogue import MessageType
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import canonical, decode_envelope, encode, parse_body
+from ratchet.protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
+from ratchet.protocol.ids import new_id, request_hash, task_id_for
+from ratchet.protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
+from ratchet.protocol.subjects import (
+    STREAM_SUBMIT,
+    check_token,
+    dlq_subject,
+    is_token,
+    mail_subject,
+    tenant_of,
+)
+from ratchet.supervisors.services.request_service import error_reply
+
+__all__ = ["Acceptor", "IntakeActor"]
+
+log = structlog.get_logger("ratchet.intake")
+
+
+class Acceptor:
+    """Validation and acceptance shared by the JetStream intake and the request/reply API."""
+
+    def __init__(self, store: TaskStore, registry: Registry, clock: Clock, producer: str,
+                 partitions: int, has_room: Callable[[], bool] | None = None,
+                 wait_for_room: Callable[[], Awaitable[Any]] | None = None) -> None:
+        self.store = store
+        #: Backpressure: whether this node can take more queued work (its admission queue
+        #: is bounded); the JetStream intake waits, the request/reply API answers BUSY.
+        self.has_room = has_room or (lambda: True)
+        self.wait_for_room = wait_for_room
+        self.registry = registry
+        self.clock = clock
+        self.producer = producer
+        self.partitions = partitions
+
+    async def accept(self, tenant: str, env: Envelope) -> TaskAccepted:
+        """Create (or find) the task for a submit envelope.
+
+        Raises:
+            InvalidMessage: wrong type or body; UnknownWorkflow: not served here;
+            RequestConflict: the key was used before with a different request.
+        """
+        check_token(tenant, "tenant")
+        if not self.has_room():
+            raise Unavailable("this node's queue of tasks waiting to run is full; retry later")
+        if env.type != MessageType.TASK_SUBMIT:
+            raise InvalidMessage(f"expected type task.submit, got {env.type!r}", type=env.type)
+        body = parse_body(env, SubmitTask)
+        workflow = self.registry.get(body.workflow, body.workflow_version)
+        digest = request_hash(canonical({"workflow": workflow.name, "version": workflow.version,
+                                         "input": body.input, "deadline_s": body.deadline_s,
+                                         "budget": body.budget.model_dump() if body.budget
+                                         else None}))
+        task_id = task_id_for(tenant, body.idempotency_key)
+        now = self.clock.now()
+        start = Envelope(
+            type=MessageType.TASK_START, message_id=new_id("msg"),
+            correlation_id=env.correlation_id, causation_id=env.message_id, sent_at=now,
+            body=StartTask(task_id=task_id, tenant=tenant).model_dump(),
+        )
+        result = await self.store.accept_submission(NewTask(
+            task_id=task_id, tenant=tenant, workflow=workflow.name,
+            workflow_version=workflow.version, idempotency_key=body.idempotency_key,
+            request_hash=digest, input=canonical(body.input), steps_total=workflow.step_count,
+            deadline_at=now + body.deadline_s if body.deadline_s else None, now=now,
+            budget=body.budget.model_dump(exclude_none=True) if body.budget else None,
+            producer=self.producer, message_id=env.message_id,
+            start_mail=(mail_subject(task_id, "task", self.partitions), start.message_id,
+                        encode(start)),
+        ))
+        if result.conflict:
+            raise RequestConflict(
+                "idempotency key already used with a different request",
+                tenant=tenant, idempotency_key=body.idempotency_key, task_id=result.task_id,
+            )
+        log.info("task accepted" if result.created else "duplicate submission",
+                 task_id=result.task_id, tenant=tenant, correlation_id=env.correlation_id)
+        return TaskAccepted(task_id=result.task_id, status=result.status, created=result.created)
+
+    async def dead_letter(self, subject: str, raw: bytes, exc: RatchetError, tenant: str) -> None:
+        log.warning("message dead-lettered", subject=subject, code=exc.code.value,
+                    error=exc.message, details=exc.details)
+        await self.store.record_dead_letter(
+            subject=subject, raw=raw, error=exc.to_wire(),
+            dlq_subject=dlq_subject("submit", tenant), now=self.clock.now(),
+        )
+
+
+def intake_durable(subject: str) -> str:
+    """The durable consumer of one submit subject: ``intake-<tenant>`` (a subject whose
+    tenant token is not valid gets a digest instead; its messages are dead-lettered)."""
+    tenant = tenant_of(subject)
+    if is_token(tenant):
+        return f"intake-{tenant}"
+    return f"intake-x{zlib.crc32(subject.encode()):08x}"
+
+
+class IntakeActor(ServiceActor):
+    """Consumes ``ratchet.submit.<tenant>`` and acks each message after its outcome committed.
+
+    One durable consumer per submit subject, that is per tenant, each pulled by its own
+    loop: a tenant that floods 10,000 submissions waits behind its own queue, not another
+    tenant's — the stream alone is first-come first-served across tenants. Subjects are
+    discovered from the stream (subjects holding messages) every ``discover_interval``; a
+    loop whose subject stays empty for ``idle_after`` seconds ends until messages come back.
+    """
+
+    def __init__(self, bus: Bus, acceptor: Acceptor, batch: int = 128,
+                 discover_interval: float = 0.5, idle_after: float = 60.0) -> None:
+        self.bus = bus
+        self.acceptor = acceptor
+        self.batch = batch
+        self.discover_interval = discover_interval
+        self.idle_after = idle_after
+        self._loops: dict[str, asyncio.Task[None]] = {}
+
+    async def serve(self) -> None:
+        # The single consumer of earlier releases would overlap the per-tenant ones (a
+        # work-queue stream refuses that).
+        await self.bus.forget_consumer(STREAM_SUBMIT, "intake")
+        # The tenants' loops are this one's children: stopping intake stops and awaits
+        # them (a loop that fails logs and ends; discovery starts it again).
+        async with asyncio.TaskGroup() as loops:
+            while True:
+                for subject in await self._subjects():
+                    loop = self._loops.get(subject)
+                    if loop is None or loop.done():
+                        self._loops[subject] = loops.create_task(self._consume(subject))
+                # Loop time, not the task clock: this polls NATS, it is no task's timer.
+                await asyncio.sleep(self.discover_interval)
+
+    async def _subjects(self) -> list[str]:
+        info = await self.bus.js.stream_info(STREAM_SUBMIT, subjects_filter="ratchet.submit.>")
+        return list(info.state.subjects or {})
+
+    async def _consume(self, subject: str) -> None:
+        try:
+            await self.bus.pull_loop(
+                STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
+                batch=self.batch, before_fetch=self.acceptor.wait_for_room,
+                # A node that dies holding a batch delays those submissions by this much;
+                # handling one twice is harmless (the key).
+                ack_wait=10.0, idle_exit=self.idle_after,
+                # The server forgets the consumer of a tenant gone quiet for a day.
+                inactive_threshold=86_400.0)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # this tenant's loop only; discovery starts it again
+            log.error("intake loop failed", subject=subject, error=repr(exc))
+
+    async def _handle_batch(self, msgs: list[Msg]) -> None:
+        await asyncio.gather(*(self._handle(m) for m in msgs))
+
+    async def _handle(self, msg: Msg) -> None:
+        tenant = tenant_of(msg.subject)
+        env: Envelope | None = None
+        reply: Reply | None = None
+        try:
+            env = decode_envelope(msg.data)
+            accepted = await self.acceptor.accept(tenant, env)
+            reply = Reply(ok=True, correlation_id=env.correlation_id, result=accepted.model_dump())
+        except RequestConflict as exc:
+            reply = error_reply(exc, env.correlation_id if env else None)
+        except RatchetError as exc:
+            if exc.retryable:
+                log.warning("intake will retry", error=repr(exc))
+                await msg.nak(delay=redelivery_delay(msg))
+                return
+            try:
+                await self.acceptor.dead_letter(msg.subject, msg.data, exc, tenant)
+            except Exception as store_exc:  # the store could not record it: let JetStream retry
+                log.error("dead-letter failed", error=repr(store_exc))
+                await msg.nak(delay=redelivery_delay(msg))
+                return
+            reply = error_reply(exc, env.correlation_id if env else None)
+        except Exception as exc:  # store or bug: keep the message for a retry, keep serving
+            log.error("intake failed; message will be redelivered", error=repr(exc))
+            await msg.nak(delay=redelivery_delay(msg))
+            return
+        if env is not None and env.reply_to and reply is not None:
+            await self._respond(env.reply_to, reply)
+        await msg.ack()
+
+    async def _respond(self, subject: str, reply: Reply) -> None:
+        try:
+            await self.bus.nc.publish(subject, encode(reply))
+        except Exception as exc:  # a reply is a courtesy; the task stands
+            log.warning("reply failed", subject=subject, error=repr(exc))

@@ -1,0 +1,135 @@
+"""Request/reply services on core NATS (queue groups): the API and the admin service.
+
+Each request runs in its own task (subscription callbacks run one at a time), bounded by
+``max_in_flight``. Every answer is a :class:`Reply`: ``{ok: true, result}`` or ``{ok: false,
+error: {code, message, retryable, details}}``. One bad request never stops the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import MaxPayloadError
+
+from ratchet.actors.core.actor import ServiceActor
+from ratchet.actors.transport.bus import Bus
+from ratchet.protocol.codec import decode_envelope, encode
+from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.messages import Envelope, Reply
+from ratchet.protocol.subjects import request_route
+
+__all__ = ["Forwarded", "Ready", "RequestService", "error_reply"]
+
+log = structlog.get_logger("ratchet.requests")
+
+
+def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
+    return Reply(ok=False, correlation_id=correlation_id, error=exc.to_wire())  # type: ignore[arg-type]
+
+
+class Forwarded(Exception):
+    """Raised by :meth:`RequestService.answer` when it passed the request on to another
+    node, which answers the requester directly: no reply from here.
+
+    A control signal, not an error (so not in ``protocol/errors.py``): nothing failed, and
+    ``_handle`` catches it and sends nothing."""
+
+
+@dataclass(slots=True)
+class Ready:
+    """Ask it of a request service: answered once its subscription is live."""
+
+
+class RequestService(ServiceActor):
+    """Subclasses set ``subject``/``queue`` and implement :meth:`answer`."""
+
+    subject = ""
+    queue = ""
+    _sub: Subscription | None = None
+    _direct: Subscription | None = None
+
+    def direct_subject(self) -> str | None:
+        """A subject this node alone answers on (no queue group): forwarded requests."""
+        return None
+
+    def __init__(self, bus: Bus, max_in_flight: int = 256) -> None:
+        self.bus = bus
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
+        """The ``result`` of a request; raise a RatchetError for a typed error reply."""
+        raise NotImplementedError
+
+    async def on_error(self, msg: Msg, tenant: str, exc: RatchetError) -> None:
+        """Called with every typed error (e.g. to dead-letter malformed requests)."""
+
+    async def on_start(self) -> None:
+        # Subscribed (and the server told) before the actor takes mail, so an answered
+        # :class:`Ready` means requests have a responder.
+        self._sub = await self.bus.nc.subscribe(self.subject, queue=self.queue,
+                                                cb=self._on_msg)
+        direct = self.direct_subject()
+        if direct is not None:
+            self._direct = await self.bus.nc.subscribe(direct, cb=self._on_msg)
+        await self.bus.nc.flush()
+        await super().on_start()
+
+    async def handle(self, message: Any) -> Any:
+        if isinstance(message, Ready):
+            return True
+        return await super().handle(message)
+
+    async def serve(self) -> None:
+        await asyncio.Event().wait()  # requests arrive on the subscription's callback
+
+    async def on_stop(self) -> None:
+        await super().on_stop()
+        for sub in (self._sub, self._direct):
+            if sub is not None:
+                await sub.unsubscribe()
+        self._sub = self._direct = None
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _on_msg(self, msg: Msg) -> None:
+        await self._slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._handle(msg))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _handle(self, msg: Msg) -> None:
+        # ratchet.<service>.<tenant>.<verb>, or ratchet.node.<id>.<service>.<tenant>.<verb>
+        tenant, verb = request_route(msg.subject)
+        env: Envelope | None = None
+        try:
+            env = decode_envelope(msg.data)
+            result = await self.answer(tenant, verb, env, msg)
+            reply = Reply(ok=True, correlation_id=env.correlation_id, result=result)
+        except Forwarded:
+            return
+        except RatchetError as exc:
+            await self.on_error(msg, tenant, exc)
+            reply = error_reply(exc, env.correlation_id if env else None)
+        except Exception as exc:  # never let one request stop the service
+            log.error("request failed", subject=msg.subject, error=repr(exc))
+            reply = error_reply(RatchetError(f"internal error: {type(exc).__name__}"),
+                                env.correlation_id if env else None)
+        if msg.reply:
+            try:
+                await msg.respond(encode(reply))
+            except MaxPayloadError:
+                too_big = RatchetError("the answer is larger than NATS can carry; ask for less"
+                                       " (e.g. history with a smaller limit)")
+                await msg.respond(encode(error_reply(too_big, reply.correlation_id)))
+            except Exception as exc:
+                log.warning("reply failed", subject=msg.subject, error=repr(exc))

@@ -1,0 +1,106 @@
+"""What the JetStream routers (actor mail, confirmations, decisions) share: delivering a
+message to its task's actor, and settling a message that could not be delivered.
+
+A message is acked only once its effect is committed (the actor answered). Failures:
+mail for a finished task is acked and dropped; a retryable error is NAK'ed with a delay
+that doubles per delivery; anything else that names a real problem with the message is
+dead-lettered with its error and acked; an unexpected error is NAK'ed for a retry — one bad
+message never stops a router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from nats.aio.msg import Msg
+
+from ratchet.actors.core.actor import ServiceActor
+from ratchet.actors.task.actor import DeliverMail
+from ratchet.actors.transport.bus import Bus, deliveries, redelivery_delay
+from ratchet.persistence.ports import TaskRecord, TaskStore
+from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import ActorCrashed, InvalidMessage, RatchetError, TaskFinished
+from ratchet.protocol.messages import Envelope
+from ratchet.supervisors.supervision.tasks import TaskSupervision
+
+__all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure",
+           "POISON_AFTER"]
+
+#: Deliveries that crashed the receiving actor before a message counts as poison.
+POISON_AFTER = 2
+
+
+class TaskRouter(ServiceActor):
+    """A JetStream consumer whose messages go to tasks (subclasses route one message)."""
+
+    stream = ""
+    durable = ""
+    filter_subject = ""
+    batch = 256
+
+    def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock) -> None:
+        self.bus = bus
+        self.tasks = tasks
+        self.store = store
+        self.clock = clock
+
+    async def serve(self) -> None:
+        # A fetch returns as soon as a message is there; the timeout only bounds how often
+        # an idle consumer asks again (a node holds 16 partitions' routers at most).
+        await self.bus.pull_loop(self.stream, self.durable, self.filter_subject, self._batch,
+                                 batch=self.batch, idle_timeout=5.0)
+
+    async def _batch(self, msgs: list[Msg]) -> None:
+        await asyncio.gather(*(self.route(m) for m in msgs))
+
+    async def route(self, msg: Msg) -> None:
+        raise NotImplementedError
+
+
+async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg, *,
+                  record: TaskRecord | None = None) -> Any | None:
+    """Activate the task if needed and hand it ``env``; the actor's answer, or None when
+    the message was NAK'ed for later (the task is between restarts). ``record``: the task's
+    row, if the caller has just loaded it.
+
+    A task whose partition another node owns is not activated here: the message is
+    forwarded as mail to its partition (answer ``"forwarded"``; the caller acks)."""
+    if not tasks.owns(task_id) and tasks.forward is not None:
+        await tasks.forward(task_id, env)
+        return "forwarded"
+    ref = await tasks.ensure_running(task_id, record=record)
+    if ref is None:
+        await msg.nak(delay=redelivery_delay(msg))
+        return None
+    return await ref.ask(DeliverMail(env), timeout=60.0, correlation_id=env.correlation_id)
+
+
+async def settle_failure(msg: Msg, exc: Exception, *, store: TaskStore, clock: Clock, dlq: str,
+                         log: Any) -> None:
+    """Ack, NAK or dead-letter a message whose delivery raised ``exc``."""
+    if isinstance(exc, TaskFinished):
+        await msg.ack()
+        return
+    if isinstance(exc, ActorCrashed) and getattr(exc.__cause__, "ends_actor", False):
+        await msg.nak(delay=redelivery_delay(msg))  # fenced: not the message's fault
+        return
+    if isinstance(exc, ActorCrashed) and deliveries(msg) >= POISON_AFTER:
+        # The actor crashed on this message every time: a poison message, not a transient
+        # failure. Dead-letter it before it uses up the task's restart intensity.
+        exc = InvalidMessage(f"message crashed its actor {POISON_AFTER} times: "
+                             f"{exc.__cause__!r}", subject=msg.subject)
+    if isinstance(exc, RatchetError) and not exc.retryable:
+        log.warning("message dead-lettered", subject=msg.subject, error=exc.message)
+        try:
+            await store.record_dead_letter(subject=msg.subject, raw=msg.data,
+                                           error=exc.to_wire(), dlq_subject=dlq, now=clock.now())
+        except Exception as store_exc:  # not recorded: keep it in the stream for later
+            log.error("dead-letter failed", error=repr(store_exc))
+            await msg.nak(delay=redelivery_delay(msg))
+            return
+        await msg.ack()
+        return
+    if not isinstance(exc, RatchetError):
+        log.error("routing failed; will retry", subject=msg.subject, error=repr(exc))
+    await msg.nak(delay=redelivery_delay(msg))
