@@ -9,20 +9,17 @@ nobody waits for (unknown, or already resolved) is dead-lettered, never applied 
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 from nats.aio.msg import Msg
 
 from ratchet.actors.transport.bus import redelivery_delay
 from ratchet.protocol.catalogue import MessageType
-from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import InvalidMessage
+from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import STREAM_EXTERNAL, dlq_subject, tenant_of
-from ratchet.supervisors.services.routing import (
-    TaskRouter,
-    deliver,
-    deliveries,
-    settle_failure,
-)
+from ratchet.supervisors.services.routing import Target, TaskRouter, deliveries
 
 __all__ = ["ExternalRouter", "EARLY_RETRIES"]
 
@@ -31,43 +28,36 @@ __all__ = ["ExternalRouter", "EARLY_RETRIES"]
 EARLY_RETRIES = 5
 
 
-log = structlog.get_logger("ratchet.external")
-
-
 class ExternalRouter(TaskRouter):
     stream = STREAM_EXTERNAL
     durable = "external-router"
     filter_subject = "ratchet.external.>"
+    expects = MessageType.EXTERNAL_RESOLVED
+    log = structlog.get_logger("ratchet.external")
 
-    async def route(self, msg: Msg) -> None:
+    async def target(self, msg: Msg, env: Envelope) -> Target | None:
         tenant = tenant_of(msg.subject)
-        try:
-            env = decode_envelope(msg.data)
-            if env.type != MessageType.EXTERNAL_RESOLVED:
-                raise InvalidMessage(f"expected external.resolved, got {env.type!r}")
-            cid = env.body.get("correlation_id")
-            if not isinstance(cid, str) or not cid:
-                raise InvalidMessage("external.resolved needs a correlation_id")
-            wait = await self.store.find_wait(tenant, cid)
-            if wait is None:
-                if deliveries(msg) < EARLY_RETRIES:
-                    # A webhook may overtake the 202 that makes the task record its wait.
-                    await msg.nak(delay=redelivery_delay(msg))
-                    return
-                raise InvalidMessage("no open wait for this correlation id",
-                                     correlation_id=cid, tenant=tenant)
-            task_id, kind = wait
-            body = dict(env.body)
-            body["wait_kind"] = kind
-            if kind.startswith("action:"):
-                body.setdefault("key", kind.removeprefix("action:"))
-            env = env.model_copy(update={"body": body})
-            outcome = await deliver(self.tasks, task_id, env, msg)
-            if outcome is None:
-                return
-            log.info("confirmation delivered", task_id=task_id, correlation_id=cid,
-                     outcome=outcome)
-            await msg.ack()
-        except Exception as exc:
-            await settle_failure(msg, exc, store=self.store, clock=self.clock,
-                                 dlq=dlq_subject("external", tenant), log=log)
+        cid = env.body.get("correlation_id")
+        if not isinstance(cid, str) or not cid:
+            raise InvalidMessage("external.resolved needs a correlation_id")
+        wait = await self.store.find_wait(tenant, cid)
+        if wait is None:
+            if deliveries(msg) < EARLY_RETRIES:
+                # A webhook may overtake the 202 that makes the task record its wait.
+                await msg.nak(delay=redelivery_delay(msg))
+                return None
+            raise InvalidMessage("no open wait for this correlation id",
+                                 correlation_id=cid, tenant=tenant)
+        task_id, kind = wait
+        body = dict(env.body)
+        body["wait_kind"] = kind
+        if kind.startswith("action:"):
+            body.setdefault("key", kind.removeprefix("action:"))
+        return Target(task_id, env.model_copy(update={"body": body}))
+
+    def dead_letters(self, msg: Msg) -> str:
+        return dlq_subject("external", tenant_of(msg.subject))
+
+    def delivered(self, target: Target, outcome: Any) -> None:
+        self.log.info("confirmation delivered", task_id=target.task_id, outcome=outcome,
+                      correlation_id=target.envelope.body.get("correlation_id"))

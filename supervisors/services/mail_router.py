@@ -12,6 +12,7 @@ transaction) at the actor. Undeliverable mail is nak'ed with a delay and retried
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any
 
 import structlog
 from nats.aio.msg import Msg
@@ -20,16 +21,13 @@ from ratchet.actors.transport.bus import Bus
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import NotFound
+from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import STREAM_MAIL, dlq_subject, mail_route
-from ratchet.supervisors.services.routing import TaskRouter, deliver, settle_failure
+from ratchet.supervisors.services.routing import Target, TaskRouter
 from ratchet.supervisors.supervision.tasks import TaskSupervision
 
 __all__ = ["MailRouter", "RecentIds", "mail_durable"]
-
-log = structlog.get_logger("ratchet.mail")
-
 
 def mail_durable(partition: int) -> str:
     return f"mail-{partition}"
@@ -67,6 +65,7 @@ class RecentIds:
 
 class MailRouter(TaskRouter):
     stream = STREAM_MAIL
+    log = structlog.get_logger("ratchet.mail")
     batch = 512
 
     def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock,
@@ -77,30 +76,27 @@ class MailRouter(TaskRouter):
         self.filter_subject = f"ratchet.mail.{partition}.>"
         self._recent = RecentIds(clock)
 
-    async def route(self, msg: Msg) -> None:
+    async def target(self, msg: Msg, env: Envelope) -> Target | None:
         route = mail_route(msg.subject)
-        try:
-            env = decode_envelope(msg.data)
-            if route is None:
-                raise NotFound("mail subject does not name a task actor", subject=msg.subject)
-            task_id = route[0]
-            if env.message_id in self._recent:
-                await msg.ack()
-                return
-            if env.type == MessageType.TASK_START \
-                    and not self.tasks.admitted(task_id, str(env.body.get("tenant", ""))):
-                # Queued for a running slot (fair admission): the task is QUEUED in the
-                # store, so the scheduler (or recovery after a restart) starts it later.
-                self._recent.add(env.message_id)
-                await msg.ack()
-                return
-            outcome = await deliver(self.tasks, task_id, env, msg)
-            if outcome is None:
-                return  # between restarts: NAK'ed, tried again shortly
-            self._recent.add(env.message_id)
-            log.debug("mail delivered", task_id=task_id, outcome=outcome,
-                      message_id=env.message_id)
+        if route is None:
+            raise NotFound("mail subject does not name a task actor", subject=msg.subject)
+        task_id = route[0]
+        if env.message_id in self._recent:
             await msg.ack()
-        except Exception as exc:
-            await settle_failure(msg, exc, store=self.store, clock=self.clock,
-                                 dlq=dlq_subject("mail", "_system"), log=log)
+            return None
+        if env.type == MessageType.TASK_START \
+                and not self.tasks.admitted(task_id, str(env.body.get("tenant", ""))):
+            # Queued for a running slot (fair admission): the task is QUEUED in the
+            # store, so the scheduler (or recovery after a restart) starts it later.
+            self._recent.add(env.message_id)
+            await msg.ack()
+            return None
+        return Target(task_id, env)
+
+    def dead_letters(self, msg: Msg) -> str:
+        return dlq_subject("mail", "_system")
+
+    def delivered(self, target: Target, outcome: Any) -> None:
+        self._recent.add(target.envelope.message_id)
+        self.log.debug("mail delivered", task_id=target.task_id, outcome=outcome,
+                       message_id=target.envelope.message_id)

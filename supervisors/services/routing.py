@@ -11,33 +11,54 @@ message never stops a router.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from nats.aio.msg import Msg
 
 from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.task.actor import DeliverMail
 from ratchet.actors.transport.bus import Bus, deliveries, redelivery_delay
 from ratchet.persistence.ports import TaskRecord, TaskStore
+from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import decode_envelope
 from ratchet.protocol.errors import ActorCrashed, InvalidMessage, RatchetError, TaskFinished
 from ratchet.protocol.messages import Envelope
 from ratchet.supervisors.supervision.tasks import TaskSupervision
 
-__all__ = ["TaskRouter", "deliver", "deliveries", "settle_failure",
+__all__ = ["TaskRouter", "Target", "deliver", "deliveries", "settle_failure",
            "POISON_AFTER"]
 
 #: Deliveries that crashed the receiving actor before a message counts as poison.
 POISON_AFTER = 2
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a message goes: the task, the envelope to hand it (possibly annotated), and
+    the task's row if the router has just loaded it."""
+
+    task_id: str
+    envelope: Envelope
+    record: TaskRecord | None = None
+
+
 class TaskRouter(ServiceActor):
-    """A JetStream consumer whose messages go to tasks (subclasses route one message)."""
+    """A JetStream consumer whose messages go to tasks. Every router runs the same steps —
+    decode, find the task (``target``), deliver, ack after the actor answered; a failure is
+    settled by :func:`settle_failure` — and differs only in its row of this table: the
+    stream and consumer, the one message type it takes, where its dead letters go, and
+    how it finds the task."""
 
     stream = ""
     durable = ""
     filter_subject = ""
     batch = 256
+    #: The one envelope type this router takes (None: any, e.g. actor mail).
+    expects: MessageType | None = None
+    log: Any = structlog.get_logger("ratchet.routing")
 
     def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock) -> None:
         self.bus = bus
@@ -55,7 +76,34 @@ class TaskRouter(ServiceActor):
         await asyncio.gather(*(self.route(m) for m in msgs))
 
     async def route(self, msg: Msg) -> None:
+        try:
+            env = decode_envelope(msg.data)
+            if self.expects is not None and env.type != self.expects:
+                raise InvalidMessage(f"expected {self.expects}, got {env.type!r}")
+            target = await self.target(msg, env)
+            if target is None:
+                return  # settled already (acked, or NAK'ed for later)
+            outcome = await deliver(self.tasks, target.task_id, target.envelope, msg,
+                                    record=target.record)
+            if outcome is None:
+                return  # the task is between restarts: NAK'ed, tried again shortly
+            self.delivered(target, outcome)
+            await msg.ack()
+        except Exception as exc:
+            await settle_failure(msg, exc, store=self.store, clock=self.clock,
+                                 dlq=self.dead_letters(msg), log=self.log)
+
+    async def target(self, msg: Msg, env: Envelope) -> Target | None:
+        """The task this message goes to; None when the router settled it itself."""
         raise NotImplementedError
+
+    def dead_letters(self, msg: Msg) -> str:
+        """The dead-letter subject of a message this router cannot deliver."""
+        raise NotImplementedError
+
+    def delivered(self, target: Target, outcome: Any) -> None:
+        self.log.info("delivered", task_id=target.task_id, outcome=outcome,
+                      message_id=target.envelope.message_id)
 
 
 async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg, *,
