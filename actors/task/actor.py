@@ -37,6 +37,7 @@ from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.workflow.nodes import END, StepContext, StepNode
 from ratchet.actors.workflow.registry import Workflow, bind_step_logger
 from ratchet.persistence import CheckpointWrite, StateTracker, TaskChange, TaskRecord
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
     ActionFailed,
     BudgetExhausted,
@@ -104,7 +105,7 @@ class TaskActor(Actor):
             # Restarting cannot help: say so once, loudly, instead of crash-looping.
             error = error_of(exc, "workflow not registered on this node")
             await self.commit(status_event=TaskEvent.FAILED, error=error, events=[(
-                "task.failed", {"reason": "workflow not registered on this node",
+                EventType.TASK_FAILED, {"reason": "workflow not registered on this node",
                                 "node": self.deps.producer, "error": error})])
             self.ref.stop()
             return
@@ -213,7 +214,7 @@ class TaskActor(Actor):
         assert self.workflow is not None
         await self._commit(self._change(
             status_event=TaskEvent.DISPATCHED,
-            events=[("task.started", {"steps_total": self.workflow.step_count,
+            events=[(EventType.TASK_STARTED, {"steps_total": self.workflow.step_count,
                                       "node": self.deps.producer})],
             inbox_message_id=inbox_message_id,
         ))
@@ -285,7 +286,7 @@ class TaskActor(Actor):
         heartbeat = self._progress.due(now)
         if heartbeat:  # in this boundary's own transaction: progress costs no extra write
             assert self.record is not None
-            events = [*events, ("task.progress", progress_payload(
+            events = [*events, (EventType.TASK_PROGRESS, progress_payload(
                 node=to, steps_completed=self.next_step + 1, steps_total=self.record.steps_total,
                 last_checkpoint=self.checkpoint_seq + 1, owner=self.deps.producer))]
         await self._commit(self._change(
@@ -348,7 +349,7 @@ class TaskActor(Actor):
                 if not self._interrupted:
                     raise  # the step's own timeout: a step failure, handled below
                 self._interrupted = False
-                await self._commit(self._change(events=[("step.interrupted", {
+                await self._commit(self._change(events=[(EventType.STEP_INTERRUPTED, {
                     "step": step.name, "index": index})]))
                 return False  # the operator's request is handled next, at this safe point
             finally:
@@ -369,7 +370,7 @@ class TaskActor(Actor):
                 return False
             raise  # crash: the supervisor restarts us from the last checkpoint
         duration = asyncio.get_running_loop().time() - started
-        await self.move(step.name, step.next, [("step.completed", {
+        await self.move(step.name, step.next, [(EventType.STEP_COMPLETED, {
             "step": step.name, "index": index, "duration_ms": round(duration * 1000, 3),
             "changed": None, "next": step.next})])
         return True
@@ -378,7 +379,7 @@ class TaskActor(Actor):
         error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
         if isinstance(exc, TimeoutError):
             error["message"] = "step timed out"
-        await self._commit(self._change(step_failed=True, events=[("step.failed", {
+        await self._commit(self._change(step_failed=True, events=[(EventType.STEP_FAILED, {
             "step": name, "index": index, "attempt": self._attempt, "error": error})]))
         self.log.warning("step failed", step=name, attempt=self._attempt, error=repr(exc))
 
@@ -387,7 +388,7 @@ class TaskActor(Actor):
         output = raw if isinstance(raw, dict) else ({"value": raw} if raw is not None else {})
         await self._commit(self._change(
             status_event=TaskEvent.SUCCEEDED,
-            events=[("task.succeeded", {"output": output})],
+            events=[(EventType.TASK_SUCCEEDED, {"output": output})],
             output=output, control={},  # a request still pending has nothing left to act on
         ))
         self.log.info("task succeeded")

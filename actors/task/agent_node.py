@@ -30,6 +30,7 @@ from ratchet.actors.task.suspension import fail_with_saga, suspend
 from ratchet.actors.workflow.nodes import FAIL, AgentNode
 from ratchet.actors.workflow.tools import RetryPolicy, Tool, ToolContext
 from ratchet.persistence.ledger import ActionWrite
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.codec import canonical, encode
 from ratchet.protocol.errors import ActionFailed, BudgetExhausted, LoopDetected, RatchetError
 from ratchet.protocol.ids import request_hash
@@ -142,7 +143,7 @@ async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     dim = _exhausted(actor, spent)
     if dim is not None or turn >= node.max_turns:
         reason = f"budget exhausted: {dim}" if dim else f"no answer in {node.max_turns} turns"
-        return await _stop(actor, node, conv, node.on_budget_exhausted, "agent.budget_exhausted",
+        return await _stop(actor, node, conv, node.on_budget_exhausted, EventType.AGENT_BUDGET_EXHAUSTED,
                            {"dimension": dim or "turns", "spent": spent,
                             "budget": actor.record.budget},
                            BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
@@ -211,7 +212,7 @@ async def _take_answer(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool | N
         if repairs > node.repair_attempts:
             error = RatchetError(f"answer failed validation {repairs} times",
                                  node=node.name, problems=str(exc)[:500])
-            await actor.move(node.name, node.name, [("agent.turn", {
+            await actor.move(node.name, node.name, [(EventType.AGENT_TURN, {
                 "node": node.name, "turn": t.number, "outcome": "invalid answer"})],
                 spend=t.spend, agent_log=conv.flush(), action=t.record, count_visit=False)
             await fail_with_saga(actor, error, "agent answer invalid")
@@ -219,13 +220,13 @@ async def _take_answer(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool | N
         conv.add(Message("user", "Your answer did not validate against the required "
                          f"schema {node.output.model_json_schema()}: "
                          f"{exc.errors()[:3]}. Reply with JSON only.").to_dict())
-        t.events.append(("agent.repair", {"node": node.name, "turn": t.number,
+        t.events.append((EventType.AGENT_REPAIR, {"node": node.name, "turn": t.number,
                                           "attempt": repairs}))
         return None
     actor.state[node.name] = output.model_dump(mode="json")
     conv.set("turn", t.number + 1)
     actor.spent = _add(t.spent, t.spend)
-    await actor.move(node.name, node.next, [("agent.answered", {
+    await actor.move(node.name, node.next, [(EventType.AGENT_ANSWERED, {
         "node": node.name, "turn": t.number, "model": t.answered_by,
         "version": t.version, "tokens": t.spend.get("tokens", 0)})], spend=t.spend,
         agent_log=conv.flush(), action=t.record)
@@ -245,7 +246,7 @@ async def _run_calls(actor: TaskKernel, node: AgentNode, t: _Turn, runner: Actio
         parked = {k: v for k, v in t.spend.items() if k != "tool_calls"}
         await actor.commit(agent_log=t.conv.pending[:t.upto], action=t.record,
                            spend=parked or None,
-                           events=[("agent.turn", {"node": node.name, "turn": t.number,
+                           events=[(EventType.AGENT_TURN, {"node": node.name, "turn": t.number,
                                                    "outcome": "parked"})])
         actor.conversations.pop(scope, None)
         await suspend(actor, signal)
@@ -288,24 +289,24 @@ async def _check_loop(actor: TaskKernel, node: AgentNode, t: _Turn, result: Any,
                 "history": [x.to_dict() for x in conv.turns[-10:]]}
     if conv.get("intervened"):
         conv.set("turn", t.number + 1)
-        await actor.move(node.name, node.name, [("agent.turn", {
+        await actor.move(node.name, node.name, [(EventType.AGENT_TURN, {
             "node": node.name, "turn": t.number, "outcome": "loop"})], spend=t.spend,
             agent_log=conv.flush(), action=t.record, count_visit=False)
         actor.spent = _add(t.spent, t.spend)
-        return await _stop(actor, node, conv, node.on_loop, "agent.loop_detected", evidence,
+        return await _stop(actor, node, conv, node.on_loop, EventType.AGENT_LOOP_DETECTED, evidence,
                            LoopDetected(f"loop detected: {found.pattern}",
                                         node=node.name, pattern=found.pattern))
     conv.set("intervened", True)
     conv.add(Message("user", f"You are repeating yourself ({found.pattern}). Change"
                      " approach, or give your final answer now.").to_dict())
-    t.events.append(("agent.intervention", {"node": node.name, **evidence}))
+    t.events.append((EventType.AGENT_INTERVENTION, {"node": node.name, **evidence}))
     return None
 
 
 async def _end_turn(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool:
     """Commit the turn: its messages, the model call's ledger row and what it spent."""
     t.conv.set("turn", t.number + 1)
-    t.events.insert(0, ("agent.turn", {
+    t.events.insert(0, (EventType.AGENT_TURN, {
         "node": node.name, "turn": t.number, "model": t.answered_by, "version": t.version,
         "tool_calls": [c.name for c in t.proposed.tool_calls],
         "tokens": t.spend.get("tokens", 0)}))

@@ -23,6 +23,7 @@ from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import pause, suspend
 from ratchet.persistence.ledger import ActionWrite
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 
@@ -72,7 +73,7 @@ async def cancel(actor: TaskKernel, request: dict[str, Any]) -> None:
                                                 actor.task_id)
         except HandoffRequired as signal:  # an undo that failed for good: a human decides
             signal.package["cancel"] = request
-            await actor.commit(control={}, events=[("task.cancel_incomplete", {
+            await actor.commit(control={}, events=[(EventType.TASK_CANCEL_INCOMPLETE, {
                 "by": request.get("by"), "reason": signal.reason})])
             await suspend(actor, signal)
             return
@@ -80,9 +81,9 @@ async def cancel(actor: TaskKernel, request: dict[str, Any]) -> None:
                if a.status in ("IN_FLIGHT", "PENDING")]
     for key in unknown:  # calls that could not be interrupted: their outcome is not known
         await actor.commit(action=ActionWrite(key, "UNKNOWN"),
-                           events=[("action.unknown", {"key": key, "reason": "task cancelled"})])
+                           events=[(EventType.ACTION_UNKNOWN, {"key": key, "reason": "task cancelled"})])
     await actor.commit(status_event=TaskEvent.CANCELLED, control={},
-                       events=[("task.cancelled", {"by": request.get("by"),
+                       events=[(EventType.TASK_CANCELLED, {"by": request.get("by"),
                                                    "reason": request.get("reason"),
                                                    "unknown_actions": unknown,
                                                    "compensated": compensated})])
@@ -103,7 +104,7 @@ async def resume(actor: TaskKernel, request: dict[str, Any]) -> str:
             if budget.get(d) is not None and spent.get(d, 0) >= budget[d]]
     if over:
         return f"refused: budget exhausted: {over}"
-    await actor.commit(status_event=TaskEvent.RESUMED, events=[("task.resumed", {
+    await actor.commit(status_event=TaskEvent.RESUMED, events=[(EventType.TASK_RESUMED, {
         "by": request.get("by"), "workflow": actor.workflow.name,
         "version": actor.workflow.version, "from_checkpoint": actor.record.last_checkpoint,
         "at_node": actor.current})])

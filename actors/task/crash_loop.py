@@ -19,6 +19,7 @@ from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga, handoff_package, unresolved_actions
 from ratchet.persistence.graph_rows import ApprovalWrite
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.codec import canonical
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.ids import new_id, request_hash
@@ -39,7 +40,7 @@ _FAILURES_SHOWN = 5
 
 
 #: What the guard reads of the task's recent history (one indexed read, on recovery only).
-_HISTORY = ("task.recovered", "task.recovery_stopped", "step.failed")
+_HISTORY = (EventType.TASK_RECOVERED, EventType.TASK_RECOVERY_STOPPED, EventType.STEP_FAILED)
 
 
 def crash_loop(history: list[dict[str, Any]], max_recoveries: int
@@ -56,16 +57,16 @@ def crash_loop(history: list[dict[str, Any]], max_recoveries: int
         ``task.recovery_stopped``, the evidence for a human (whose decision follows that
         event, so the count starts afresh after it).
     """
-    stopped = max((i for i, e in enumerate(history) if e["type"] == "task.recovery_stopped"),
+    stopped = max((i for i, e in enumerate(history) if e["type"] == EventType.TASK_RECOVERY_STOPPED),
                   default=-1)
     fresh = history[stopped + 1:]
     # A clean hand-over (drain, rebalance, a node's clean stop) says nothing about the task:
     # only restarts and recoveries after a crash of the actor or the node count.
-    recoveries = [e for e in fresh if e["type"] == "task.recovered"
+    recoveries = [e for e in fresh if e["type"] == EventType.TASK_RECOVERED
                   and (e.get("payload") or {}).get("reason") not in COUNTED_OUT]
     if len(recoveries) <= max_recoveries:
         return None
-    return recoveries, [e for e in fresh if e["type"] == "step.failed"]
+    return recoveries, [e for e in fresh if e["type"] == EventType.STEP_FAILED]
 
 
 async def record_recovery(actor: TaskKernel, reason: str) -> bool:
@@ -85,10 +86,10 @@ async def record_recovery(actor: TaskKernel, reason: str) -> bool:
     if reason == "node_recovery":  # only the node knows whom it took the task over from
         payload.update(await _recovery_note(actor))
     history = await deps.store.recent_events(actor.task_id, _HISTORY, now - deps.recovery_window)
-    this = {"type": "task.recovered", "sequence": None, "occurred_at": now, "payload": payload}
+    this = {"type": EventType.TASK_RECOVERED, "sequence": None, "occurred_at": now, "payload": payload}
     loop = crash_loop([*history, this], deps.max_recoveries)
     if loop is None:
-        await actor.commit(events=[("task.recovered", payload)])
+        await actor.commit(events=[(EventType.TASK_RECOVERED, payload)])
         actor.log.info("task recovered", reason=payload["reason"], node=actor.current)
         return True
     await _stop_crash_loop(actor, payload, *loop)
@@ -128,12 +129,12 @@ async def _stop_crash_loop(actor: TaskKernel, recovered: dict[str, Any],
         status_event=TaskEvent.WAITING_APPROVAL, handoff=(reason, package),
         approval=ApprovalWrite(approval_id, "PENDING", insert=True, node=RECOVERY_NODE,
                                request=request, request_hash=digest),
-        events=[("task.recovered", recovered),
-                ("task.recovery_stopped", {
+        events=[(EventType.TASK_RECOVERED, recovered),
+                (EventType.TASK_RECOVERY_STOPPED, {
                     "reason": reason, "recoveries": len(recoveries), "window_s": window,
                     "max_recoveries": deps.max_recoveries, "node": deps.producer,
                     "approval_id": approval_id, "request_hash": digest}),
-                ("task.handoff", {"reason": reason, "why": reason, "approval_id": approval_id})])
+                (EventType.TASK_HANDOFF, {"reason": reason, "why": reason, "approval_id": approval_id})])
     actor.log.error("task handed to a human: crash loop", recoveries=len(recoveries),
                     window_s=window, approval_id=approval_id)
     actor.passivate()
@@ -176,7 +177,7 @@ async def on_recovery_decision(actor: TaskKernel, env: Envelope) -> str | None:
     decided_by = str(body.get("decided_by") or "unknown")
     settle = ApprovalWrite(approval_id, "APPROVED" if decision == "approve" else "REJECTED",
                            decided_by=decided_by, reason=body.get("reason"))
-    decided = ("approval.decided", {
+    decided = (EventType.APPROVAL_DECIDED, {
         "kind": "crash_loop", "approval_id": approval_id, "decision": decision,
         "decided_by": decided_by, "reason": body.get("reason"), "at_node": actor.current})
     back_to_running: dict[str, Any] = {
@@ -201,7 +202,7 @@ async def on_recovery_decision(actor: TaskKernel, env: Envelope) -> str | None:
     error = error_of(cause, reason)
     await actor.commit(status_event=TaskEvent.FAILED, error=error, approval=settle,
                        inbox_message_id=env.message_id,
-                       events=[decided, ("task.failed", {"reason": reason, "error": error,
+                       events=[decided, (EventType.TASK_FAILED, {"reason": reason, "error": error,
                                                          "compensated": []})])
     actor.log.warning("crash loop: task ended by a human", decided_by=decided_by)
     actor.passivate()

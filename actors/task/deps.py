@@ -23,6 +23,7 @@ from ratchet.actors.effects.switches import Switches
 from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.messages import Envelope
@@ -179,7 +180,7 @@ async def fail_task(deps: TaskDeps, task_id: str, cause: BaseException | None, r
             change = TaskChange(
                 task_id=task_id, expected_version=rec.version, producer=deps.producer,
                 now=deps.clock.now(), status_event=TaskEvent.WAITING_APPROVAL, error=error,
-                events=[("task.handoff", {"reason": reason, "error": error,
+                events=[(EventType.TASK_HANDOFF, {"reason": reason, "error": error,
                                           "pending_compensations": keys})],
                 handoff=(reason, {"why": reason, "error": error,
                                   "pending_compensations": keys}))
@@ -187,7 +188,7 @@ async def fail_task(deps: TaskDeps, task_id: str, cause: BaseException | None, r
             change = TaskChange(
                 task_id=task_id, expected_version=rec.version, producer=deps.producer,
                 now=deps.clock.now(), status_event=TaskEvent.FAILED,
-                events=[("task.failed", {"reason": reason, "error": error})], error=error)
+                events=[(EventType.TASK_FAILED, {"reason": reason, "error": error})], error=error)
         try:
             await deps.store.apply(change)
             log.error("task given up by its supervisor", task_id=task_id, reason=reason)

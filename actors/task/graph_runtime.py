@@ -45,6 +45,7 @@ from ratchet.actors.workflow.nodes import (
 )
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import IllegalTransition, RatchetError
 from ratchet.protocol.messages import Envelope
 
@@ -66,7 +67,7 @@ async def run_node(actor: TaskKernel, node: Node) -> bool:
             await fail_with_saga(actor, exc, f"routing key of {node.name} raised")
             return False
         used_default = target is None
-        await actor.move(node.name, target or node.default or "", [("route.taken", {
+        await actor.move(node.name, target or node.default or "", [(EventType.ROUTE_TAKEN, {
             "node": node.name, "key": repr(key)[:200], "to": target or node.default,
             "default_used": used_default})])
         return True
@@ -97,7 +98,7 @@ async def _choose(actor: TaskKernel, node: ChoiceNode) -> bool:
                                   f" declared targets {list(node.targets)}", node=node.name)
         await fail_with_saga(actor, error, "guard chose an undeclared target")
         return False
-    await actor.move(node.name, target, [("edge.taken", {"node": node.name, "to": target})])
+    await actor.move(node.name, target, [(EventType.EDGE_TAKEN, {"node": node.name, "to": target})])
     return True
 
 
@@ -142,7 +143,7 @@ async def start_fanout(actor: TaskKernel, node: FanoutNode) -> None:
             timers.append(TimerWrite(f"join:{actor.task_id}:{key}", "join_timeout",
                                      now + join.policy.timeout, {"key": key}))
         await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
-                           events=[("fanout.started", {"node": node.name, "key": key,
+                           events=[(EventType.FANOUT_STARTED, {"node": node.name, "key": key,
                                                        "branches": names})])
         rows = {b: {"status": "RUNNING"} for b in names}
     fired = await actor.deps.store.timer_fired(f"join:{actor.task_id}:{key}")
@@ -213,7 +214,7 @@ async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
         f"branch:{done.key}:{b}" for b in fanout.branches])
     actor.joins.pop(done.key, None)
     if not v.ok:
-        await actor.commit(events=[("join.failed", summary)], branches=settle,
+        await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
                            cancel_timers=timers)
         await fail_with_saga(actor, RatchetError(f"join {join.name} failed: {v.reason}"),
                              "join failed")
@@ -221,7 +222,7 @@ async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
     actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches spent too
     actor.state[join.name] = v.values(done.results, join.policy.defaults)
     actor.visits[join.name] = actor.visits.get(join.name, 0) + 1
-    await actor.move(fanout.name, join.next, [("join.completed", summary)], branches=settle,
+    await actor.move(fanout.name, join.next, [(EventType.JOIN_COMPLETED, summary)], branches=settle,
                      cancel_timers=timers)
     actor.advance()
 

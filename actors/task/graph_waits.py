@@ -15,6 +15,7 @@ from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import CANCEL, FAIL, ApprovalNode, WaitNode
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.persistence.ledger import TimerWrite
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.codec import canonical
 from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.ids import new_id, request_hash
@@ -46,7 +47,7 @@ async def request_approval(actor: TaskKernel, node: ApprovalNode) -> None:
                                expires_at=expires),
         timers=[TimerWrite(f"apr:{approval_id}", "approval_timeout", expires,
                            {"approval_id": approval_id, "node": node.name})],
-        events=[("approval.requested", {"node": node.name, "approval_id": approval_id,
+        events=[(EventType.APPROVAL_REQUESTED, {"node": node.name, "approval_id": approval_id,
                                         "approvers": node.approvers, "request": request,
                                         "request_hash": digest, "expires_at": expires})])
     actor.log.info("task waiting for approval", approval_id=approval_id, node=node.name)
@@ -75,7 +76,7 @@ async def on_decision(actor: TaskKernel, env: Envelope) -> str:
     assert isinstance(node, ApprovalNode)
     target = node.on_approve if decision == "approve" else node.on_reject
     decided_by = str(body.get("decided_by") or "unknown")
-    await actor.move(node.name, target, [("approval.decided", {
+    await actor.move(node.name, target, [(EventType.APPROVAL_DECIDED, {
         "node": node.name, "approval_id": approval_id, "decision": decision,
         "decided_by": decided_by, "reason": body.get("reason"), "to": target})],
         status_event=TaskEvent.APPROVAL_DECIDED, inbox_message_id=env.message_id,
@@ -104,7 +105,7 @@ async def wait_external(actor: TaskKernel, node: WaitNode) -> None:
         status_event=TaskEvent.WAITING_EXTERNAL, waits=[(correlation, f"node:{node.name}")],
         timers=[TimerWrite(_wait_timer(actor, node.name), "wait_timeout", due,
                            {"node": node.name, "correlation_id": correlation})],
-        events=[("wait.started", {"node": node.name, "correlation_id": correlation,
+        events=[(EventType.WAIT_STARTED, {"node": node.name, "correlation_id": correlation,
                                   "timeout_s": node.timeout})])
     actor.passivate()
 
@@ -121,7 +122,7 @@ async def on_wait_resolved(actor: TaskKernel, env: Envelope) -> str:
     if env.body.get("outcome", "completed") != "completed":
         await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
                            cancel_timers=[_wait_timer(actor, node.name)],
-                           inbox_message_id=env.message_id, events=[("wait.completed", {
+                           inbox_message_id=env.message_id, events=[(EventType.WAIT_COMPLETED, {
                                "node": node.name, "correlation_id": cid,
                                "outcome": env.body.get("outcome"), "to": "FAILED"})])
         await fail_with_saga(actor, RatchetError(
@@ -129,7 +130,7 @@ async def on_wait_resolved(actor: TaskKernel, env: Envelope) -> str:
             error=env.body.get("error")), "external party reported failure")
         return "processed"
     actor.state[node.name] = env.body.get("result")
-    await actor.move(node.name, node.next, [("wait.completed", {
+    await actor.move(node.name, node.next, [(EventType.WAIT_COMPLETED, {
         "node": node.name, "correlation_id": cid, "to": node.next})],
         status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
         cancel_timers=[_wait_timer(actor, node.name)], inbox_message_id=env.message_id)
@@ -172,13 +173,13 @@ async def on_timer(actor: TaskKernel, env: Envelope) -> str:
         if node.on_timeout == CANCEL:
             await actor.commit(status_event=TaskEvent.CANCELLED, approval=settle,
                                inbox_message_id=env.message_id, events=[
-                                   ("approval.timed_out", {"node": node.name, "then": "cancel",
+                                   (EventType.APPROVAL_TIMED_OUT, {"node": node.name, "then": "cancel",
                                                            "approval_id": row["approval_id"]}),
-                                   ("task.cancelled", {"reason": "approval timed out"})])
+                                   (EventType.TASK_CANCELLED, {"reason": "approval timed out"})])
             actor.passivate()
             return "processed"
         target = str(node.on_timeout)
-        await actor.move(node.name, target, [("approval.timed_out", {
+        await actor.move(node.name, target, [(EventType.APPROVAL_TIMED_OUT, {
             "node": node.name, "approval_id": row["approval_id"], "escalated_to": target})],
             status_event=TaskEvent.APPROVAL_TIMED_OUT, approval=settle,
             inbox_message_id=env.message_id)
@@ -193,13 +194,13 @@ async def on_timer(actor: TaskKernel, env: Envelope) -> str:
         if node.on_timeout == FAIL:
             # Back to RUNNING first: the saga may need to hand a failed undo to a human.
             await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
-                               inbox_message_id=env.message_id, events=[("wait.timed_out", {
+                               inbox_message_id=env.message_id, events=[(EventType.WAIT_TIMED_OUT, {
                                    "node": node.name, "correlation_id": cid, "to": "FAILED"})])
             await fail_with_saga(actor, RatchetError(f"no message for {node.name} in time"),
                                  "external wait timed out")
             return "processed"
         target = str(node.on_timeout)
-        await actor.move(node.name, target, [("wait.timed_out", {
+        await actor.move(node.name, target, [(EventType.WAIT_TIMED_OUT, {
             "node": node.name, "correlation_id": cid, "to": target})],
             status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
             inbox_message_id=env.message_id)

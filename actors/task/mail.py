@@ -13,6 +13,7 @@ from ratchet.actors.task import control as task_control
 from ratchet.actors.task import crash_loop, graph_runtime
 from ratchet.actors.task import waits as task_waits
 from ratchet.actors.task.kernel import TaskKernel
+from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.messages import Envelope
 
 __all__ = ["MailHandler", "mail_table"]
@@ -38,13 +39,13 @@ def mail_table(actor: TaskKernel, start: MailHandler) -> dict[str, tuple[MailHan
         return lambda env: fn(actor, env)
 
     return {
-        "task.start": (start,),
-        "task.control": (bind(task_control.handle_control),),
-        "approval.decision": (bind(crash_loop.on_recovery_decision),
+        MessageType.TASK_START: (start,),
+        MessageType.TASK_CONTROL: (bind(task_control.handle_control),),
+        MessageType.APPROVAL_DECISION: (bind(crash_loop.on_recovery_decision),
                               bind(graph_runtime.on_decision)),
-        "branch.done": (bind(graph_runtime.on_branch_done),),
-        "timer.fired": (graph_timer, bind(task_waits.handle_wait_mail)),
-        "external.resolved": (node_wait, bind(task_waits.handle_wait_mail)),
+        MessageType.BRANCH_DONE: (bind(graph_runtime.on_branch_done),),
+        MessageType.TIMER_FIRED: (graph_timer, bind(task_waits.handle_wait_mail)),
+        MessageType.EXTERNAL_RESOLVED: (node_wait, bind(task_waits.handle_wait_mail)),
     }
 
 

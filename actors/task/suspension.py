@@ -20,6 +20,7 @@ from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.persistence.ledger import ActionRecord, TimerWrite
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import ActionFailed
 from ratchet.protocol.states import TaskEvent
 
@@ -44,7 +45,7 @@ async def suspend(actor: TaskKernel, signal: TaskSuspended) -> None:
                                "external_timeout", due,
                                {"key": signal.key, "correlation_id": signal.correlation_id,
                                 "rearms": 0, "timeout": signal.timeout})],
-            events=[("task.waiting_external", {"key": signal.key,
+            events=[(EventType.TASK_WAITING_EXTERNAL, {"key": signal.key,
                                                "correlation_id": signal.correlation_id,
                                                "timeout_s": signal.timeout})])
         actor.log.info("task waiting for a confirmation", correlation_id=signal.correlation_id)
@@ -53,7 +54,7 @@ async def suspend(actor: TaskKernel, signal: TaskSuspended) -> None:
         event = TaskEvent.WAITING_APPROVAL if signal.approval else TaskEvent.OUTCOME_UNKNOWN
         await actor.commit(
             status_event=event, handoff=(signal.reason, package),
-            events=[("task.handoff" if signal.approval else "task.unknown",
+            events=[(EventType.TASK_HANDOFF if signal.approval else EventType.TASK_UNKNOWN,
                      {"reason": signal.reason, "why": package.get("why"),
                       "key": package.get("key")})])
         actor.log.warning("task handed to a human", reason=signal.reason, status=actor.status)
@@ -114,7 +115,7 @@ async def fail_with_saga(actor: TaskKernel, cause: BaseException, reason: str) -
         return
     error = error_of(cause, reason)
     await actor.commit(status_event=TaskEvent.FAILED, error=error,
-                      events=[("task.failed", {"reason": reason, "error": error,
+                      events=[(EventType.TASK_FAILED, {"reason": reason, "error": error,
                                                "compensated": compensated})])
     actor.log.warning("task failed", reason=reason, compensated=compensated)
     actor.passivate()
@@ -134,7 +135,7 @@ async def pause(actor: TaskKernel, request: dict[str, Any] | None = None,
         request = dict(actor.record.control.get("pause") or {}) if actor.record else {}
     actor.pause_requested = False
     await actor.commit(status_event=TaskEvent.PAUSED, control={},
-                       events=[("task.paused", {"by": request.get("by"),
+                       events=[(EventType.TASK_PAUSED, {"by": request.get("by"),
                                                 "reason": request.get("reason"),
                                                 "at_node": actor.current,
                                                 "before_tool": before_tool})])

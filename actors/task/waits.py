@@ -14,6 +14,7 @@ from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import external_timer_id, suspend
 from ratchet.actors.workflow.tools import Accepted
 from ratchet.persistence.ledger import ActionWrite, TimerWrite
+from ratchet.protocol.catalogue import EventType, MessageType
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus
 
@@ -34,7 +35,7 @@ async def handle_wait_mail(actor: TaskKernel, env: Envelope) -> str:
     if actor.status is not TaskStatus.WAITING_EXTERNAL:
         return "late"  # late or repeated: never moves a task that has moved on
     body = env.body
-    if env.type == "timer.fired":
+    if env.type == MessageType.TIMER_FIRED:
         if body.get("kind") != "external_timeout":
             return "ignored"
         return await external_timeout(actor, env, dict(body.get("payload") or {}))
@@ -56,11 +57,11 @@ async def handle_wait_mail(actor: TaskKernel, env: Envelope) -> str:
         await actor.commit(
             action=ActionWrite(key, "SUCCEEDED", result=result.model_dump(mode="json"),
                                provider_id=getattr(result, "provider_id", None)),
-            events=[("action.confirmed", {"key": key, "tool": tool.name})], **resolved)
+            events=[(EventType.ACTION_CONFIRMED, {"key": key, "tool": tool.name})], **resolved)
     else:
         error = {"code": "FAILED", "message": str(body.get("error") or "provider failed")}
         await actor.commit(action=ActionWrite(key, "FAILED", error=error),
-                          events=[("action.failed", {"key": key, "tool": tool.name,
+                          events=[(EventType.ACTION_FAILED, {"key": key, "tool": tool.name,
                                                      "reason": "provider reported failure",
                                                      "error": error})], **resolved)
     actor.advance()
@@ -89,7 +90,7 @@ async def external_timeout(actor: TaskKernel, env: Envelope, payload: dict[str, 
                                provider_id=getattr(result, "provider_id", None)),
             status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
             inbox_message_id=env.message_id,
-            events=[("action.reconciled", {"key": key, "found": True,
+            events=[(EventType.ACTION_RECONCILED, {"key": key, "found": True,
                                            "after": "confirmation timeout"})])
         actor.advance()
         return "processed"
@@ -101,7 +102,7 @@ async def external_timeout(actor: TaskKernel, env: Envelope, payload: dict[str, 
             timers=[TimerWrite(external_timer_id(actor.task_id, cid), "external_timeout",
                                actor.deps.clock.now() + timeout,
                                {**payload, "rearms": rearms + 1})],
-            events=[("action.still_pending", {"key": key, "rearms": rearms + 1})])
+            events=[(EventType.ACTION_STILL_PENDING, {"key": key, "rearms": rearms + 1})])
         return "processed"
     why = ("still pending after every re-arm" if ok and value is not None
            else "not found at the provider" if ok else f"query failed: {value}")
