@@ -40,7 +40,6 @@ soak: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .ratchet .pytest_cache

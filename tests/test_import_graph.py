@@ -1,8 +1,9 @@
 """The package's import graph, checked on the source: no function-local imports (the usual
 way to hide a cycle), and no cycle among the modules, ``TYPE_CHECKING`` imports included.
 
-(The layer rule itself — protocol ← persistence ← actors ← supervisors — is checked by
-``tests/test_packaging.py`` and by import-linter in ``make lint``.)
+And the rooms inside a layer: each imports only itself and the rooms of lower tiers;
+rooms of one tier are independent. (The layer rule itself — protocol ← persistence ←
+actors ← supervisors — is checked by ``tests/test_packaging.py``.)
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"]
+
+#: The rooms of each layer by tier, lowest first (docs/architecture.md, "Floor plan").
+ROOMS = {
+    "actors": [{"core"}, {"workflow", "transport"}, {"effects", "agents"}, {"task"}],
+    "supervisors": [{"supervision"}, {"services"}, {"node"}, {"cli"}],
+}
 
 
 def _module_name(path: Path) -> str:
@@ -115,3 +122,43 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     edges, _ = _graph()
     assert len(edges) > 90 and sum(map(len, edges.values())) > 300
+
+
+def _tier(layer: str, room: str) -> int:
+    return next(i for i, rooms in enumerate(ROOMS[layer]) if room in rooms)
+
+
+def _room_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Imports from a room to another room of the same layer that is not below it."""
+    broken = []
+    for importer, imported in edges.items():
+        parts = importer.split(".")
+        if len(parts) < 3 or parts[1] not in ROOMS:
+            continue
+        for target in imported:
+            other = target.split(".")
+            if len(other) < 3 or other[1] != parts[1] or other[2] == parts[2]:
+                continue
+            if _tier(parts[1], other[2]) >= _tier(parts[1], parts[2]):
+                broken.append(f"{importer} imports {target}")
+    return sorted(broken)
+
+
+def test_every_module_of_a_layer_lives_in_a_room() -> None:
+    for layer, tiers in ROOMS.items():
+        rooms = set().union(*tiers)
+        found = {p.name.removesuffix(".py") for p in (ROOT / layer).iterdir()
+                 if p.name != "__init__.py" and p.name != "__pycache__"}
+        assert found == rooms, layer
+
+
+def test_each_room_imports_only_itself_and_the_rooms_below() -> None:
+    edges, _ = _graph()
+    assert _room_violations(edges) == []
+    # Not vacuous: an upward or sideways import is caught.
+    assert _room_violations({
+        "ratchet.actors.core.actor": {"ratchet.actors.task.actor"},
+        "ratchet.actors.effects.saga": {"ratchet.actors.agents.models"},
+        "ratchet.actors.task.actor": {"ratchet.actors.core.actor"},
+    }) == ["ratchet.actors.core.actor imports ratchet.actors.task.actor",
+           "ratchet.actors.effects.saga imports ratchet.actors.agents.models"]
