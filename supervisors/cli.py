@@ -30,7 +30,6 @@ from ratchet.protocol.errors import (
 )
 from ratchet.protocol.ids import new_id
 from ratchet.supervisors.node.node import Node, NodeConfig
-from ratchet.testing.demo import run_demo
 
 __all__ = ["main", "load_app"]
 
@@ -296,6 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "graph":
             return _graph(args)
         if args.command == "demo":
+            # Test components are loaded only for `ratchet demo`, never into a serving node.
+            from ratchet.testing.demo import run_demo
+
             return asyncio.run(run_demo(Path(args.state_dir), args.nats_url))
         return asyncio.run(handlers[args.command](args))
     except RemoteError as exc:

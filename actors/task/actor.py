@@ -15,7 +15,7 @@ A step may also suspend the task (actors/task/suspension.py); the actor then pas
 waiting task costs a store row, not a live actor. A boundary may carry a ``task.progress``
 heartbeat; a fresh actor for a RUNNING task records ``task.recovered`` (past the crash-loop
 guard's bound it hands the task to a human). The actor implements the TaskKernel its
-behaviours are written against (actors/task/kernel.py); its mail table is task_mail.py.
+behaviours are written against (actors/task/kernel.py); its mail table is mail.py.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ratchet.actors.task import control as task_control
 from ratchet.actors.task import crash_loop, graph_runtime
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
-from ratchet.actors.task.mail import mail_table
+from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.workflow.nodes import END, StepContext, StepNode
@@ -75,8 +75,6 @@ class TaskActor(Actor):
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
         self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
-        #: Mail handlers by envelope type, tried in order (a None answer: not mine).
-        self._mail = mail_table(self, start=self._start)
         self._scope: asyncio.Timeout | None = None
         self._interrupted = False
         self.pause_requested = False
@@ -167,8 +165,8 @@ class TaskActor(Actor):
 
     async def _deliver_one(self, env: Envelope) -> str:
         try:
-            for handle in self._mail.get(env.type, ()):
-                outcome = await handle(env)
+            for handle in MAIL.get(env.type, ()):
+                outcome = await handle(self, env)
                 if outcome is not None:
                     return outcome
         except DuplicateMessage:
@@ -176,7 +174,7 @@ class TaskActor(Actor):
         self.log.warning("unexpected mail dropped", type=env.type, message_id=env.message_id)
         return "ignored"
 
-    async def _start(self, env: Envelope) -> str:
+    async def start(self, env: Envelope) -> str:
         if self.status is not TaskStatus.QUEUED:
             return "duplicate"
         if self._frozen():

@@ -18,6 +18,7 @@ from ratchet.actors.task.deps import TaskDeps
 from ratchet.actors.workflow.nodes import StepNode
 from ratchet.actors.workflow.registry import Workflow
 from ratchet.persistence.records import TaskRecord
+from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskStatus
 
 __all__ = ["TaskKernel", "Events"]
@@ -61,6 +62,9 @@ class TaskKernel(Protocol):
 
     async def run_step(self, step: StepNode) -> bool:
         """Run one step node; True when it committed and the task can go on."""
+
+    async def start(self, env: Envelope) -> str:
+        """Dispatch a QUEUED task on its ``task.start`` mail (a repeat is a duplicate)."""
 
     def advance(self) -> None:
         """Queue the next step (after this mail; other mail may come first)."""

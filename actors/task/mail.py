@@ -16,39 +16,37 @@ from ratchet.actors.task.kernel import TaskKernel
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.messages import Envelope
 
-__all__ = ["MailHandler", "mail_table"]
+__all__ = ["MailHandler", "MAIL"]
+
+#: A behaviour's handler of one kind of mail: how it took it, or None when the mail is
+#: not its own (the next handler for the type is asked).
+MailHandler = Callable[[TaskKernel, Envelope], Awaitable[str | None]]
 
 
-MailHandler = Callable[[Envelope], Awaitable[str | None]]
+async def _start(actor: TaskKernel, env: Envelope) -> str:
+    return await actor.start(env)
 
 
-def mail_table(actor: TaskKernel, start: MailHandler) -> dict[str, tuple[MailHandler, ...]]:
-    """Which behaviour handles which mail. Several may share a type (a decision may be a
-    crash-loop one or a graph approval's; a timer may be the graph's or an external wait's):
-    each answers None for mail that is not its own, and the next one is asked."""
-
-    def graph_timer(env: Envelope) -> Awaitable[str | None]:
-        return _maybe(env.body.get("kind") in graph_runtime.TIMER_KINDS,
-                      graph_runtime.on_timer, actor, env)
-
-    def node_wait(env: Envelope) -> Awaitable[str | None]:
-        return _maybe(str(env.body.get("wait_kind", "")).startswith("node:"),
-                      graph_runtime.on_wait_resolved, actor, env)
-
-    def bind(fn: Callable[[TaskKernel, Envelope], Awaitable[str | None]]) -> MailHandler:
-        return lambda env: fn(actor, env)
-
-    return {
-        MessageType.TASK_START: (start,),
-        MessageType.TASK_CONTROL: (bind(task_control.handle_control),),
-        MessageType.APPROVAL_DECISION: (bind(crash_loop.on_recovery_decision),
-                              bind(graph_runtime.on_decision)),
-        MessageType.BRANCH_DONE: (bind(graph_runtime.on_branch_done),),
-        MessageType.TIMER_FIRED: (graph_timer, bind(task_waits.handle_wait_mail)),
-        MessageType.EXTERNAL_RESOLVED: (node_wait, bind(task_waits.handle_wait_mail)),
-    }
+async def _graph_timer(actor: TaskKernel, env: Envelope) -> str | None:
+    if env.body.get("kind") not in graph_runtime.TIMER_KINDS:
+        return None  # an external wait's timer
+    return await graph_runtime.on_timer(actor, env)
 
 
-async def _maybe(mine: bool, fn: Callable[[TaskKernel, Envelope], Awaitable[str]],
-                 actor: TaskKernel, env: Envelope) -> str | None:
-    return await fn(actor, env) if mine else None
+async def _node_wait(actor: TaskKernel, env: Envelope) -> str | None:
+    if not str(env.body.get("wait_kind", "")).startswith("node:"):
+        return None  # an accepted action's confirmation
+    return await graph_runtime.on_wait_resolved(actor, env)
+
+
+#: Which behaviour handles which mail, by envelope type, in the order asked. Several may
+#: share a type: a decision may be a crash-loop one or a graph approval's; a timer may be
+#: the graph's or an external wait's.
+MAIL: dict[str, tuple[MailHandler, ...]] = {
+    MessageType.TASK_START: (_start,),
+    MessageType.TASK_CONTROL: (task_control.handle_control,),
+    MessageType.APPROVAL_DECISION: (crash_loop.on_recovery_decision, graph_runtime.on_decision),
+    MessageType.BRANCH_DONE: (graph_runtime.on_branch_done,),
+    MessageType.TIMER_FIRED: (_graph_timer, task_waits.handle_wait_mail),
+    MessageType.EXTERNAL_RESOLVED: (_node_wait, task_waits.handle_wait_mail),
+}
