@@ -28,9 +28,13 @@ class RecoverySweeper(PeriodicService):
         self.tasks = tasks
         self.clock = clock
         self.interval = interval
+        #: Tasks the last sweep found idle: recovered if this sweep finds them idle again.
+        self._suspects: set[str] = set()
 
     async def sweep(self) -> int:
-        """Activate every QUEUED/RUNNING task without a live supervisor; returns how many."""
+        """Activate every QUEUED/RUNNING task found without a live supervisor by this sweep
+        and the one before; returns how many."""
+        idle: set[str] = set()
         activated = 0
         for task_id, tenant, status in await self.store.active_tasks():
             if status not in ("QUEUED", "RUNNING"):
@@ -39,9 +43,13 @@ class RecoverySweeper(PeriodicService):
                 continue  # another node's partition
             if self.tasks.system.lookup(task_supervisor_name(task_id)) is not None:
                 continue
+            if task_id not in self._suspects:
+                idle.add(task_id)  # perhaps its mail is on the way: look again next sweep
+                continue
             # Through admission: a task queued for a slot stays queued (not counted).
             if await self.tasks.activate(task_id, tenant) is not None:
                 activated += 1
+        self._suspects = idle
         if activated:
             log.warning("recovered idle unfinished tasks", count=activated)
         return activated
