@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.steps import NodeProc, percentile, proc_cpu_seconds, publish_submit
+from ratchet.persistence.leases import HostLeaseClock
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS, partition_of
@@ -120,8 +121,9 @@ class StoreView:
             " AND workflow = ?", (workflow,)).fetchall())
 
     def owners(self) -> dict[int, str | None]:
-        """partition → owner, of the leases not expired."""
-        now = time.time()
+        """partition → owner, of the leases not expired (lease times are the store's: the
+        host's boot time, persistence/leases.py)."""
+        now = HostLeaseClock().now()
         return {p: (o if exp > now else None) for p, o, exp in self.conn.execute(
             "SELECT partition, owner, expires_at FROM leases")}
 

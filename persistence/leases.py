@@ -8,15 +8,25 @@ transaction and refuses it unless the token is still the partition's current one
 lease has not expired. So a node paused past its lease (a GC pause, SIGSTOP) that wakes up
 can never commit, whatever it still believes: the check is in the store, not in memory.
 
-Expiry is wall-clock time of the injected clock, compared across the processes of one
-host; a lease is renewed every ``ttl / 4`` or so, well before that matters.
+Lease times — ``expires_at``, a node's ``seen_at`` — are the **store's** time, never a
+node's wall clock: each lease transaction reads the store's :class:`LeaseClock` inside the
+transaction, so that no node's clock, stepped or wrong, decides whether another node's
+lease has run out. For SQLite (every node on one host, one file) that is the host's
+``CLOCK_BOOTTIME``: one clock for every process of the host, which no ``date -s`` or NTP
+step moves. Readings count from the boot (``epoch``, the kernel's boot id): a store opened
+after a reboot voids every lease time of the previous boot (tokens are kept). A
+PostgreSQL store reads its server's ``clock_timestamp()`` behind the same port; callers
+never pass a time for lease expiry.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import msgpack
 
@@ -25,6 +35,8 @@ from ratchet.persistence.store_rows import _StoreParts
 from ratchet.protocol.errors import Fenced, PartitionCountMismatch
 
 __all__ = [
+    "HostLeaseClock",
+    "LeaseClock",
     "LeaseRow",
     "LeaseRows",
     "NodeRow",
@@ -35,7 +47,70 @@ __all__ = [
     "release_txn",
     "renew_txn",
     "set_node_status_txn",
+    "SteadyLeaseClock",
+    "sync_lease_epoch_txn",
 ]
+
+
+class LeaseClock(Protocol):
+    """The store's time for lease expiry and node liveness."""
+
+    def epoch(self) -> str:
+        """What readings count from; readings of another epoch mean nothing."""
+        ...
+
+    def now(self) -> float:
+        """Seconds, on a clock shared by every node of the store that no step moves."""
+        ...
+
+
+def _uptime() -> float | None:
+    try:
+        return float(Path("/proc/uptime").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class HostLeaseClock:
+    """This host's boot time (``CLOCK_BOOTTIME``: it goes on during a suspend), counted from
+    its boot. A process whose clock calls are faked (``LD_PRELOAD`` libfaketime without
+    ``FAKETIME_DONT_FAKE_MONOTONIC``) would disagree with the others: when the boot time it
+    reads is not the kernel's ``/proc/uptime``, that file is read instead."""
+
+    def __init__(self) -> None:
+        uptime = _uptime()
+        self._faked = uptime is not None and abs(self._boottime() - uptime) > 1.0
+
+    @staticmethod
+    def _boottime() -> float:
+        if hasattr(time, "CLOCK_BOOTTIME"):
+            return time.clock_gettime(time.CLOCK_BOOTTIME)
+        return time.monotonic()
+
+    def epoch(self) -> str:
+        try:
+            return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        except OSError:  # not Linux: monotonic time, of an unknown boot
+            return "unknown"
+
+    def now(self) -> float:
+        if self._faked:
+            return _uptime() or self._boottime()
+        return self._boottime()
+
+
+class SteadyLeaseClock:
+    """A lease clock read from a function (tests: a fake clock's monotonic time)."""
+
+    def __init__(self, read: Callable[[], float], epoch: str = "steady") -> None:
+        self._read = read
+        self._epoch = epoch
+
+    def epoch(self) -> str:
+        return self._epoch
+
+    def now(self) -> float:
+        return self._read()
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +123,8 @@ class LeaseRow:
     #: Taken from an owner that never released it — it died or froze (or, taken back by a
     #: restarted node, its own previous incarnation crashed) — rather than handed over.
     reaped: bool = False
+    #: Seconds the lease had left when read, by the store's time (<= 0: expired).
+    ttl_left: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +134,9 @@ class NodeRow:
     heartbeat_at: float
     started_at: float
     info: dict[str, Any]
+    #: Seconds since its last heartbeat, by the store's time (liveness; heartbeat_at and
+    #: started_at are the node's wall clock, for people).
+    age: float = 0.0
 
 
 def ensure_partitions_txn(conn: sqlite3.Connection, partitions: int) -> None:
@@ -70,6 +150,18 @@ def ensure_partitions_txn(conn: sqlite3.Connection, partitions: int) -> None:
     if not existing:
         conn.executemany("INSERT INTO leases(partition, owner, token, expires_at) VALUES"
                          " (?, NULL, 0, 0)", [(p,) for p in range(partitions)])
+
+
+def sync_lease_epoch_txn(conn: sqlite3.Connection, epoch: str) -> None:
+    """At open: if the lease times were written in another epoch (before a reboot), void
+    them — every lease expired, every node unseen — and record this epoch."""
+    row = conn.execute("SELECT epoch FROM lease_epoch WHERE id = 0").fetchone()
+    if row is not None and row[0] == epoch:
+        return
+    conn.execute("UPDATE leases SET expires_at = 0")
+    conn.execute("UPDATE nodes SET seen_at = 0")
+    conn.execute("INSERT INTO lease_epoch(id, epoch) VALUES (0, ?) ON CONFLICT(id) DO UPDATE"
+                 " SET epoch = excluded.epoch", (epoch,))
 
 
 def check_fence(conn: sqlite3.Connection, partition: int, token: int, now: float) -> None:
@@ -101,7 +193,7 @@ def acquire_txn(conn: sqlite3.Connection, partition: int, node: str, now: float,
                  " previous_owner = ? WHERE partition = ?",
                  (node, token + 1, now + ttl, now, previous, partition))
     return LeaseRow(partition, node, token + 1, now + ttl, previous,
-                    reaped=owner is not None)
+                    reaped=owner is not None, ttl_left=ttl)
 
 
 def renew_txn(conn: sqlite3.Connection, node: str, held: dict[int, int], now: float,
@@ -128,20 +220,21 @@ def release_txn(conn: sqlite3.Connection, node: str, held: dict[int, int]) -> No
 
 
 def heartbeat_txn(conn: sqlite3.Connection, node: str, now: float, info: bytes,
-                  starting: bool = False) -> str:
+                  seen_at: float, starting: bool = False) -> str:
     """Record the node as alive; returns its status (an operator may have set draining).
 
-    ``starting``: a node (re)starting under the same id comes back active."""
+    ``now``: the node's wall clock (shown to people); ``seen_at``: the store's lease time
+    (liveness). ``starting``: a node (re)starting under the same id comes back active."""
     row = conn.execute("SELECT status FROM nodes WHERE node_id = ?", (node,)).fetchone()
     if row is None or starting:
-        conn.execute("INSERT INTO nodes(node_id, status, heartbeat_at, started_at, info)"
-                     " VALUES (?, 'active', ?, ?, ?) ON CONFLICT(node_id) DO UPDATE SET"
-                     " status = 'active', heartbeat_at = excluded.heartbeat_at,"
-                     " started_at = excluded.started_at, info = excluded.info",
-                     (node, now, now, info))
+        conn.execute("INSERT INTO nodes(node_id, status, heartbeat_at, started_at, info,"
+                     " seen_at) VALUES (?, 'active', ?, ?, ?, ?) ON CONFLICT(node_id) DO"
+                     " UPDATE SET status = 'active', heartbeat_at = excluded.heartbeat_at,"
+                     " started_at = excluded.started_at, info = excluded.info,"
+                     " seen_at = excluded.seen_at", (node, now, now, info, seen_at))
         return "active"
-    conn.execute("UPDATE nodes SET heartbeat_at = ?, info = ? WHERE node_id = ?",
-                 (now, info, node))
+    conn.execute("UPDATE nodes SET heartbeat_at = ?, info = ?, seen_at = ? WHERE node_id = ?",
+                 (now, info, seen_at, node))
     return str(row[0])
 
 
@@ -151,21 +244,25 @@ def set_node_status_txn(conn: sqlite3.Connection, node: str, status: str) -> boo
 
 
 class LeaseRows(_StoreParts):
-    """The Store's lease and node-registry operations (a mixin of :class:`Store`)."""
+    """The Store's lease and node-registry operations (a mixin of :class:`Store`). Every
+    lease time is read from ``lease_clock`` inside the transaction that uses it."""
+
+    lease_clock: LeaseClock
 
     async def ensure_partitions(self, partitions: int) -> None:
         await self._writer.submit(lambda c: ensure_partitions_txn(c, partitions))
 
-    async def acquire_lease(self, partition: int, node: str, now: float,
-                            ttl: float, reclaim: bool = False) -> LeaseRow | None:
+    async def acquire_lease(self, partition: int, node: str, ttl: float,
+                            reclaim: bool = False) -> LeaseRow | None:
         row: LeaseRow | None = await self._writer.submit(
-            lambda c: acquire_txn(c, partition, node, now, ttl, reclaim), urgent=True)
+            lambda c: acquire_txn(c, partition, node, self.lease_clock.now(), ttl, reclaim),
+            urgent=True)
         return row
 
-    async def renew_leases(self, node: str, held: dict[int, int], now: float,
-                           ttl: float) -> list[int]:
+    async def renew_leases(self, node: str, held: dict[int, int], ttl: float) -> list[int]:
+        held = dict(held)
         lost: list[int] = await self._writer.submit(
-            lambda c: renew_txn(c, node, dict(held), now, ttl), urgent=True)
+            lambda c: renew_txn(c, node, held, self.lease_clock.now(), ttl), urgent=True)
         return lost
 
     async def release_leases(self, node: str, held: dict[int, int]) -> None:
@@ -175,7 +272,8 @@ class LeaseRows(_StoreParts):
                              starting: bool = False) -> str:
         packed = msgpack.packb(info, use_bin_type=True)
         status: str = await self._writer.submit(
-            lambda c: heartbeat_txn(c, node, now, packed, starting), urgent=True)
+            lambda c: heartbeat_txn(c, node, now, packed, self.lease_clock.now(), starting),
+            urgent=True)
         return status
 
     async def set_node_status(self, node: str, status: str) -> bool:
@@ -186,16 +284,21 @@ class LeaseRows(_StoreParts):
         rows = await self._rows(
             "SELECT partition, owner, token, expires_at, previous_owner FROM leases"
             " ORDER BY partition")
-        return [LeaseRow(r[0], r[1], r[2], r[3], r[4]) for r in rows]
+        now = self.lease_clock.now()
+        return [LeaseRow(r[0], r[1], r[2], r[3], r[4], ttl_left=r[3] - now) for r in rows]
 
     async def lease(self, partition: int) -> LeaseRow | None:
         r = await self._row(
             "SELECT partition, owner, token, expires_at, previous_owner FROM leases"
             " WHERE partition = ?", (partition,))
-        return None if r is None else LeaseRow(r[0], r[1], r[2], r[3], r[4])
+        if r is None:
+            return None
+        return LeaseRow(r[0], r[1], r[2], r[3], r[4], ttl_left=r[3] - self.lease_clock.now())
 
     async def nodes(self) -> list[NodeRow]:
         rows = await self._rows(
-            "SELECT node_id, status, heartbeat_at, started_at, info FROM nodes"
+            "SELECT node_id, status, heartbeat_at, started_at, info, seen_at FROM nodes"
             " ORDER BY node_id")
-        return [NodeRow(r[0], r[1], r[2], r[3], dict(_unpack(r[4]) or {})) for r in rows]
+        now = self.lease_clock.now()
+        return [NodeRow(r[0], r[1], r[2], r[3], dict(_unpack(r[4]) or {}), age=now - r[5])
+                for r in rows]

@@ -338,6 +338,20 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        11,
+        "lease times on the store's clock (persistence/leases.py), not on nodes' wall clocks",
+        # Expiries written before were wall-clock times: void them (tokens are kept; owners
+        # renew or reclaim at once). ``lease_epoch``: the boot the lease times count from.
+        """
+        UPDATE leases SET expires_at = 0;
+        ALTER TABLE nodes ADD COLUMN seen_at REAL NOT NULL DEFAULT 0;
+        CREATE TABLE lease_epoch (
+            id INTEGER PRIMARY KEY CHECK (id = 0),
+            epoch TEXT NOT NULL
+        );
+        """,
+    ),
 ]
 
 

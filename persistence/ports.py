@@ -242,19 +242,24 @@ class AdminStore(Protocol):
 @runtime_checkable
 class LeaseStore(Protocol):
     """What the lease manager and the cluster verbs need: partition leases (the token only
-    ever increases) and the node registry."""
+    ever increases) and the node registry.
+
+    Lease expiry and node liveness are judged on the **store's** time, which the store
+    reads itself inside each transaction (SQLite: the host's boot time; PostgreSQL: the
+    server's ``clock_timestamp()``): no caller passes a time for them, so no node's wall
+    clock decides whether another node's lease ran out. Rows read carry ``ttl_left`` and
+    ``age``, relative to the store's time at the read."""
 
     async def ensure_partitions(self, partitions: int) -> None:
         """Create the lease rows once; refuse another partition count."""
         ...
 
-    async def acquire_lease(self, partition: int, node: str, now: float,
-                            ttl: float, reclaim: bool = False) -> LeaseRow | None:
+    async def acquire_lease(self, partition: int, node: str, ttl: float,
+                            reclaim: bool = False) -> LeaseRow | None:
         """Take the partition if it is free or its lease expired; the new row, or None."""
         ...
 
-    async def renew_leases(self, node: str, held: dict[int, int], now: float,
-                           ttl: float) -> list[int]:
+    async def renew_leases(self, node: str, held: dict[int, int], ttl: float) -> list[int]:
         """Extend every lease in ``held`` (partition → token) still ours; the ones lost."""
         ...
 
@@ -263,7 +268,8 @@ class LeaseStore(Protocol):
 
     async def node_heartbeat(self, node: str, now: float, info: dict[str, Any],
                              starting: bool = False) -> str:
-        """Record the node as alive; returns its status (an operator may drain it)."""
+        """Record the node as alive (``now``: its wall clock, for people; its liveness is
+        the store's time); returns its status (an operator may drain it)."""
         ...
 
     async def set_node_status(self, node: str, status: str) -> bool:

@@ -12,8 +12,9 @@ __all__ = ["Fence", "LoadedState", "TaskRecord"]
 class Fence(Protocol):
     """Which lease a task's writes carry (the node's lease manager implements it)."""
 
-    def token_for(self, task_id: str) -> tuple[int, int, float]:
-        """``(partition, fencing token, now)``; raises ``Fenced`` when not held."""
+    def token_for(self, task_id: str) -> tuple[int, int]:
+        """``(partition, fencing token)``; raises ``Fenced`` when not held. (Whether the
+        lease has run out the store judges on its own time, in the write's transaction.)"""
         ...
 
 

@@ -14,7 +14,13 @@ import aiosqlite
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
-from ratchet.persistence.leases import LeaseRows, check_fence
+from ratchet.persistence.leases import (
+    HostLeaseClock,
+    LeaseClock,
+    LeaseRows,
+    check_fence,
+    sync_lease_epoch_txn,
+)
 from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.migrations import migrate
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
@@ -71,11 +77,12 @@ class Store(RowReads, AdminRows, LeaseRows):
             last commits on OS crash or power loss) or ``FULL`` (fsync each commit).
         writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
         wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
+        lease_clock: the store's time for lease expiry (default: the host's boot time).
     """
 
     def __init__(self, path: str | Path, synchronous: str = "NORMAL",
                  writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
-                 fence: Fence | None = None) -> None:
+                 fence: Fence | None = None, lease_clock: LeaseClock | None = None) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError("synchronous must be NORMAL or FULL")
         self.path = str(path)
@@ -87,12 +94,13 @@ class Store(RowReads, AdminRows, LeaseRows):
         #: A node's held leases: task-execution writes then carry its fencing token (None:
         #: a store used without leases, e.g. by tools and tests, checks nothing).
         self.fence: Fence | None = fence
+        self.lease_clock: LeaseClock = lease_clock or HostLeaseClock()
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
                    writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
-                   fence: Fence | None = None) -> Store:
-        store = cls(path, synchronous, writer, wal_limit, fence)
+                   fence: Fence | None = None, lease_clock: LeaseClock | None = None) -> Store:
+        store = cls(path, synchronous, writer, wal_limit, fence, lease_clock)
         await store._open()
         return store
 
@@ -103,6 +111,13 @@ class Store(RowReads, AdminRows, LeaseRows):
             conn = open_connection(self.path, self.synchronous)
             try:
                 migrate(conn)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    sync_lease_epoch_txn(conn, self.lease_clock.epoch())
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
             finally:
                 conn.close()
 
@@ -149,10 +164,10 @@ class Store(RowReads, AdminRows, LeaseRows):
         for the task's partition (the write is refused if a newer owner exists)."""
         if self.fence is None:
             return fn
-        partition, token, now = self.fence.token_for(task_id)  # Fenced: not held locally
+        partition, token = self.fence.token_for(task_id)  # Fenced: not held locally
 
         def txn(conn: sqlite3.Connection) -> T:
-            check_fence(conn, partition, token, now)
+            check_fence(conn, partition, token, self.lease_clock.now())
             return fn(conn)
 
         return txn

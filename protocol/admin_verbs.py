@@ -12,9 +12,9 @@ VERB_ROLES: dict[str, str] = {
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
     "thaw": "operator", "purge": "operator",
     # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
-    "nodes": "viewer", "drain": "operator", "undrain": "operator",
+    "nodes": "viewer", "drain": "operator", "undrain": "operator", "clock-ack": "operator",
 }
 #: Verbs about the cluster, not about one tenant's tasks.
-CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain"})
+CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack"})
 #: The tenant token of cluster commands; give it only to the platform's operators.
 SYSTEM_TENANT = "_system"

@@ -21,6 +21,11 @@ class Clock(Protocol):
         """Seconds on a clock that never goes back (durations, deadlines)."""
         ...
 
+    def due_now(self) -> float:
+        """The wall time against which durable deadlines and timers are judged: ``now()``,
+        except while a forward step of the wall clock is held (protocol/clock_guard.py)."""
+        ...
+
     async def sleep(self, seconds: float) -> None:
         """Wait ``seconds`` of this clock's time."""
         ...
@@ -33,23 +38,36 @@ class SystemClock:
     def monotonic(self) -> float:
         return time.monotonic()
 
+    def due_now(self) -> float:
+        return time.time()
+
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
 
 
 class FakeClock:
-    """A clock that moves only when told: :meth:`advance` wakes the sleepers it passes."""
+    """A clock that moves only when told: :meth:`advance` moves wall and monotonic time
+    together and wakes the sleepers it passes; :meth:`step` moves the wall clock alone, as
+    an NTP step or an operator's ``date -s`` does (sleeps run on monotonic time)."""
 
     def __init__(self, start: float = 1_800_000_000.0) -> None:
-        self._now = start
+        self._now = start  # monotonic time (and the wall time, less the steps)
+        self._stepped = 0.0  # what the wall clock was stepped by, in all
         self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
         self._seq = itertools.count()
 
     def now(self) -> float:
-        return self._now
+        return self._now + self._stepped
 
     def monotonic(self) -> float:
         return self._now
+
+    def due_now(self) -> float:
+        return self.now()
+
+    def step(self, seconds: float) -> None:
+        """Step the wall clock by ``seconds`` (either way); monotonic time does not move."""
+        self._stepped += seconds
 
     async def sleep(self, seconds: float) -> None:
         if seconds <= 0:
@@ -65,7 +83,7 @@ class FakeClock:
         return sum(1 for _, _, f in self._sleepers if not f.done())
 
     def advance(self, seconds: float) -> None:
-        """Move time forward and wake every sleeper whose deadline has passed."""
+        """Move time (wall and monotonic) forward and wake every sleeper it passes."""
         self._now += seconds
         while self._sleepers and self._sleepers[0][0] <= self._now:
             _, _, fut = heapq.heappop(self._sleepers)

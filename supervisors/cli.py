@@ -98,6 +98,8 @@ async def _serve(args: argparse.Namespace) -> int:
                         synchronous=args.synchronous, partitions=args.partitions,
                         retention=pairs(args.retention, float), lease_ttl=args.lease_ttl,
                         lease_interval=args.lease_interval, writer=args.writer,
+                        clock_step_threshold=args.clock_step_threshold,
+                        clock_step_hold=args.clock_step_hold,
                         wal_limit_mb=args.wal_limit_mb,
                         streams=StreamLimits(events_max_bytes=int(args.events_max_mb * MB),
                                              dlq_max_bytes=int(args.dlq_max_mb * MB)),
@@ -206,6 +208,15 @@ async def _admin(args: argparse.Namespace) -> int:
     return 0
 
 
+def _clock_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--clock-step-threshold", type=float, default=5.0,
+                   help="seconds the wall clock may jump against the steady clock before it"
+                        " counts as a step")
+    s.add_argument("--clock-step-hold", type=float, default=600.0,
+                   help="seconds after a forward step before the timers it made due fire"
+                        " (sooner with `admin clock-ack`); 0: never hold")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
     p.add_argument("--version", action="version",
@@ -231,6 +242,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="seconds a partition lease lasts unrenewed (bounds failover)")
     s.add_argument("--lease-interval", type=float, default=1.0,
                    help="seconds between heartbeats (renewal, rebalancing, reaping)")
+    _clock_flags(s)
     s.add_argument("--writer", default="auto", choices=["auto", "loop", "thread"],
                    help="where commits run; 'thread' when several nodes share the store")
     s.add_argument("--wal-limit-mb", type=float, default=32.0,
@@ -264,7 +276,7 @@ def _parser() -> argparse.ArgumentParser:
     s = with_nats(sub.add_parser("admin", help="an admin command (docs/admin.md)"))
     s.add_argument("verb", choices=list(VERB_ROLES))
     s.add_argument("task_id", nargs="?", default=None,
-                   help="the task (for drain and undrain: the node id)")
+                   help="the task (for drain, undrain and clock-ack: the node id)")
     s.add_argument("--as", dest="principal", default=os.environ.get("USER", "operator"))
     s.add_argument("--roles", default="viewer", help="comma-separated: viewer,operator,approver")
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ratchet.persistence.leases import LeaseRow
+from ratchet.persistence.leases import LeaseRow, SteadyLeaseClock
 from ratchet.persistence.store import Store
 from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.clock import FakeClock
@@ -19,9 +19,12 @@ from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSetti
 P = 4
 
 
-async def _stores(tmp_path: Path) -> tuple[Store, Store]:
-    a = await Store.open(tmp_path / "r.db")
-    b = await Store.open(tmp_path / "r.db")
+async def _stores(tmp_path: Path, clock: FakeClock | None = None) -> tuple[Store, Store]:
+    """Two stores on one file (two processes), sharing the store's lease time: ``clock``'s
+    monotonic time (the host's boot time for a real node)."""
+    lease_clock = SteadyLeaseClock((clock or FakeClock(start=0.0)).monotonic)
+    a = await Store.open(tmp_path / "r.db", lease_clock=lease_clock)
+    b = await Store.open(tmp_path / "r.db", lease_clock=lease_clock)
     await a.ensure_partitions(P)
     return a, b
 
@@ -38,27 +41,34 @@ async def _task(store: Store, key: str = "k") -> str:
 class _Fence:
     """A fence that carries whatever token it is told to (a node's view of its lease)."""
 
-    def __init__(self, partition: int, token: int, now: float) -> None:
-        self.value = (partition, token, now)
+    def __init__(self, partition: int, token: int) -> None:
+        self.value = (partition, token)
 
-    def token_for(self, task_id: str) -> tuple[int, int, float]:
+    def token_for(self, task_id: str) -> tuple[int, int]:
         return self.value
 
 
 async def test_tokens_only_increase_and_a_held_lease_is_not_taken(tmp_path: Path) -> None:
-    a, b = await _stores(tmp_path)
+    store_time = FakeClock(start=100.0)
+    a, b = await _stores(tmp_path, store_time)
     try:
-        first = await a.acquire_lease(0, "node-a", now=100.0, ttl=5.0)
+        first = await a.acquire_lease(0, "node-a", ttl=5.0)
         assert first is not None and first.token == 1
-        assert await b.acquire_lease(0, "node-b", now=101.0, ttl=5.0) is None  # still held
-        assert await a.renew_leases("node-a", {0: 1}, now=104.0, ttl=5.0) == []
-        assert await b.acquire_lease(0, "node-b", now=108.0, ttl=5.0) is None  # renewed to 109
-        taken = await b.acquire_lease(0, "node-b", now=109.5, ttl=5.0)  # expired: reaped
-        assert taken == LeaseRow(0, "node-b", 2, 114.5, "node-a", reaped=True)
+        store_time.advance(1.0)
+        assert await b.acquire_lease(0, "node-b", ttl=5.0) is None  # still held
+        store_time.advance(3.0)
+        assert await a.renew_leases("node-a", {0: 1}, ttl=5.0) == []
+        store_time.advance(4.0)
+        assert await b.acquire_lease(0, "node-b", ttl=5.0) is None  # renewed to 109
+        store_time.advance(1.5)
+        taken = await b.acquire_lease(0, "node-b", ttl=5.0)  # expired: reaped
+        assert taken == LeaseRow(0, "node-b", 2, 114.5, "node-a", reaped=True, ttl_left=5.0)
         # The old owner cannot renew a lease that moved on: it learns it lost it.
-        assert await a.renew_leases("node-a", {0: 1}, now=110.0, ttl=5.0) == [0]
+        store_time.advance(0.5)
+        assert await a.renew_leases("node-a", {0: 1}, ttl=5.0) == [0]
         await b.release_leases("node-b", {0: 2})
-        again = await a.acquire_lease(0, "node-a", now=111.0, ttl=5.0)
+        store_time.advance(1.0)
+        again = await a.acquire_lease(0, "node-a", ttl=5.0)
         assert again is not None and again.token == 3 and again.previous_owner == "node-b"
         assert not again.reaped  # handed over, not taken from the dead
     finally:
@@ -69,28 +79,33 @@ async def test_tokens_only_increase_and_a_held_lease_is_not_taken(tmp_path: Path
 async def test_a_write_with_an_old_token_is_refused_in_the_store(tmp_path: Path) -> None:
     """The zombie case: node A's lease was taken over while it was paused; whatever it still
     believes, the store refuses its write (and commits nothing of it)."""
-    a, b = await _stores(tmp_path)
+    store_time = FakeClock(start=100.0)
+    a, b = await _stores(tmp_path, store_time)
     try:
         task_id = await _task(a)
         p = partition_of(task_id, P)
-        await a.acquire_lease(p, "node-a", now=100.0, ttl=5.0)
-        a.fence = _Fence(p, 1, 101.0)
+        await a.acquire_lease(p, "node-a", ttl=5.0)
+        store_time.advance(1.0)
+        a.fence = _Fence(p, 1)
         change = TaskChange(task_id=task_id, expected_version=None, producer="node-a",
                             now=101.0, events=[("note", {"n": 1})])
         await a.apply(change)  # the current token: accepted
-        await b.acquire_lease(p, "node-b", now=106.0, ttl=5.0)  # A's lease expired: token 2
-        a.fence = _Fence(p, 1, 106.5)  # A wakes up, still holding token 1
+        store_time.advance(5.0)
+        await b.acquire_lease(p, "node-b", ttl=5.0)  # A's lease expired: token 2
+        store_time.advance(0.5)
+        a.fence = _Fence(p, 1)  # A wakes up, still holding token 1
         with pytest.raises(Fenced) as refused:
             await a.apply(TaskChange(task_id=task_id, expected_version=None,
                                      producer="node-a", now=106.5, events=[("note", {"n": 2})]))
         assert refused.value.details["current_token"] == 2
-        b.fence = _Fence(p, 2, 107.0)
+        store_time.advance(0.5)
+        b.fence = _Fence(p, 2)
         await b.apply(TaskChange(task_id=task_id, expected_version=None, producer="node-b",
                                  now=107.0, events=[("note", {"n": 3})]))
         notes = [e["payload"]["n"] for e in await b.events(task_id) if e["type"] == "note"]
         assert notes == [1, 3]
         # An expired lease refuses writes even before anyone takes it over.
-        b.fence = _Fence(p, 2, 200.0)
+        store_time.advance(93.0)
         with pytest.raises(Fenced):
             await b.apply(TaskChange(task_id=task_id, expected_version=None,
                                      producer="node-b", now=200.0, events=[("note", {})]))
@@ -142,7 +157,7 @@ async def _settle(*managers: LeaseManager) -> None:
 async def test_nodes_share_partitions_hand_over_on_drain_and_reap_the_dead(
         tmp_path: Path) -> None:
     clock = FakeClock(start=1000.0)
-    a_store, b_store = await _stores(tmp_path)
+    a_store, b_store = await _stores(tmp_path, clock)
     work_a, work_b = _Work(), _Work()
     settings = LeaseSettings(ttl=5.0, interval=1.0, safety=0.5)
     a = LeaseManager(a_store, clock, "node-a", P, work_a.hooks(), settings)
@@ -190,7 +205,7 @@ async def test_a_second_live_process_under_the_same_node_id_is_refused(
     import ratchet.supervisors.node.leases as leases_module
 
     clock = FakeClock(start=1000.0)
-    a_store, b_store = await _stores(tmp_path)
+    a_store, b_store = await _stores(tmp_path, clock)
     try:
         first = LeaseManager(a_store, clock, "node-x", P, _Work().hooks())
         await first.start()

@@ -22,6 +22,7 @@ import msgpack
 import pytest
 
 import ratchet
+from ratchet.persistence.leases import HostLeaseClock
 from ratchet.protocol.ids import new_id
 from tests.conftest import NodeProcess
 
@@ -61,8 +62,9 @@ def _all_succeeded(tmp_path: Path, n: int) -> Callable[[], bool]:
 def _leases(tmp_path: Path) -> dict[int, tuple[str | None, int]]:
     conn = _db(tmp_path)
     try:
-        return {p: (o, t) for p, o, t in conn.execute(
-            "SELECT partition, owner, token FROM leases WHERE expires_at > strftime('%s','now')")}
+        return {p: (o, t) for p, o, t in conn.execute(  # lease times: the host's boot time
+            "SELECT partition, owner, token FROM leases WHERE expires_at > ?",
+            (HostLeaseClock().now(),))}
     finally:
         conn.close()
 
@@ -328,3 +330,46 @@ async def test_a_second_node_on_a_state_dir_joins_its_embedded_server(tmp_path: 
             await second.stop()
     finally:
         await first.stop()
+
+
+def _libfaketime() -> str | None:
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    return str(found[0]) if found else None
+
+
+@pytest.mark.skipif(_libfaketime() is None,
+                    reason="libfaketime is not installed (Debian: apt-get install libfaketime;"
+                           " .ci/run installs it)")
+async def test_nodes_whose_wall_clocks_disagree_by_two_hours_reap_a_dead_one_in_seconds(
+        nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
+        tmp_path: Path) -> None:
+    """n1's wall clock is an hour ahead, n2's an hour behind (libfaketime). Leases expire
+    on the store's time, not on either wall clock: they share the partitions, and when n1
+    is SIGKILLed n2 takes its partitions within the TTL and an interval, and every task
+    finishes. (Judged on wall clocks, n2 would wait two hours.) (n1 fakes every clock call, monotonic ones too; n2 the wall clock only, as
+    an NTP step does.)"""
+    step_log = tmp_path / "steps.log"
+    preload = _libfaketime()
+    assert preload is not None
+    nodes = {}
+    for name, fake in (("n1", {"FAKETIME": "+1h"}),
+                       ("n2", {"FAKETIME": "-1h", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})):
+        nodes[name] = node = node_process(
+            nats_url, {"RATCHET_TEST_STEP_LOG": str(step_log), "LD_PRELOAD": preload, **fake},
+            args=(*LEASE, "--node-id", name),
+            log_level=os.environ.get("RATCHET_TEST_NODE_LOG", "warning"))
+        await asyncio.to_thread(node.start)
+    n_tasks = 20
+    for i in range(n_tasks):
+        await client.submit("ten", {"sleep": 0.2}, key=f"c{i}")
+    await _until(lambda: _count(tmp_path, "SELECT COUNT(*) FROM events WHERE type ="
+                                " 'step.completed'") >= 30, 60, "tasks to be mid-flight")
+    n1_partitions = {p: t for p, (o, t) in _leases(tmp_path).items() if o == "n1"}
+    assert n1_partitions
+    await asyncio.to_thread(nodes["n1"].kill)
+    # ttl (3 s) + interval (0.5 s), and a margin for a loaded machine: not an hour.
+    await _until(lambda: all(_leases(tmp_path).get(p, (None, 0))[0] == "n2"
+                             for p in n1_partitions), 8, "n1's partitions to be reaped")
+    await _until(_all_succeeded(tmp_path, n_tasks), 60, "every task to succeed")
+    _check_store_invariants(tmp_path, n_tasks)
+    assert nodes["n2"].interrupt() == 0

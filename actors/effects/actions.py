@@ -342,7 +342,7 @@ class ActionRunner:
                                tool=tool.name) from None
 
     def _remaining(self) -> float | None:
-        return None if self.env.deadline is None else self.env.deadline - self.env.clock.now()
+        return None if self.env.deadline is None else self.env.deadline - self.env.clock.due_now()
 
     def _delay(self, decision: Decision, exc: BaseException, attempt: int,
                tool: Tool[Any, Any]) -> float | None:

@@ -240,7 +240,9 @@ class TaskActor(Actor):
             if not await crash_loop.record_recovery(self, reason):
                 return  # a crash loop: handed to a human
         assert self.record is not None
-        if self.record.deadline_at is not None and self.deps.clock.now() >= self.record.deadline_at:
+        # due_now: a forward step of the wall clock is held, not taken for the deadline passing.
+        if self.record.deadline_at is not None \
+                and self.deps.clock.due_now() >= self.record.deadline_at:
             await fail_with_saga(self, RatchetError("task deadline passed"),
                                             "deadline passed")
             return

@@ -97,7 +97,8 @@ async def resume(actor: TaskKernel, request: dict[str, Any]) -> str:
     # Refusals are answers, not raises: a raise here would crash the actor.
     if actor.status is not TaskStatus.PAUSED:
         return f"refused: resume needs a PAUSED task, not {actor.status.value}"
-    if actor.record.deadline_at is not None and actor.deps.clock.now() >= actor.record.deadline_at:
+    if actor.record.deadline_at is not None \
+            and actor.deps.clock.due_now() >= actor.record.deadline_at:
         return "refused: the task's deadline passed while it was paused"
     budget, spent = actor.record.budget, actor.spent
     over = [d for d in ("tokens", "model_calls", "tool_calls", "money")

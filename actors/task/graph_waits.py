@@ -67,7 +67,7 @@ async def on_decision(actor: TaskKernel, env: Envelope) -> str:
         return "unknown approval"
     if row["status"] != "PENDING":
         return f"already {row['status'].lower()}"  # one-time: a repeat changes nothing
-    if row["expires_at"] is not None and actor.deps.clock.now() > row["expires_at"]:
+    if row["expires_at"] is not None and actor.deps.clock.due_now() > row["expires_at"]:
         return "expired"
     if body.get("request_hash") not in (None, row["request_hash"]):
         return "request changed"  # the approver saw another request than the one pending

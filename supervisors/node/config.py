@@ -45,6 +45,12 @@ class NodeConfig:
     #: Partition leases: seconds a lease lasts unrenewed, seconds between heartbeats.
     lease_ttl: float = 5.0
     lease_interval: float = 1.0
+    #: Wall-clock steps (protocol/clock_guard.py): a jump of the wall clock against the
+    #: steady clock larger than this many seconds is a step (logged, counted, shown by
+    #: ``ratchet admin nodes``); a forward one holds the timers and deadlines it alone made
+    #: due until the clock has gone this many seconds without a step, or ``clock-ack``.
+    clock_step_threshold: float = 5.0
+    clock_step_hold: float = 600.0
     #: Fair admission: tasks running at once on this node; per-tenant caps and weights.
     max_running: int = 64
     #: Tasks queued for a running slot before intake pushes back (waits / answers BUSY).

@@ -5,6 +5,10 @@ the store (it is the store's :class:`~persistence.records.Fence`: the token a ta
 carry), by task supervision (does this node own a task?) and by task recovery (how did the
 partition come to us?). It holds no I/O, so the node creates it first and hands it, fully
 formed, to each of them.
+
+Its view of each lease's validity is on the clock's **monotonic** time (measured from just
+before the renewal that the store recorded), never on the wall clock: a step of the wall
+clock neither stretches nor cuts it short.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ class HeldLeases:
         #: Stop writing this long before a lease's expiry as this node last renewed it.
         self.safety = safety
         self.held: dict[int, int] = {}  # partition → fencing token
-        self.valid_until: dict[int, float] = {}  # partition → lease expiry as last renewed
+        #: partition → the lease's end as last renewed, on the clock's monotonic time
+        self.valid_until: dict[int, float] = {}
         #: Held partitions whose writes were refused because renewal came late.
         self.lapsed: set[int] = set()
         #: partition → how it came to us: the lease row at acquisition (recovery evidence)
@@ -40,11 +45,11 @@ class HeldLeases:
 
     # -- the Fence the store asks ---------------------------------------------------------
 
-    def token_for(self, task_id: str) -> tuple[int, int, float]:
-        """``(partition, token, now)`` for a write of the task's; raises :class:`Fenced`
-        when the lease is not held or about to lapse (so no new side effect starts)."""
+    def token_for(self, task_id: str) -> tuple[int, int]:
+        """``(partition, token)`` for a write of the task's; raises :class:`Fenced` when the
+        lease is not held or about to lapse (so no new side effect starts)."""
         partition = partition_of(task_id, self.partitions)
-        now = self.clock.now()
+        now = self.clock.monotonic()
         token = self.held.get(partition)
         if token is None or now >= self.valid_until.get(partition, 0.0) - self.safety:
             if token is not None:
@@ -54,7 +59,7 @@ class HeldLeases:
                         token=token)
             raise Fenced("write refused: this node does not hold the task's partition lease",
                          partition=partition, node=self.node_id)
-        return partition, token, now
+        return partition, token
 
     def owns(self, task_id: str) -> bool:
         return partition_of(task_id, self.partitions) in self.held
@@ -74,9 +79,10 @@ class HeldLeases:
 
     # -- written by the lease manager -----------------------------------------------------
 
-    def take(self, row: LeaseRow) -> None:
+    def take(self, row: LeaseRow, valid_until: float) -> None:
+        """``valid_until``: monotonic time (just before the acquisition + the TTL)."""
         self.held[row.partition] = row.token
-        self.valid_until[row.partition] = row.expires_at
+        self.valid_until[row.partition] = valid_until
         self.taken[row.partition] = row
 
     def drop(self, partitions: list[int]) -> None:

@@ -13,6 +13,10 @@ Every ``interval`` (about ttl / 4) it:
    or expired leases — that is the reaper: a dead node's leases expire and the survivors
    take them, bumping the fencing token, and recover the tasks from their checkpoints.
 
+Whether a lease ran out, and whether a node is live, is the store's judgement on its own
+time (persistence/leases.py); this node's own view of its leases is on its clock's
+monotonic time. Its wall clock only labels the heartbeat for people.
+
 What it holds is kept in a :class:`~supervisors.node.held_leases.HeldLeases`, which the store
 asks for the token a task's writes carry (the Fence).
 """
@@ -118,7 +122,7 @@ class LeaseManager(ServiceActor):
     def fenced_writes(self) -> int:
         return self.holding.fenced_writes
 
-    def token_for(self, task_id: str) -> tuple[int, int, float]:
+    def token_for(self, task_id: str) -> tuple[int, int]:
         return self.holding.token_for(task_id)
 
     def owns(self, task_id: str) -> bool:
@@ -137,14 +141,14 @@ class LeaseManager(ServiceActor):
             RatchetError: another live process on this host runs under the same node id.
         """
         await self.store.ensure_partitions(self.partitions)
-        now = self.clock.now()
         for row in await self.store.nodes():
             pid = row.info.get("pid")
             if row.node_id == self.node_id and row.status != "stopped" and pid != os.getpid() \
-                    and row.heartbeat_at > now - self.settings.ttl and _pid_alive(pid):
+                    and row.age < self.settings.ttl and _pid_alive(pid):
                 raise RatchetError(f"node id {self.node_id} is in use by live process {pid};"
                                    " give each node its own --node-id", node=self.node_id)
-        await self.store.node_heartbeat(self.node_id, now, self._info(), starting=True)
+        await self.store.node_heartbeat(self.node_id, self.clock.now(), self._info(),
+                                        starting=True)
         self._reclaim = True
         try:
             await self.tick()
@@ -163,7 +167,7 @@ class LeaseManager(ServiceActor):
     async def tick(self) -> None:
         async with self._tick_lock:
             # Renewal first: on a loaded node nothing else may delay it.
-            await self._renew(self.clock.now())
+            await self._renew()
             if self.stopping:
                 return  # shutting down: keep what we hold until release_all, take nothing
             self.status = await self.store.node_heartbeat(self.node_id, self.clock.now(),
@@ -196,13 +200,15 @@ class LeaseManager(ServiceActor):
                 "fenced_writes": self.fenced_writes,
                 **self.hooks.info()}
 
-    async def _renew(self, now: float) -> None:
+    async def _renew(self) -> None:
         if not self.held:
             return
-        lost = await self.store.renew_leases(self.node_id, self.held, now, self.settings.ttl)
+        # Read before the renewal: the store's expiry is at least this far ahead.
+        since = self.clock.monotonic()
+        lost = await self.store.renew_leases(self.node_id, self.held, self.settings.ttl)
         for partition in self.held:
             if partition not in lost:
-                self.holding.valid_until[partition] = now + self.settings.ttl
+                self.holding.valid_until[partition] = since + self.settings.ttl
         resumed = sorted(p for p in self.holding.lapsed if p in self.held and p not in lost)
         self.holding.lapsed.clear()
         if resumed:
@@ -217,7 +223,7 @@ class LeaseManager(ServiceActor):
             await self.hooks.lost(lost)
 
     async def _expire_overdue(self) -> None:
-        now = self.clock.now()
+        now = self.clock.monotonic()
         overdue = [p for p in self.held if now >= self.holding.valid_until.get(p, 0.0)]
         if overdue:
             log.error("leases expired without renewal; isolating", partitions=overdue)
@@ -230,9 +236,8 @@ class LeaseManager(ServiceActor):
     async def _target(self) -> int:
         if self.status != "active":
             return 0  # draining (or told to stop): hand everything over
-        now = self.clock.now()
         live = {n.node_id for n in await self.store.nodes()
-                if n.status == "active" and n.heartbeat_at > now - self.settings.ttl}
+                if n.status == "active" and n.age < self.settings.ttl}
         live.add(self.node_id)  # this node counts even if its heartbeat row lags
         return math.ceil(self.partitions / len(live))
 
@@ -250,19 +255,19 @@ class LeaseManager(ServiceActor):
             return
         if keeping >= target or self._handing_over:
             return
-        now = self.clock.now()
         free = [row.partition for row in await self.store.leases()
                 if row.partition not in self.held
-                and (row.owner is None or row.expires_at <= now
+                and (row.owner is None or row.ttl_left <= 0
                      or (self._reclaim and row.owner == self.node_id))]
         self._rng.shuffle(free)  # nodes racing for free partitions mostly pick different ones
         acquired: list[LeaseRow] = []
         for partition in free[: target - len(self.held)]:
-            row = await self.store.acquire_lease(partition, self.node_id, now, self.settings.ttl,
+            since = self.clock.monotonic()
+            row = await self.store.acquire_lease(partition, self.node_id, self.settings.ttl,
                                                  reclaim=self._reclaim)
             if row is None:
                 continue  # another node got there first
-            self.holding.take(row)
+            self.holding.take(row, since + self.settings.ttl)
             acquired.append(row)
         if acquired:
             log.info("partitions acquired", partitions=[r.partition for r in acquired],

@@ -24,6 +24,7 @@ from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.ports import StorePort
 from ratchet.persistence.store import Store  # the composition root: it opens the store
 from ratchet.protocol.clock import Clock, SystemClock
+from ratchet.protocol.clock_guard import ClockGuard, ClockStep
 from ratchet.protocol.codec import encode
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
@@ -63,9 +64,13 @@ class Node:
                  lease_clock: Clock | None = None) -> None:
         self.config = config
         self.registry = registry
-        self.clock = clock or SystemClock()
-        # Leases measure the liveness of processes, shared with other processes: wall
-        # time, not the tasks' clock (which a test may move by hours).
+        # The node's clock, with steps of its wall clock detected and forward ones held
+        # (timers and deadlines are judged by its due_now()).
+        self.clock = ClockGuard(clock or SystemClock(), config.clock_step_threshold,
+                                config.clock_step_hold, on_step=self._clock_stepped)
+        # This node's own view of its leases' validity: monotonic time, not the tasks' clock
+        # (which a test may move by hours); their expiry in the store is on the store's
+        # time (persistence/leases.py), never on a node's wall clock.
         self.lease_clock = lease_clock or SystemClock()
         self.system = ActorSystem(self.clock)
         self.store: StorePort | None = None
@@ -255,7 +260,17 @@ class Node:
             await self.relay.flush(timeout=5.0)
 
     def _heartbeat_info(self) -> dict[str, Any]:
-        return {"url": self.url, "live_tasks": len(self._tasks.live_actors())}
+        return {"url": self.url, "live_tasks": len(self._tasks.live_actors()),
+                **self.clock.status()}
+
+    def _clock_stepped(self, step: ClockStep) -> None:
+        # Runs in whatever read the clock first after the step: log only, never raise.
+        log.error("wall clock stepped", node=self.config.node_id, seconds=round(step.seconds, 3),
+                  held=round(step.held, 3), hold=self.config.clock_step_hold,
+                  steps=self.clock.steps,
+                  effect="timers and deadlines made due by the step wait until the clock has"
+                         " been steady for the hold, or `ratchet admin clock-ack`"
+                  if step.held else "nothing held (a backward step: timers fire late)")
 
     async def _reload_switches(self) -> None:
         # Another node may have flipped a kill switch: each node re-reads them every tick.

@@ -93,6 +93,8 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
             raise PermissionDenied(f"{verb} is not a command of tenant {tenant!r}", verb=verb)
         if cmd.task_id:
             await self._forward_if_elsewhere(tenant, verb, cmd.task_id, msg)
+        elif verb == "clock-ack":
+            await self._forward_to_node(tenant, verb, cmd, msg)
         who = cmd.principal.name
         needed = VERB_ROLES[verb]
         granted = set(cmd.principal.roles).union(*(_IMPLIES.get(r, set())
@@ -200,7 +202,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if row["status"] != "PENDING":
             raise IllegalTransition(f"approval already {row['status'].lower()}",
                                     approval_id=approval_id)
-        if row["expires_at"] is not None and self.clock.now() > row["expires_at"]:
+        if row["expires_at"] is not None and self.clock.due_now() > row["expires_at"]:
             raise IllegalTransition("approval expired", approval_id=approval_id)
         expected_hash = cmd.args.get("request_hash")
         if expected_hash is not None and expected_hash != row["request_hash"]:

@@ -1,6 +1,6 @@
 """The admin service's cluster side: passing a command about a task on to the node that
-owns the task, and the cluster verbs ``nodes``, ``drain`` and ``undrain`` (tenant
-``_system`` only) — a mixin of :class:`~supervisors.services.admin.AdminActor`."""
+owns the task, and the cluster verbs ``nodes``, ``drain``, ``undrain`` and ``clock-ack``
+(tenant ``_system`` only) — a mixin of :class:`~supervisors.services.admin.AdminActor`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from nats.aio.msg import Msg
 from ratchet.actors.transport.bus import Bus
 from ratchet.persistence.ports import LeaseStore
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.clock_guard import ClockGuard
 from ratchet.protocol.errors import InvalidMessage, NotFound, Unavailable
 from ratchet.protocol.messages import AdminCommand
 from ratchet.supervisors.services.request_service import Forwarded
@@ -42,8 +43,7 @@ class ClusterVerbs:
             return
         lease = await self.leases.lease_of(task_id)
         forwarded_by = (msg.headers or {}).get(FORWARDED_HEADER)
-        owner_alive = (lease is not None and lease.owner is not None
-                       and lease.expires_at > self.clock.now())
+        owner_alive = lease is not None and lease.owner is not None and lease.ttl_left > 0
         if owner_alive and lease is not None and lease.owner != self.node_id \
                 and forwarded_by is None:
             await self.bus.nc.publish(
@@ -58,18 +58,22 @@ class ClusterVerbs:
     async def _nodes(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         leases = await self.store.leases()
         now = self.clock.now()
+        ttl = self.leases.settings.ttl if self.leases else 5.0
         nodes = []
         for row in await self.store.nodes():
             held = [lease.partition for lease in leases
-                    if lease.owner == row.node_id and lease.expires_at > now]
+                    if lease.owner == row.node_id and lease.ttl_left > 0]
             nodes.append({"node_id": row.node_id, "status": row.status,
-                          "alive": row.status != "stopped" and row.heartbeat_at > now
-                          - (self.leases.settings.ttl if self.leases else 5.0),
+                          "alive": row.status != "stopped" and row.age < ttl,
                           "heartbeat_at": row.heartbeat_at, "started_at": row.started_at,
+                          "heartbeat_age_s": round(row.age, 3),
                           "partitions": held, "info": row.info})
+        # Lease times are the store's, not wall time: shown as seconds left, and as this
+        # node's wall time plus those.
         return {"nodes": nodes, "leases": [
             {"partition": lease.partition, "owner": lease.owner, "token": lease.token,
-             "expires_at": lease.expires_at, "previous_owner": lease.previous_owner}
+             "ttl_left_s": round(lease.ttl_left, 3), "expires_at": now + lease.ttl_left,
+             "previous_owner": lease.previous_owner}
             for lease in leases]}
 
     async def _set_node_status(self, cmd: AdminCommand, status: str) -> dict[str, Any]:
@@ -90,3 +94,29 @@ class ClusterVerbs:
 
     async def _undrain(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         return await self._set_node_status(cmd, "active")
+
+    async def _forward_to_node(self, tenant: str, verb: str, cmd: AdminCommand,
+                               msg: Msg) -> None:
+        """Pass a command about one node (``args.node``) on to that node, which replies to
+        the requester directly. Raises :class:`Forwarded` once passed on."""
+        node = cmd.args.get("node")
+        if not isinstance(node, str) or not node:
+            raise InvalidMessage("this verb needs args.node", field="node")
+        if node == self.node_id or (msg.headers or {}).get(FORWARDED_HEADER):
+            return
+        if not any(row.node_id == node for row in await self.store.nodes()):
+            raise NotFound("no such node", node=node)
+        await self.bus.nc.publish(f"ratchet.node.{node}.admin.{tenant}.{verb}", msg.data,
+                                  reply=msg.reply,
+                                  headers={**(msg.headers or {}), FORWARDED_HEADER: self.node_id})
+        raise Forwarded()
+
+    async def _clock_ack(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """An operator confirms this node's wall clock after a step: the timers and
+        deadlines the step made due are judged by the new time from now on."""
+        if cmd.args.get("node") != self.node_id:
+            raise NotFound("the node is not this one", node=cmd.args.get("node"))
+        released = self.clock.acknowledge() if isinstance(self.clock, ClockGuard) else 0.0
+        return {"node": self.node_id, "released_s": round(released, 3),
+                "effect": "timers and deadlines are judged by the wall clock again"
+                if released else "nothing was held"}

@@ -10,6 +10,7 @@ from typing import Any
 
 from ratchet.actors.core.actor import ActorSystem
 from ratchet.persistence.ports import StorePort
+from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import InvalidMessage, NotFound, RatchetError
 from ratchet.protocol.messages import AdminCommand
 from ratchet.protocol.subjects import partition_of
@@ -24,6 +25,7 @@ class ReadVerbs:
 
     store: StorePort
     system: ActorSystem
+    clock: Clock
     node_id: str
     leases: Any  # supervisors.node.leases.LeaseManager (None: one node owns all)
 
@@ -45,7 +47,8 @@ class ReadVerbs:
             owner = {"owner": lease.owner if lease else None,
                      "partition": lease.partition if lease else None,
                      "lease_token": lease.token if lease else None,
-                     "lease_expires_at": lease.expires_at if lease else None,
+                     # the store's lease time is not wall time: as this node's wall time
+                     "lease_expires_at": self.clock.now() + lease.ttl_left if lease else None,
                      "answered_by": self.node_id}
         return {**snapshot, "current_node": rec.current_node, **owner,
                 "live": self.system.lookup(task_actor_name(rec.task_id)) is not None,

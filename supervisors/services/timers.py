@@ -5,6 +5,9 @@ then delivers each due timer to its task's actor (activating it: a waiting task 
 live actor) as mail of type ``timer.fired`` and marks it fired once the actor answered.
 A timer survives a restart because it is only a row; the task's inbox (the mail's
 message id is derived from the timer id) keeps a repeated firing from acting twice.
+
+Timers are judged against the clock's ``due_now()``: while a forward step of the wall
+clock is held (protocol/clock_guard.py), the timers it alone made due wait.
 """
 
 from __future__ import annotations
@@ -36,10 +39,11 @@ class TimerService(ServiceActor):
 
     async def serve(self) -> None:
         while True:
-            now = self.clock.now()
+            now = self.clock.due_now()
             delivered = await self.fire_due(now)
             next_due = await self.store.next_timer_due()
-            wait = self.poll if next_due is None else min(self.poll, next_due - self.clock.now())
+            wait = self.poll if next_due is None else min(self.poll,
+                                                          next_due - self.clock.due_now())
             if next_due is not None and next_due <= now and not delivered:
                 # Due, but not ours (another node's partition) or not deliverable yet: do
                 # not spin; its owner fires it.
@@ -48,7 +52,7 @@ class TimerService(ServiceActor):
 
     async def fire_due(self, now: float | None = None) -> int:
         """Deliver every timer due now; returns how many were delivered."""
-        due = await self.store.due_timers(self.clock.now() if now is None else now)
+        due = await self.store.due_timers(self.clock.due_now() if now is None else now)
         delivered: list[tuple[str, float]] = []
         owns = self.tasks.owns
         for timer in due:
