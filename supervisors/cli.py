@@ -29,6 +29,7 @@ from ratchet.protocol.errors import (
     WorkflowDefinitionError,
 )
 from ratchet.protocol.ids import new_id
+from ratchet.supervisors.node.log_output import BestEffortLoggerFactory, log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
 
 __all__ = ["main", "load_app"]
@@ -79,7 +80,8 @@ def configure_logging(level: str) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # A failed log write (a full disk under the log file) is counted, never raised.
+        logger_factory=BestEffortLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
 
@@ -123,7 +125,7 @@ async def _serve(args: argparse.Namespace) -> int:
         stopped.cancel()
         await node.stop()
         _print({"stopped": config.node_id, "failed": node.failed.is_set(),
-                **node.writer_summary()})
+                **node.writer_summary(), "log_write_failures": log_write_failures()})
     return 1 if node.failed.is_set() else 0
 
 
