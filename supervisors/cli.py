@@ -103,7 +103,7 @@ async def _serve(args: argparse.Namespace) -> int:
                         wal_limit_mb=args.wal_limit_mb,
                         streams=StreamLimits(events_max_bytes=int(args.events_max_mb * MB),
                                              dlq_max_bytes=int(args.dlq_max_mb * MB)),
-                        max_running=args.max_running,
+                        max_running=args.max_running, recovery_interval=args.recovery_interval,
                         tenant_quotas=pairs(args.tenant_quota, int),
                         tenant_weights=pairs(args.tenant_weight, float))
     if args.node_id:
@@ -243,6 +243,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="dead-letter stream size; the oldest dead letters go beyond it")
     s.add_argument("--max-running", type=int, default=64,
                    help="tasks this node runs at once; more wait their (fair) turn")
+    s.add_argument("--recovery-interval", type=float, default=30.0,
+                   help="seconds between sweeps for unfinished tasks whose mail was lost")
     s.add_argument("--tenant-quota", action="append", default=[], metavar="TENANT=N",
                    help="at most N running tasks of TENANT on this node")
     s.add_argument("--tenant-weight", action="append", default=[], metavar="TENANT=W",
