@@ -303,3 +303,18 @@ class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, Protocol):
     def wal_stats(self) -> WalStats:
         """The write-ahead log's size, peak, checkpoints and writer holds."""
         ...
+
+    @property
+    def file_lost(self) -> str | None:
+        """Why the database file is no longer at its path, once noticed (every write is
+        refused from then on; persistence/file_watch.py)."""
+        ...
+
+    @property
+    def rescued_to(self) -> str | None:
+        """Where the data of a lost database file went when the store closed."""
+        ...
+
+    def on_file_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` on the event loop when the database file is lost."""
+        ...

@@ -14,6 +14,7 @@ import aiosqlite
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
+from ratchet.persistence.file_watch import put_back
 from ratchet.persistence.leases import (
     HostLeaseClock,
     LeaseClock,
@@ -91,6 +92,7 @@ class Store(RowReads, AdminRows, LeaseRows):
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
+        self._rescued_to: str | None = None  # file_watch.put_back, at close
         #: A node's held leases: task-execution writes then carry its fencing token (None:
         #: a store used without leases, e.g. by tools and tests, checks nothing).
         self.fence: Fence | None = fence
@@ -133,6 +135,31 @@ class Store(RowReads, AdminRows, LeaseRows):
         if self._reader is not None:
             await self._reader.close()
         await self._writer.close()
+        if self._writer.rescued is not None:  # the file was lost under us: put the data back
+            self._rescued_to = await asyncio.to_thread(put_back, self._writer.rescued, self.path)
+
+    @property
+    def rescued_to(self) -> str | None:
+        """Where the data of a lost database file went when the store closed."""
+        return self._rescued_to
+
+    @property
+    def file_lost(self) -> str | None:
+        """Why the database file is no longer at its path, once noticed (file_watch.py);
+        from then on every write is refused with ``StoreFileLost``."""
+        return self._writer.wal.lost
+
+    def on_file_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(reason)`` on this event loop when the database file is lost."""
+        loop = asyncio.get_running_loop()
+
+        def notify(reason: str) -> None:  # on the WAL guard's thread
+            try:
+                loop.call_soon_threadsafe(callback, reason)
+            except RuntimeError:  # the loop closed meanwhile: nobody left to tell
+                pass
+
+        self._writer.wal.on_lost.append(notify)
 
     @property
     def writer_stats(self) -> WriterStats:

@@ -58,6 +58,7 @@ from typing import Any
 import structlog
 
 from ratchet.persistence.connection import open_connection
+from ratchet.persistence.file_watch import FileWatch
 
 __all__ = ["CheckpointResult", "WalGuard", "WalStats", "DEFAULT_WAL_LIMIT"]
 
@@ -178,6 +179,11 @@ class WalGuard:
         self.reads_open = threading.Event()
         self.reads_open.set()
         self._thread = threading.Thread(target=self._run, name="ratchet-wal-guard", daemon=True)
+        #: Compares the open database file with its path once a second (file_watch.py).
+        self.watch: FileWatch | None = None
+        self.watch_interval = 1.0
+        #: Called once, on the guard thread, with the reason the file was lost.
+        self.on_lost: list[Callable[[str], None]] = []
 
     # -- the writer's side ------------------------------------------------------------
 
@@ -254,7 +260,13 @@ class WalGuard:
 
     # -- the guard thread -------------------------------------------------------------
 
+    @property
+    def lost(self) -> str | None:
+        """Why the database file is no longer the one at its path, once noticed."""
+        return None if self.watch is None else self.watch.lost
+
     def start(self) -> None:
+        self.watch = FileWatch(self.path)
         self._thread.start()
 
     def stop(self) -> None:
@@ -266,13 +278,19 @@ class WalGuard:
         if self._shm_fd is not None:
             os.close(self._shm_fd)
             self._shm_fd = None
+        if self.watch is not None:
+            self.watch.close()
 
     def _run(self) -> None:
         conn = open_connection(self.path, self._synchronous)
         conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
         next_summary = time.monotonic() + self._summary_interval
+        next_watch = time.monotonic() + self.watch_interval
         try:
             while True:
+                if time.monotonic() >= next_watch:
+                    next_watch = time.monotonic() + self.watch_interval
+                    self._check_file()
                 try:
                     job = self._jobs.get(timeout=self._passive_interval)
                 except queue.Empty:
@@ -288,6 +306,23 @@ class WalGuard:
                     log.info("wal", **self.stats.summary())
         finally:
             conn.close()
+
+    def _check_file(self) -> None:
+        if self.watch is None or self.watch.lost is not None:
+            return
+        try:
+            reason = self.watch.check()
+        except OSError as exc:  # the descriptor itself failed: nothing to compare
+            log.warning("database file check failed", error=repr(exc))
+            return
+        if reason is None:
+            return
+        log.critical("database file lost; refusing every write", reason=reason, path=self.path)
+        for callback in self.on_lost:
+            try:
+                callback(reason)
+            except Exception as exc:  # one listener failing must not hide it from the rest
+                log.error("file-lost listener failed", error=repr(exc))
 
     def _passive(self, conn: sqlite3.Connection) -> None:
         if self.wal_used() == 0:

@@ -37,6 +37,7 @@ from typing import Any, Protocol, TypeVar
 
 import structlog
 
+from ratchet.persistence.batch import close_connection, execute_batch
 from ratchet.persistence.connection import open_connection
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalGuard
 
@@ -70,6 +71,8 @@ class WriterStats:
 class Writer(Protocol):
     stats: WriterStats
     wal: WalGuard
+    #: Where the data went when the database file was lost under the node (file_watch.py).
+    rescued: str | None
 
     def start(self) -> None: ...
 
@@ -79,45 +82,6 @@ class Writer(Protocol):
     def stop(self) -> None: ...
 
     async def close(self) -> None: ...
-
-
-def execute_batch(conn: sqlite3.Connection, fns: list[Txn]) -> list[tuple[bool, Any]]:
-    """Run ``fns`` in one transaction; each outcome is ``(ok, result or exception)``."""
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        if len(fns) == 1:
-            # Alone in the batch: no neighbours to protect, so no SAVEPOINT statements.
-            outcomes = [_run_alone(conn, fns[0])]
-        else:
-            outcomes = [_run_in_savepoint(conn, fn) for fn in fns]
-        if conn.in_transaction:
-            conn.execute("COMMIT")
-        return outcomes
-    except Exception as exc:  # the whole batch failed to commit (disk full, I/O error)
-        log.error("group commit failed", error=repr(exc), batch=len(fns))
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        return [(False, exc)] * len(fns)
-
-
-def _run_alone(conn: sqlite3.Connection, fn: Txn) -> tuple[bool, Any]:
-    try:
-        return (True, fn(conn))
-    except Exception as exc:  # handed to the caller; nothing of it is committed
-        conn.execute("ROLLBACK")
-        return (False, exc)
-
-
-def _run_in_savepoint(conn: sqlite3.Connection, fn: Txn) -> tuple[bool, Any]:
-    conn.execute("SAVEPOINT txn")
-    try:
-        result = fn(conn)
-    except Exception as exc:  # handed to the caller; its neighbours still commit
-        conn.execute("ROLLBACK TO txn")
-        conn.execute("RELEASE txn")
-        return (False, exc)
-    conn.execute("RELEASE txn")
-    return (True, result)
 
 
 def _settle(settled: list[tuple[asyncio.Future[Any], tuple[bool, Any]]]) -> None:
@@ -157,6 +121,7 @@ class LoopWriter:
         self._conn: sqlite3.Connection | None = None
         self.wal = wal or WalGuard(path, synchronous, wal_limit)
         self.stats = WriterStats()
+        self.rescued: str | None = None
 
     def start(self) -> None:
         self._conn = open_connection(self._path, self._synchronous)
@@ -190,7 +155,7 @@ class LoopWriter:
             return
         assert self._conn is not None, "writer not started"
         started = time.perf_counter()
-        outcomes = execute_batch(self._conn, [fn for fn, _ in batch])
+        outcomes = execute_batch(self._conn, [fn for fn, _ in batch], self.wal.lost)
         self.stats.record(len(batch), time.perf_counter() - started)
         loop = asyncio.get_running_loop()
         todo = self.wal.after_commit()
@@ -225,9 +190,8 @@ class LoopWriter:
         self._held_since = None
         while self._pending:
             self._flush()
-        self._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        self._conn.close()
-        self._conn = None
+        conn, self._conn = self._conn, None
+        self.rescued = close_connection(conn, self.wal, self._path)
 
     async def close(self) -> None:
         self.stop()
@@ -248,6 +212,7 @@ class ThreadWriter:
         self._open_error: BaseException | None = None
         self.wal = wal or WalGuard(path, synchronous, wal_limit)
         self.stats = WriterStats()
+        self.rescued: str | None = None
 
     def start(self) -> None:
         self._thread.start()
@@ -314,7 +279,7 @@ class ThreadWriter:
                 if not batch:
                     continue  # the urgent items of this wake-up went in an earlier batch
                 started = time.perf_counter()
-                outcomes = execute_batch(conn, [fn for fn, _, _ in batch])
+                outcomes = execute_batch(conn, [fn for fn, _, _ in batch], self.wal.lost)
                 self.stats.record(len(batch), time.perf_counter() - started)
                 self._hand_back(batch, outcomes)
                 todo = self.wal.after_commit()
@@ -324,8 +289,7 @@ class ThreadWriter:
                     self._restart_wal(conn)
         finally:
             self.wal.stop()
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            conn.close()
+            self.rescued = close_connection(conn, self.wal, self._path)
 
     def _ask_restart(self) -> None:
         self._urgent.append(_RESTART)

@@ -25,6 +25,8 @@ __all__ = [
     "NotFound",
     "UnknownWorkflow",
     "Unavailable",
+    "StoreUnavailable",
+    "StoreFileLost",
     "ToolError",
     "ToolInvalidArgument",
     "ToolPermissionDenied",
@@ -158,6 +160,16 @@ class Unavailable(RatchetError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+class StoreUnavailable(Unavailable):
+    """The store could not write (its disk is full, an I/O error): nothing of the
+    transaction was committed. Retry later; the node goes on once the store writes again."""
+
+
+class StoreFileLost(Unavailable):
+    """The database file this node opened is no longer at its path (deleted or replaced):
+    the node refuses every write from then on and stops (persistence/file_watch.py)."""
 
 
 # -- outcomes of external calls (tools) ---------------------------------------------------

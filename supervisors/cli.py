@@ -29,6 +29,7 @@ from ratchet.protocol.errors import (
     WorkflowDefinitionError,
 )
 from ratchet.protocol.ids import new_id
+from ratchet.supervisors.node.log_output import BestEffortLoggerFactory, log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
 
 __all__ = ["main", "load_app"]
@@ -79,7 +80,8 @@ def configure_logging(level: str) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # A failed log write (a full disk under the log file) is counted, never raised.
+        logger_factory=BestEffortLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,
     )
 
@@ -103,7 +105,7 @@ async def _serve(args: argparse.Namespace) -> int:
                         wal_limit_mb=args.wal_limit_mb,
                         streams=StreamLimits(events_max_bytes=int(args.events_max_mb * MB),
                                              dlq_max_bytes=int(args.dlq_max_mb * MB)),
-                        max_running=args.max_running,
+                        max_running=args.max_running, recovery_interval=args.recovery_interval,
                         tenant_quotas=pairs(args.tenant_quota, int),
                         tenant_weights=pairs(args.tenant_weight, float))
     if args.node_id:
@@ -125,7 +127,7 @@ async def _serve(args: argparse.Namespace) -> int:
         stopped.cancel()
         await node.stop()
         _print({"stopped": config.node_id, "failed": node.failed.is_set(),
-                **node.writer_summary()})
+                **node.writer_summary(), "log_write_failures": log_write_failures()})
     return 1 if node.failed.is_set() else 0
 
 
@@ -253,6 +255,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="dead-letter stream size; the oldest dead letters go beyond it")
     s.add_argument("--max-running", type=int, default=64,
                    help="tasks this node runs at once; more wait their (fair) turn")
+    s.add_argument("--recovery-interval", type=float, default=30.0,
+                   help="seconds between sweeps for unfinished tasks whose mail was lost")
     s.add_argument("--tenant-quota", action="append", default=[], metavar="TENANT=N",
                    help="at most N running tasks of TENANT on this node")
     s.add_argument("--tenant-weight", action="append", default=[], metavar="TENANT=W",

@@ -87,7 +87,8 @@ def test_each_member_belongs_to_one_concern_and_the_whole_store_has_them_all() -
             seen[name] = port.__name__
     whole = _declared(StorePort)
     assert set(seen) <= set(whole)
-    assert set(whole) - set(seen) == {"close", "writer_stats", "wal_stats"}  # lifecycle
+    assert set(whole) - set(seen) == {"close", "writer_stats", "wal_stats",  # lifecycle
+                                      "file_lost", "rescued_to", "on_file_lost"}
 
 
 async def test_an_opened_sqlite_store_is_each_port(tmp_path: Path) -> None:

@@ -15,6 +15,13 @@ RATCHET_DLQ               ``ratchet.dlq.>``           limits (max age, default 3
 
 JetStream is transport, the Store is the truth: a message lost by JetStream delays a task
 (the node's recovery scan and the outbox relay re-derive it), it never loses one.
+
+Streams and consumers deleted or purged under a running node (an operator's ``nats stream
+rm``, a server whose store was wiped): a pull loop whose fetch finds no stream or consumer,
+a publish that no stream takes, or a lookup that finds none calls :meth:`Bus.restore_streams`,
+which creates every stream again (at most once a second); the loop then creates its
+consumer again and goes on. What the streams held is gone; what matters of it is in the
+store, and the outbox relay and the recovery sweeper re-derive it.
 """
 
 from __future__ import annotations
@@ -39,7 +46,12 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import (
+    BadRequestError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServiceUnavailableError,
+)
 
 from ratchet.protocol.subjects import (
     STREAM_DECISIONS,
@@ -50,7 +62,8 @@ from ratchet.protocol.subjects import (
     STREAM_SUBMIT,
 )
 
-__all__ = ["Bus", "MB", "StreamLimits", "deliveries", "stream_configs", "redelivery_delay"]
+__all__ = ["Bus", "MB", "StreamLimits", "deliveries", "stream_configs", "redelivery_delay",
+           "STREAM_GONE"]
 
 log = structlog.get_logger("ratchet.bus")
 
@@ -58,6 +71,10 @@ DAY = 24 * 3600.0
 
 
 MB = 1024 * 1024
+
+#: What nats-py raises when a stream or consumer is not there: a lookup (404), a fetch from
+#: a consumer whose stream went (503: nobody answers for it), a publish no stream takes.
+STREAM_GONE = (NotFoundError, ServiceUnavailableError, NoStreamResponseError)
 
 
 @dataclass(frozen=True)
@@ -123,6 +140,11 @@ class Bus:
         self.nc = nc
         self.js = js
         self.closing = False
+        self._configs: list[StreamConfig] = []
+        self._restoring = asyncio.Lock()
+        self._restored_at = float("-inf")
+        #: Times the streams were found missing and created again.
+        self.streams_restored = 0
 
     @classmethod
     async def connect(cls, url: str, name: str = "ratchet") -> Bus:
@@ -157,11 +179,27 @@ class Bus:
 
     async def ensure_streams(self, configs: list[StreamConfig] | None = None) -> None:
         """Create each stream, or bring an existing one to the same config."""
-        for cfg in configs or stream_configs():
+        self._configs = configs or self._configs or stream_configs()
+        for cfg in self._configs:
             try:
                 await self.js.add_stream(cfg)
             except BadRequestError:
                 await self.js.update_stream(cfg)
+
+    async def restore_streams(self, error: BaseException) -> None:
+        """A stream or consumer was missing (``error``): create every stream again. At most
+        once a second: a caller that comes sooner waits out the rest of that second (loop
+        time: this paces retries against NATS, it is no task's timer)."""
+        async with self._restoring:
+            now = asyncio.get_running_loop().time()
+            if now - self._restored_at < 1.0:
+                await asyncio.sleep(self._restored_at + 1.0 - now)
+                return
+            self._restored_at = now
+            log.warning("jetstream stream or consumer missing; creating the streams again",
+                        error=repr(error))
+            await self.ensure_streams()
+            self.streams_restored += 1
 
     async def ensure_consumer(self, stream: str, durable: str, filter_subject: str,
                               ack_wait: float = 30.0, max_ack_pending: int = 10_000,
@@ -209,9 +247,17 @@ class Bus:
         An empty fetch raises ``nats.errors.TimeoutError`` by design (nats.py#418): that is
         "nothing to do", not an error.
         """
-        await self.ensure_consumer(stream, durable, filter_subject, ack_wait=ack_wait,
-                                   inactive_threshold=inactive_threshold)
-        sub = await self.js.pull_subscribe_bind(durable, stream=stream)
+        async def bind() -> Any:
+            while True:
+                try:
+                    await self.ensure_consumer(stream, durable, filter_subject,
+                                               ack_wait=ack_wait,
+                                               inactive_threshold=inactive_threshold)
+                    return await self.js.pull_subscribe_bind(durable, stream=stream)
+                except STREAM_GONE as exc:
+                    await self.restore_streams(exc)
+
+        sub = await bind()
         loop = asyncio.get_running_loop()
         last_message = loop.time()
         try:
@@ -220,6 +266,11 @@ class Bus:
                     await before_fetch()
                 try:
                     msgs = await sub.fetch(batch, timeout=idle_timeout)
+                except STREAM_GONE as exc:  # deleted under us: create it all again, go on
+                    await self.restore_streams(exc)
+                    await _unsubscribe(sub)
+                    sub = await bind()
+                    continue
                 except (TimeoutError, NatsTimeoutError):
                     if idle_exit is not None and loop.time() - last_message >= idle_exit:
                         return
@@ -227,10 +278,7 @@ class Bus:
                 last_message = loop.time()
                 await handler(msgs)
         finally:
-            try:
-                await sub.unsubscribe()
-            except Exception:  # the connection may already be closing
-                pass
+            await _unsubscribe(sub)
 
     async def close(self) -> None:
         self.closing = True
@@ -243,3 +291,10 @@ class Bus:
                     await self.nc.close()
                 except Exception as close_exc:  # the server is gone: nothing left to close
                     log.debug("nats close failed", error=repr(close_exc))
+
+
+async def _unsubscribe(sub: Any) -> None:
+    try:
+        await sub.unsubscribe()
+    except Exception:  # the connection may already be closing
+        pass

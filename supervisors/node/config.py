@@ -61,6 +61,9 @@ class NodeConfig:
     #: to a human instead of recovering it again.
     max_recoveries: int = 3
     recovery_window: float = 600.0
+    #: Seconds between the recovery sweeper's looks for unfinished tasks with no actor
+    #: (their mail lost with JetStream: supervisors/services/recovery.py).
+    recovery_interval: float = 30.0
     #: At most one ``task.progress`` event per task per this many seconds.
     progress_interval: float = 5.0
     #: ``loop``/``thread``/``auto`` (loop for NORMAL, thread for FULL): where commits run.

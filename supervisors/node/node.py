@@ -83,6 +83,8 @@ class Node:
         self.leases: LeaseManager | None = None
         self._stopped = False
         self._started = False
+        #: Why the database file was lost under this node, once noticed (file_watch.py).
+        self.store_lost: str | None = None
         #: Set when the root supervisor gave up (restart intensity exceeded): the process
         #: should exit rather than linger half-alive.
         self.failed = asyncio.Event()
@@ -101,6 +103,7 @@ class Node:
         self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
                                       wal_limit=int(cfg.wal_limit_mb * 1024 * 1024),
                                       fence=self.holding)
+        self.store.on_file_lost(self._file_lost)
         try:
             bus = await self._connect_bus()
         except BaseException:
@@ -111,7 +114,7 @@ class Node:
         self._task_supervision()
         acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
                             has_room=self.scheduler.has_room,
-                            wait_for_room=self.scheduler.wait_for_room)
+                            wait_for_room=self._wait_for_room)
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
         root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),
@@ -196,7 +199,8 @@ class Node:
             ChildSpec("mail", lambda _: Supervisor(self.system, "mail", [], max_restarts=50,
                                                    period=60.0), Restart.PERMANENT),
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
-            ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock),
+            ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock,
+                                                            cfg.recovery_interval),
                       Restart.PERMANENT),
             ChildSpec("retention", lambda _: RetentionSweeper(store, self.clock, cfg.retention),
                       Restart.PERMANENT),
@@ -236,7 +240,25 @@ class Node:
                 "commit_p99_ms": pct(0.99), "commit_max_ms": pct(1.0),
                 "wal_peak_mb": round(wal.wal_peak_bytes / 1e6, 2), "wal_restarts": wal.restarts,
                 "wal_restart_failures": wal.restart_failures,
-                "wal_hold_max_ms": round(wal.hold_max_seconds * 1000, 2)}
+                "wal_hold_max_ms": round(wal.hold_max_seconds * 1000, 2),
+                **({"db_lost": self.store_lost, "db_rescued_to": self.store.rescued_to}
+                   if self.store_lost is not None else {})}
+
+    def _file_lost(self, reason: str) -> None:
+        """The database file was deleted or replaced: every write is refused from now on
+        (``StoreFileLost``), intake stops fetching, and the node fails so that ``serve``
+        stops it (the store puts the data back at close) and exits 1."""
+        if self.store_lost is not None:
+            return
+        self.store_lost = reason
+        log.critical("database file lost: this node accepts no more work and stops",
+                     reason=reason, db=str(self.config.db_path))
+        self.failed.set()
+
+    async def _wait_for_room(self) -> None:
+        if self.store_lost is not None:
+            await asyncio.Event().wait()  # intake pauses until the node stops it
+        await self.scheduler.wait_for_room()
 
     def _root_exited(self, _: ActorRef[Any], reason: BaseException | None) -> None:
         if reason is not None and not self._stopped:

@@ -20,7 +20,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from ratchet.actors.core.actor import ServiceActor
-from ratchet.actors.transport.bus import Bus, redelivery_delay
+from ratchet.actors.transport.bus import STREAM_GONE, Bus, redelivery_delay
 from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import NewTask
@@ -158,7 +158,11 @@ class IntakeActor(ServiceActor):
                 await asyncio.sleep(self.discover_interval)
 
     async def _subjects(self) -> list[str]:
-        info = await self.bus.js.stream_info(STREAM_SUBMIT, subjects_filter="ratchet.submit.>")
+        try:
+            info = await self.bus.js.stream_info(STREAM_SUBMIT, subjects_filter="ratchet.submit.>")
+        except STREAM_GONE as exc:  # deleted under the node: create it again, not a crash
+            await self.bus.restore_streams(exc)
+            return []
         return list(info.state.subjects or {})
 
     async def _consume(self, subject: str) -> None:

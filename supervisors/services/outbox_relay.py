@@ -24,7 +24,7 @@ import structlog
 from nats.errors import MaxPayloadError
 
 from ratchet.actors.core.actor import ServiceActor
-from ratchet.actors.transport.bus import Bus
+from ratchet.actors.transport.bus import STREAM_GONE, Bus
 from ratchet.persistence.ports import OutboxStore
 from ratchet.persistence.txns import OutboxRow
 from ratchet.protocol.clock import Clock
@@ -155,6 +155,8 @@ class OutboxRelay(ServiceActor):
         except Exception as exc:
             # Not published (or not confirmed): keep the rows; republishing is safe.
             log.warning("outbox publish failed; will retry", error=repr(exc), rows=len(rows))
+            if isinstance(exc, STREAM_GONE):  # a stream was deleted: create it again
+                await self.bus.restore_streams(exc)
             await self.clock.sleep(0.5)
             return
         for i in ids:
