@@ -98,7 +98,8 @@ async def _serve(args: argparse.Namespace) -> int:
                         synchronous=args.synchronous, partitions=args.partitions,
                         retention=pairs(args.retention, float), lease_ttl=args.lease_ttl,
                         lease_interval=args.lease_interval, writer=args.writer,
-                        wal_limit_mb=args.wal_limit_mb,
+                        wal_limit_mb=args.wal_limit_mb, max_value_mb=args.max_value_mb,
+                        max_checkpoint_mb=args.max_checkpoint_mb,
                         streams=StreamLimits(events_max_bytes=int(args.events_max_mb * MB),
                                              dlq_max_bytes=int(args.dlq_max_mb * MB)),
                         max_running=args.max_running,
@@ -235,6 +236,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="where commits run; 'thread' when several nodes share the store")
     s.add_argument("--wal-limit-mb", type=float, default=32.0,
                    help="WAL size at which writes pause (milliseconds) while it is reset")
+    for flag, mb in (("--max-value-mb", 16.0), ("--max-checkpoint-mb", 64.0)):  # state bounds
+        s.add_argument(flag, type=float, default=mb, help="state per value / per checkpoint")
     s.add_argument("--events-max-mb", type=float, default=1024.0,
                    help="JetStream events stream size; the oldest events go beyond it")
     s.add_argument("--dlq-max-mb", type=float, default=256.0,
