@@ -237,7 +237,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--wal-limit-mb", type=float, default=32.0,
                    help="WAL size at which writes pause (milliseconds) while it is reset")
     for flag, mb in (("--max-value-mb", 16.0), ("--max-checkpoint-mb", 64.0)):  # state bounds
-        s.add_argument(flag, type=float, default=mb, help="state per value / per checkpoint")
+        s.add_argument(flag, type=float, default=mb, help=f"most MiB of state per {flag[6:-3]}")
     s.add_argument("--events-max-mb", type=float, default=1024.0,
                    help="JetStream events stream size; the oldest events go beyond it")
     s.add_argument("--dlq-max-mb", type=float, default=256.0,
