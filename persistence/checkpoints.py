@@ -5,6 +5,11 @@ keys whose encoded value changed are written; a value larger than
 :data:`BLOB_THRESHOLD` goes to the content-addressed blob table once and is referenced by
 digest afterwards. A task carrying a 1 MB document that does not change therefore writes
 the document once, not once per step.
+
+Values are bounded: one value's encoding by ``max_value_bytes`` (default 16 MiB), the
+values one checkpoint writes by ``max_checkpoint_bytes`` (default 64 MiB). A value over
+its limit, or one msgpack cannot encode, is refused with :class:`InvalidStateValue`
+naming the key — for a str or bytes value before it is encoded at all.
 """
 
 from __future__ import annotations
@@ -15,11 +20,16 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["BLOB_THRESHOLD", "ValueWrite", "StateDelta", "StateTracker", "decode_value",
-           "decode_optional"]
+from ratchet.protocol.errors import InvalidStateValue
+
+__all__ = ["BLOB_THRESHOLD", "MAX_VALUE_BYTES", "MAX_CHECKPOINT_BYTES", "ValueWrite",
+           "StateDelta", "StateTracker", "decode_value", "decode_optional"]
 
 #: Values whose encoding exceeds this many bytes are stored as blobs.
 BLOB_THRESHOLD = 2048
+#: Default bounds: one state value's encoding, and the values one checkpoint writes.
+MAX_VALUE_BYTES = 16 * 1024 * 1024
+MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,29 +64,41 @@ def _digest(data: bytes) -> str:
 class StateTracker:
     """Remembers the encoding of every key at the last checkpoint, to diff against."""
 
-    def __init__(self, encoded: dict[str, bytes] | None = None) -> None:
+    def __init__(self, encoded: dict[str, bytes] | None = None, *,
+                 max_value_bytes: int = MAX_VALUE_BYTES,
+                 max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
         self._encoded: dict[str, bytes] = dict(encoded or {})
         self._known_blobs: set[str] = set()
+        self.max_value_bytes = max_value_bytes
+        self.max_checkpoint_bytes = max_checkpoint_bytes
 
     def note_stored_blob(self, digest: str) -> None:
         self._known_blobs.add(digest)
 
     def diff(self, state: dict[str, Any]) -> StateDelta:
-        """The delta from the last checkpoint to ``state``; advances the baseline.
+        """The delta from the last checkpoint to ``state``; advances the baseline, only
+        when it returns.
 
         Raises:
-            TypeError: a value msgpack cannot encode (the step's state must be plain data).
+            InvalidStateValue: a key that is not a str, a value msgpack cannot encode, a
+            value over ``max_value_bytes``, or changed values over ``max_checkpoint_bytes``
+            in all (the step's state must be plain data of bounded size).
         """
         delta = StateDelta()
+        changed: dict[str, bytes] = {}
+        total = 0
         for key, value in state.items():
-            if not isinstance(key, str):
-                raise TypeError(f"state keys must be str, got {type(key).__name__}")
-            try:
-                encoded = msgpack.packb(value, use_bin_type=True)
-            except TypeError as exc:
-                raise TypeError(f"state[{key!r}] is not plain data: {exc}") from None
+            encoded = self._encode(key, value)
             if self._encoded.get(key) == encoded:
                 continue
+            changed[key] = encoded
+            total += len(encoded)
+            if total > self.max_checkpoint_bytes:
+                raise InvalidStateValue(
+                    f"the values this checkpoint writes exceed {self.max_checkpoint_bytes}"
+                    f" bytes (at state[{key!r}])", key=key, size=total,
+                    limit=self.max_checkpoint_bytes)
+        for key, encoded in changed.items():
             self._encoded[key] = encoded
             if len(encoded) > BLOB_THRESHOLD:
                 digest = _digest(encoded)
@@ -90,3 +112,27 @@ class StateTracker:
             del self._encoded[key]
             delta.values.append(ValueWrite(key, deleted=True))
         return delta
+
+    def _encode(self, key: Any, value: Any) -> bytes:
+        if not isinstance(key, str):
+            raise InvalidStateValue(f"state keys must be str, got {type(key).__name__}",
+                                    key=repr(key)[:200], type=type(key).__name__)
+        # A str or bytes value is measured before it is encoded (its encoding is at least
+        # as long): a 100 MB string is refused without another 100 MB copy.
+        if isinstance(value, str | bytes | bytearray) and len(value) > self.max_value_bytes:
+            raise self._too_large(key, len(value))
+        try:
+            encoded: bytes = msgpack.packb(value, use_bin_type=True)
+        except (TypeError, ValueError, OverflowError) as exc:  # a type, depth or int range
+            raise InvalidStateValue(
+                f"state[{key!r}] is not plain data msgpack can encode: a"
+                f" {type(value).__name__} ({exc})", key=key, type=type(value).__name__
+            ) from None
+        if len(encoded) > self.max_value_bytes:
+            raise self._too_large(key, len(encoded))
+        return encoded
+
+    def _too_large(self, key: str, size: int) -> InvalidStateValue:
+        return InvalidStateValue(
+            f"state[{key!r}] is {size} bytes, over the limit of {self.max_value_bytes}"
+            " bytes per value", key=key, size=size, limit=self.max_value_bytes)

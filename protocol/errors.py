@@ -52,6 +52,8 @@ __all__ = [
     "TaskFinished",
     "PermissionDenied",
     "CommandConflict",
+    "InvalidStateValue",
+    "HandlingFailed",
 ]
 
 
@@ -69,6 +71,7 @@ class ErrorCode(StrEnum):
     LOOP_DETECTED = "LOOP_DETECTED"
     FENCED = "FENCED"
     INVALID_DEFINITION = "INVALID_DEFINITION"
+    INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
 
 
 class RatchetError(Exception):
@@ -116,6 +119,20 @@ class InvalidMessage(RatchetError):
     """An inbound message could not be decoded or failed validation."""
 
     code = ErrorCode.INVALID_ARGUMENT
+
+
+class InvalidStateValue(RatchetError):
+    """A step returned a state value that cannot be checkpointed: not plain data msgpack
+    can encode, or larger than the node's per-value or per-checkpoint limit. Running the
+    step again would return it again: the step fails for good."""
+
+    code = ErrorCode.INVALID_STATE_VALUE
+
+
+class HandlingFailed(RatchetError):
+    """An inbound message whose handling raised an unexpected (non-Ratchet) exception on
+    every one of its deliveries, up to the bound: dead-lettered with the exception, never
+    redelivered for ever."""
 
 
 class UnknownWorkflow(RatchetError):

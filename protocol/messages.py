@@ -26,7 +26,8 @@ __all__ = [
 
 SCHEMA_VERSION: Literal[1] = 1
 
-_STRICT = ConfigDict(extra="forbid", frozen=True)
+#: Strict: no coercion (a bin value is not a str, a str not an int; an int is a float).
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Envelope(BaseModel):

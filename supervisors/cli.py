@@ -102,7 +102,8 @@ async def _serve(args: argparse.Namespace) -> int:
                         lease_interval=args.lease_interval, writer=args.writer,
                         clock_step_threshold=args.clock_step_threshold,
                         clock_step_hold=args.clock_step_hold,
-                        wal_limit_mb=args.wal_limit_mb,
+                        wal_limit_mb=args.wal_limit_mb, max_value_mb=args.max_value_mb,
+                        max_checkpoint_mb=args.max_checkpoint_mb,
                         streams=StreamLimits(events_max_bytes=int(args.events_max_mb * MB),
                                              dlq_max_bytes=int(args.dlq_max_mb * MB)),
                         max_running=args.max_running, recovery_interval=args.recovery_interval,
@@ -219,20 +220,8 @@ def _clock_flags(s: argparse.ArgumentParser) -> None:
                         " (sooner with `admin clock-ack`); 0: never hold")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
-    p.add_argument("--version", action="version",
-                   version=f"ratchet {importlib.metadata.version('ratchet-runtime')}")
-    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: .ratchet")
-    p.add_argument("--log-level", default=os.environ.get("RATCHET_LOG_LEVEL", "info"))
-    sub = p.add_subparsers(dest="command", required=True)
-
-    def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--nats-url", default=None)
-        sp.add_argument("--tenant", default="default")
-        return sp
-
-    s = sub.add_parser("serve", help="run a node in the foreground")
+def _serve_flags(s: argparse.ArgumentParser) -> None:
+    """The flags of `ratchet serve` (each sets a NodeConfig field; docs/operations.md)."""
     s.add_argument("--app", required=True, help="module:object registering workflows")
     s.add_argument("--nats-url", default=None, help="join this NATS instead of the embedded one")
     s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
@@ -249,6 +238,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="where commits run; 'thread' when several nodes share the store")
     s.add_argument("--wal-limit-mb", type=float, default=32.0,
                    help="WAL size at which writes pause (milliseconds) while it is reset")
+    for flag, mb in (("--max-value-mb", 16.0), ("--max-checkpoint-mb", 64.0)):  # state bounds
+        s.add_argument(flag, type=float, default=mb, help=f"most MiB of state per {flag[6:-3]}")
     s.add_argument("--events-max-mb", type=float, default=1024.0,
                    help="JetStream events stream size; the oldest events go beyond it")
     s.add_argument("--dlq-max-mb", type=float, default=256.0,
@@ -261,6 +252,22 @@ def _parser() -> argparse.ArgumentParser:
                    help="at most N running tasks of TENANT on this node")
     s.add_argument("--tenant-weight", action="append", default=[], metavar="TENANT=W",
                    help="TENANT's share of the running slots relative to others (default 1)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
+    p.add_argument("--version", action="version",
+                   version=f"ratchet {importlib.metadata.version('ratchet-runtime')}")
+    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: .ratchet")
+    p.add_argument("--log-level", default=os.environ.get("RATCHET_LOG_LEVEL", "info"))
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sp.add_argument("--nats-url", default=None)
+        sp.add_argument("--tenant", default="default")
+        return sp
+
+    _serve_flags(sub.add_parser("serve", help="run a node in the foreground"))
 
     s = with_nats(sub.add_parser("submit", help="publish a task request"))
     s.add_argument("workflow")

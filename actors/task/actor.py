@@ -36,12 +36,13 @@ from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.workflow.nodes import END, StepContext, StepNode
 from ratchet.actors.workflow.registry import Workflow, bind_step_logger
-from ratchet.persistence import CheckpointWrite, StateTracker, TaskChange, TaskRecord
+from ratchet.persistence import CheckpointWrite, StateDelta, StateTracker, TaskChange, TaskRecord
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
     ActionFailed,
     BudgetExhausted,
     DuplicateMessage,
+    InvalidStateValue,
     RatchetError,
     UnknownWorkflow,
 )
@@ -51,6 +52,10 @@ from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 __all__ = ["TaskActor", "TaskDeps", "Advance", "DeliverMail", "fail_task"]
 
 log = structlog.get_logger("ratchet.task")
+
+#: Step failures that end the task at once (a re-run cannot help), with their reason.
+_FOR_GOOD = ((ActionFailed, "a side effect failed"), (BudgetExhausted, "budget exhausted"),
+             (InvalidStateValue, "invalid state value"))
 
 
 class TaskActor(Actor):
@@ -110,7 +115,8 @@ class TaskActor(Actor):
         self.current = rec.current_node or self.workflow.start
         loaded = await self.deps.store.load_state(self.task_id)
         self.state = loaded.values
-        self.tracker = StateTracker(loaded.encoded)
+        self.tracker = StateTracker(loaded.encoded, max_value_bytes=self.deps.max_value_bytes,
+                                    max_checkpoint_bytes=self.deps.max_checkpoint_bytes)
         for digest in loaded.blobs:
             self.tracker.note_stored_blob(digest)
         if self.status is TaskStatus.RUNNING:
@@ -271,9 +277,11 @@ class TaskActor(Actor):
                                                       "agent"))
 
     async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
-                   count_visit: bool = True, **kwargs: Any) -> None:
-        """Commit leaving ``node`` for ``to`` as a checkpoint (with whatever state changed)."""
-        delta = self.tracker.diff(self.state)
+                   count_visit: bool = True, delta: StateDelta | None = None,
+                   **kwargs: Any) -> None:
+        """Commit leaving ``node`` for ``to`` as a checkpoint (with whatever state changed,
+        or ``delta`` if the caller has taken it already)."""
+        delta = self.tracker.diff(self.state) if delta is None else delta
         for _, payload in events:
             if "changed" in payload and payload["changed"] is None:
                 payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
@@ -289,17 +297,14 @@ class TaskActor(Actor):
             events = [*events, (EventType.TASK_PROGRESS, progress_payload(
                 node=to, steps_completed=self.next_step + 1, steps_total=self.record.steps_total,
                 last_checkpoint=self.checkpoint_seq + 1, owner=self.deps.producer))]
-        await self._commit(self._change(
-            events=events,
-            checkpoint=CheckpointWrite(self.next_step, node, self.next_step + 1, delta,
-                                       next_node=to, visits=visits),
+        await self._commit(self._change(events=events, checkpoint=CheckpointWrite(
+            self.next_step, node, self.next_step + 1, delta, next_node=to, visits=visits),
             **kwargs))
         if heartbeat:
             self._progress.mark(now)
         self.next_step += 1
         self.current = to
-        if visits is not None:
-            self.visits = visits
+        self.visits = self.visits if visits is None else visits
         self._attempt = 1
 
     def runner(self, step_index: int, step_timeout: float | None,
@@ -310,7 +315,6 @@ class TaskActor(Actor):
         deadlines = [d for d in (self.record.deadline_at if task_deadline else None,
                                  self.deps.clock.now() + step_timeout if step_timeout else None)
                      if d is not None]
-
         tenant = self.record.tenant
 
         async def session(name: str) -> ActorRef[Any]:
@@ -354,29 +358,29 @@ class TaskActor(Actor):
                 return False  # the operator's request is handled next, at this safe point
             finally:
                 self._scope = None
-            if update:
-                self.state.update(update)
+            # Encoded and bounded before the state takes it (InvalidStateValue: for good).
+            delta = self.tracker.diff({**self.state, **(update or {})})
+            self.state.update(update or {})
         except TaskSuspended as signal:
             await suspend(self, signal)
             return False
         except Exception as exc:
             await self._record_step_failure(step.name, index, exc)
-            if isinstance(exc, ActionFailed | BudgetExhausted) \
-                    or self._attempt >= self.deps.max_step_attempts:
-                reason = ("a side effect failed" if isinstance(exc, ActionFailed)
-                          else "budget exhausted" if isinstance(exc, BudgetExhausted)
-                          else f"step {step.name} failed {self._attempt} times")
-                await fail_with_saga(self, exc, reason)
+            for_good = next((r for kind, r in _FOR_GOOD if isinstance(exc, kind)), None)
+            if for_good or self._attempt >= self.deps.max_step_attempts:
+                await fail_with_saga(self, exc, for_good
+                                     or f"step {step.name} failed {self._attempt} times")
                 return False
             raise  # crash: the supervisor restarts us from the last checkpoint
         duration = asyncio.get_running_loop().time() - started
         await self.move(step.name, step.next, [(EventType.STEP_COMPLETED, {
             "step": step.name, "index": index, "duration_ms": round(duration * 1000, 3),
-            "changed": None, "next": step.next})])
+            "changed": None, "next": step.next})], delta=delta)
         return True
 
     async def _record_step_failure(self, name: str, index: int, exc: BaseException) -> None:
-        error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+        error = {"type": type(exc).__name__, "message": str(exc)[:2000],
+                 **({"code": exc.code.value} if isinstance(exc, RatchetError) else {})}
         if isinstance(exc, TimeoutError):
             error["message"] = "step timed out"
         await self._commit(self._change(step_failed=True, events=[(EventType.STEP_FAILED, {

@@ -21,6 +21,7 @@ from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.saga import pending_compensations
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.workflow.registry import Registry
+from ratchet.persistence.checkpoints import MAX_CHECKPOINT_BYTES, MAX_VALUE_BYTES
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
 from ratchet.protocol.catalogue import EventType
@@ -132,6 +133,10 @@ class TaskDeps:
     progress_interval: float = 5.0
     #: The deployment's partition count (mail subjects carry the task's partition).
     partitions: int = DEFAULT_PARTITIONS
+    #: Bounds on a task's state (persistence/checkpoints.py): one value's encoding, and
+    #: the values one checkpoint writes; a step over either fails with INVALID_STATE_VALUE.
+    max_value_bytes: int = MAX_VALUE_BYTES
+    max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:
@@ -142,6 +147,9 @@ class TaskDeps:
         if self.progress_interval < 0:
             raise ValueError(
                 f"TaskDeps.progress_interval must be >= 0 seconds, not {self.progress_interval}")
+        if not 0 < self.max_value_bytes <= self.max_checkpoint_bytes:
+            raise ValueError("TaskDeps needs 0 < max_value_bytes <= max_checkpoint_bytes, not"
+                             f" {self.max_value_bytes} and {self.max_checkpoint_bytes}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ratchet.actors.transport.bus import StreamLimits
+from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS
 
 __all__ = ["NodeConfig"]
@@ -74,7 +74,19 @@ class NodeConfig:
     wal_limit_mb: float = 32.0
     #: JetStream: what the events, dead-letter and work-queue streams may hold (actors/transport/bus.py).
     streams: StreamLimits = field(default_factory=StreamLimits)
+    #: A task's state: one value's encoding, and the values one checkpoint writes, at most
+    #: this many MiB (persistence/checkpoints.py); a step over either fails for good.
+    max_value_mb: float = 16.0
+    max_checkpoint_mb: float = 64.0
 
     @property
     def db_path(self) -> Path:
         return Path(self.state_dir) / "ratchet.db"
+
+    @property
+    def max_value_bytes(self) -> int:
+        return int(self.max_value_mb * MB)
+
+    @property
+    def max_checkpoint_bytes(self) -> int:
+        return int(self.max_checkpoint_mb * MB)

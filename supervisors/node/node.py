@@ -150,7 +150,9 @@ class Node:
         deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
                         max_step_attempts=cfg.max_step_attempts, switches=self.switches,
                         max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
-                        progress_interval=cfg.progress_interval, partitions=cfg.partitions)
+                        progress_interval=cfg.progress_interval, partitions=cfg.partitions,
+                        max_value_bytes=cfg.max_value_bytes,
+                        max_checkpoint_bytes=cfg.max_checkpoint_bytes)
         self.scheduler = FairScheduler(max_running=cfg.max_running, quotas=cfg.tenant_quotas,
                                        weights=cfg.tenant_weights, max_queued=cfg.max_queued)
         self.tasks = TaskSupervision(

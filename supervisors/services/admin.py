@@ -157,7 +157,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         """Record the operator's request on the task (before it takes effect), then tell its
         actor, activating it if it is parked. Answers at once: the effect follows at the
         task's next safe point."""
-        request = {"by": cmd.principal.name, "reason": cmd.args.get("reason"),
+        request = {"by": cmd.principal.name, "reason": self._str_arg(cmd, "reason"),
                    "at": self.clock.now(), "command_id": cmd.command_id}
         await self.store.apply(TaskChange(
             task_id=rec.task_id, expected_version=None, producer=self.node_id,
@@ -193,10 +193,11 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         expiry, the node and the request hash just before acting on it."""
         rec = await self._task(tenant, cmd)
         self._check_version(rec, cmd)
-        approval_id = cmd.args.get("approval_id")
-        if not approval_id:
-            raise InvalidMessage(f"{decision} needs args.approval_id")
-        row = await self.store.approval(str(approval_id))
+        approval_id = self._str_arg(cmd, "approval_id", required=True, max_length=128)
+        assert approval_id is not None
+        expected_hash = self._str_arg(cmd, "request_hash", max_length=256)
+        reason = self._str_arg(cmd, "reason")
+        row = await self.store.approval(approval_id)
         if row is None or row["task_id"] != rec.task_id:
             raise NotFound("no such approval for this task", approval_id=approval_id)
         if row["status"] != "PENDING":
@@ -204,7 +205,6 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
                                     approval_id=approval_id)
         if row["expires_at"] is not None and self.clock.due_now() > row["expires_at"]:
             raise IllegalTransition("approval expired", approval_id=approval_id)
-        expected_hash = cmd.args.get("request_hash")
         if expected_hash is not None and expected_hash != row["request_hash"]:
             raise CommandConflict("the request changed since it was shown",
                                   approval_id=approval_id)
@@ -215,7 +215,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
             type=MessageType.APPROVAL_DECISION, message_id=new_id("msg"),
             correlation_id=cmd.command_id,
             body={"task_id": rec.task_id, "approval_id": approval_id, "decision": decision,
-                  "decided_by": cmd.principal.name, "reason": cmd.args.get("reason"),
+                  "decided_by": cmd.principal.name, "reason": reason,
                   "request_hash": row["request_hash"]})), timeout=30.0)
         if outcome != "processed":
             raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
@@ -225,18 +225,16 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     # effect and, like every command, audited.
 
     async def _disable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        tool = cmd.args.get("tool")
-        if not tool or not isinstance(tool, str):
-            raise InvalidMessage("disable-tool needs args.tool")
+        tool = self._str_arg(cmd, "tool", required=True, max_length=200)
+        assert tool is not None
         await self.store.set_switch("tool", tool, True, cmd.principal.name,
-                                    cmd.args.get("reason"), self.clock.now())
+                                    self._str_arg(cmd, "reason"), self.clock.now())
         self.switches.disabled_tools.add(tool)
         return {"disabled": sorted(self.switches.disabled_tools)}
 
     async def _enable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        tool = cmd.args.get("tool")
-        if not tool or not isinstance(tool, str):
-            raise InvalidMessage("enable-tool needs args.tool")
+        tool = self._str_arg(cmd, "tool", required=True, max_length=200)
+        assert tool is not None
         await self.store.set_switch("tool", tool, False, cmd.principal.name, None,
                                     self.clock.now())
         self.switches.disabled_tools.discard(tool)
@@ -244,7 +242,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
 
     async def _freeze(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         await self.store.set_switch("freeze", "dispatch", True, cmd.principal.name,
-                                    cmd.args.get("reason"), self.clock.now())
+                                    self._str_arg(cmd, "reason"), self.clock.now())
         self.switches.frozen = True
         return {"frozen": True, "effect": "running steps finish; no new step starts"}
 
@@ -275,7 +273,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
                          correlation_id=cmd.command_id, sent_at=now,
                          body=StartTask(task_id=task_id, tenant=tenant).model_dump())
         checkpoint = (None if cmd.args.get("checkpoint") is None
-                      else self._int_arg(cmd, "checkpoint", 0))
+                      else self._int_arg(cmd, "checkpoint", 0, low=0))
         new = NewTask(
             task_id=task_id, tenant=tenant, workflow=rec.workflow,
             workflow_version=rec.workflow_version, idempotency_key=f"fork:{task_id}",
@@ -291,12 +289,12 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     async def _restart(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Restart one task's actor through its supervisor (a fresh actor from the last
         checkpoint); counts against the supervisor's restart intensity."""
+        child = self._str_arg(cmd, "actor", max_length=256) or "actor"  # or a session, branch, join
         rec = await self._task(tenant, cmd)
         sup = self.system.lookup(task_supervisor_name(rec.task_id))
         if sup is None:
             raise IllegalTransition("the task has no live actor to restart",
                                     status=rec.status)
-        child = str(cmd.args.get("actor", "actor"))  # or a tool session, branch, join
         result = await sup.ask(RestartChild(child), timeout=30.0)
         if not result.get("restarted"):
             raise NotFound(str(result.get("reason")), actor=child)

@@ -55,36 +55,55 @@ class ReadVerbs:
                 "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
 
     @staticmethod
-    def _int_arg(cmd: AdminCommand, name: str, default: int) -> int:
-        try:
-            return int(cmd.args.get(name, default))
-        except (TypeError, ValueError):
-            raise InvalidMessage(f"args.{name} must be an integer", field=name) from None
+    def _int_arg(cmd: AdminCommand, name: str, default: int, low: int = 0,
+                 high: int | None = None) -> int:
+        """``args[name]``, an integer in ``[low, high]`` (``default`` when absent or nil);
+        anything else — a float, a string, a bool, a value out of range — is refused, not
+        coerced nor clamped."""
+        value = cmd.args.get(name)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidMessage(f"args.{name} must be an integer", field=name)
+        if value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
+            raise InvalidMessage(f"args.{name} must be {bounds}", field=name, value=value)
+        return value
+
+    @staticmethod
+    def _str_arg(cmd: AdminCommand, name: str, *, required: bool = False,
+                 max_length: int = 2000) -> str | None:
+        """``args[name]``, a str of 1 to ``max_length`` characters (None when absent or
+        nil, unless ``required``); anything else is refused."""
+        value = cmd.args.get(name)
+        if value is None and not required:
+            return None
+        if not isinstance(value, str) or not 1 <= len(value) <= max_length:
+            raise InvalidMessage(f"args.{name} must be a string of 1 to {max_length}"
+                                 " characters", field=name)
+        return value
 
     async def _history(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         rec = await self._task(tenant, cmd)
         after = self._int_arg(cmd, "after", 0)
-        limit = max(1, min(self._int_arg(cmd, "limit", 500), 5000))
+        limit = self._int_arg(cmd, "limit", 500, low=1, high=5000)
         events = (await self.store.events(rec.task_id, after))[:limit]
         return {"task_id": rec.task_id, "events": events,
                 "next_after": events[-1]["sequence"] if len(events) == limit else None}
 
     async def _list(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        limit = max(1, min(self._int_arg(cmd, "limit", 100), 1000))
-        for name in ("status", "workflow"):
-            if cmd.args.get(name) is not None and not isinstance(cmd.args[name], str):
-                raise InvalidMessage(f"args.{name} must be a string", field=name)
+        limit = self._int_arg(cmd, "limit", 100, low=1, high=1000)
+        status, workflow = self._str_arg(cmd, "status"), self._str_arg(cmd, "workflow")
         cursor_arg = cmd.args.get("cursor")
         try:
             if cursor_arg is not None:
-                float(str(cursor_arg).partition("/")[0])
-                if "/" not in str(cursor_arg):
+                if not isinstance(cursor_arg, str) or "/" not in cursor_arg:
                     raise ValueError
+                float(cursor_arg.partition("/")[0])
         except ValueError:
             raise InvalidMessage("args.cursor must be a cursor from a previous page") from None
         page, cursor = await self.store.list_tasks(
-            tenant, status=cmd.args.get("status"), workflow=cmd.args.get("workflow"),
-            limit=limit, cursor=cmd.args.get("cursor"))
+            tenant, status=status, workflow=workflow, limit=limit, cursor=cursor_arg)
         return {"tasks": page, "next_cursor": cursor}
 
     async def _handoff(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:

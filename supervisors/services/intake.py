@@ -6,7 +6,10 @@ so JetStream drops repeats within its window; the tenant prefix because that win
 stream and two tenants may use the same key). The Store's ``requests`` table is the lasting
 guard: same key and same request → the same task; same key and a different request → a
 typed CONFLICT, recorded and answered, no second task. A message that cannot be decoded or
-validated is dead-lettered with its error and acked; it never stops the node.
+validated is dead-lettered with its error and acked (its sender answered if a reply subject
+can be read from it); one whose handling keeps raising something unexpected is retried up
+to ``GIVE_UP_AFTER`` deliveries, then dead-lettered with the exception: it never stops the
+node, nor comes back for ever.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import NewTask
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.codec import canonical, decode_envelope, encode, parse_body
+from ratchet.protocol.codec import canonical, decode_envelope, encode, parse_body, reply_route
 from ratchet.protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
 from ratchet.protocol.ids import new_id, request_hash, task_id_for
 from ratchet.protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
@@ -39,6 +42,7 @@ from ratchet.protocol.subjects import (
     tenant_of,
 )
 from ratchet.supervisors.services.request_service import error_reply
+from ratchet.supervisors.services.routing import given_up
 
 __all__ = ["Acceptor", "IntakeActor"]
 
@@ -186,31 +190,37 @@ class IntakeActor(ServiceActor):
     async def _handle(self, msg: Msg) -> None:
         tenant = tenant_of(msg.subject)
         env: Envelope | None = None
-        reply: Reply | None = None
         try:
             env = decode_envelope(msg.data)
             accepted = await self.acceptor.accept(tenant, env)
-            reply = Reply(ok=True, correlation_id=env.correlation_id, result=accepted.model_dump())
+            result: TaskAccepted | RatchetError = accepted
         except RequestConflict as exc:
-            reply = error_reply(exc, env.correlation_id if env else None)
-        except RatchetError as exc:
-            if exc.retryable:
-                log.warning("intake will retry", error=repr(exc))
+            result = exc
+        except Exception as exc:
+            failure = exc if isinstance(exc, RatchetError) else given_up(msg, exc)
+            if failure is None or failure.retryable:
+                # Retryable RatchetErrors are the node's condition (its store unavailable,
+                # its queue full): retried for as long as it lasts. Anything unexpected is
+                # retried up to GIVE_UP_AFTER deliveries, then dead-lettered with it.
+                log.warning("intake will retry", error=repr(exc), subject=msg.subject)
                 await msg.nak(delay=redelivery_delay(msg))
                 return
             try:
-                await self.acceptor.dead_letter(msg.subject, msg.data, exc, tenant)
+                await self.acceptor.dead_letter(msg.subject, msg.data, failure, tenant)
             except Exception as store_exc:  # the store could not record it: let JetStream retry
                 log.error("dead-letter failed", error=repr(store_exc))
                 await msg.nak(delay=redelivery_delay(msg))
                 return
-            reply = error_reply(exc, env.correlation_id if env else None)
-        except Exception as exc:  # store or bug: keep the message for a retry, keep serving
-            log.error("intake failed; message will be redelivered", error=repr(exc))
-            await msg.nak(delay=redelivery_delay(msg))
-            return
-        if env is not None and env.reply_to and reply is not None:
-            await self._respond(env.reply_to, reply)
+            result = failure
+        # An envelope that failed validation still gets its typed error when its reply
+        # subject (and correlation id) can be read from the raw map.
+        reply_to, correlation_id = ((env.reply_to, env.correlation_id) if env is not None
+                                    else reply_route(msg.data))
+        if reply_to:
+            await self._respond(reply_to, error_reply(result, correlation_id)
+                                if isinstance(result, RatchetError) else
+                                Reply(ok=True, correlation_id=correlation_id,
+                                      result=result.model_dump()))
         await msg.ack()
 
     async def _respond(self, subject: str, reply: Reply) -> None:

@@ -2,7 +2,9 @@
 
 Each request runs in its own task (subscription callbacks run one at a time), bounded by
 ``max_in_flight``. Every answer is a :class:`Reply`: ``{ok: true, result}`` or ``{ok: false,
-error: {code, message, retryable, details}}``. One bad request never stops the service.
+error: {code, message, retryable, details}}``, with the request's correlation id (salvaged
+from the raw map when the envelope does not validate). An invalid tenant or verb token is
+INVALID_ARGUMENT. One bad request never stops the service.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from nats.errors import MaxPayloadError
 
 from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.transport.bus import Bus
-from ratchet.protocol.codec import decode_envelope, encode
+from ratchet.protocol.codec import decode_envelope, encode, reply_route
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.messages import Envelope, Reply
-from ratchet.protocol.subjects import request_route
+from ratchet.protocol.subjects import check_token, request_route
 
 __all__ = ["Forwarded", "Ready", "RequestService", "error_reply"]
 
@@ -30,6 +32,12 @@ log = structlog.get_logger("ratchet.requests")
 
 def error_reply(exc: RatchetError, correlation_id: str | None) -> Reply:
     return Reply(ok=False, correlation_id=correlation_id, error=exc.to_wire())  # type: ignore[arg-type]
+
+
+def _correlation_id(env: Envelope | None, msg: Msg) -> str | None:
+    """The request's correlation id: the envelope's, or salvaged from a raw map that did
+    not validate (None if there is none to read)."""
+    return env.correlation_id if env is not None else reply_route(msg.data)[1]
 
 
 class Forwarded(Exception):
@@ -113,17 +121,20 @@ class RequestService(ServiceActor):
         env: Envelope | None = None
         try:
             env = decode_envelope(msg.data)
+            check_token(tenant, "tenant")
+            check_token(verb, "verb")
             result = await self.answer(tenant, verb, env, msg)
             reply = Reply(ok=True, correlation_id=env.correlation_id, result=result)
         except Forwarded:
             return
         except RatchetError as exc:
             await self.on_error(msg, tenant, exc)
-            reply = error_reply(exc, env.correlation_id if env else None)
+            reply = error_reply(exc, _correlation_id(env, msg))
         except Exception as exc:  # never let one request stop the service
+            # Core NATS: nothing is redelivered; the requester gets INTERNAL and may retry.
             log.error("request failed", subject=msg.subject, error=repr(exc))
             reply = error_reply(RatchetError(f"internal error: {type(exc).__name__}"),
-                                env.correlation_id if env else None)
+                                _correlation_id(env, msg))
         if msg.reply:
             try:
                 await msg.respond(encode(reply))

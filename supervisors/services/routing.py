@@ -4,8 +4,9 @@ message to its task's actor, and settling a message that could not be delivered.
 A message is acked only once its effect is committed (the actor answered). Failures:
 mail for a finished task is acked and dropped; a retryable error is NAK'ed with a delay
 that doubles per delivery; anything else that names a real problem with the message is
-dead-lettered with its error and acked; an unexpected error is NAK'ed for a retry — one bad
-message never stops a router.
+dead-lettered with its error and acked; an unexpected error is NAK'ed for a retry, and
+dead-lettered with the exception at its :data:`GIVE_UP_AFTER`-th delivery — one bad message
+never stops a router, nor comes back for ever.
 """
 
 from __future__ import annotations
@@ -24,15 +25,24 @@ from ratchet.persistence.ports import TaskRecord, TaskStore
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import decode_envelope
-from ratchet.protocol.errors import ActorCrashed, InvalidMessage, RatchetError, TaskFinished
+from ratchet.protocol.errors import (
+    ActorCrashed,
+    HandlingFailed,
+    InvalidMessage,
+    RatchetError,
+    TaskFinished,
+)
 from ratchet.protocol.messages import Envelope
 from ratchet.supervisors.supervision.tasks import TaskSupervision
 
-__all__ = ["TaskRouter", "Target", "deliver", "deliveries", "settle_failure",
-           "POISON_AFTER"]
+__all__ = ["TaskRouter", "Target", "deliver", "deliveries", "settle_failure", "given_up",
+           "POISON_AFTER", "GIVE_UP_AFTER"]
 
 #: Deliveries that crashed the receiving actor before a message counts as poison.
 POISON_AFTER = 2
+#: Deliveries that raised an unexpected (non-Ratchet) exception before a message is
+#: dead-lettered with it (the NAK delays before: 0.5 + 1 + 2 + 4 s). Intake uses it too.
+GIVE_UP_AFTER = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,9 +134,23 @@ async def deliver(tasks: TaskSupervision, task_id: str, env: Envelope, msg: Msg,
     return await ref.ask(DeliverMail(env), timeout=60.0, correlation_id=env.correlation_id)
 
 
+def given_up(msg: Msg, exc: Exception) -> HandlingFailed | None:
+    """The error to dead-letter ``msg`` with when ``exc`` is unexpected (not a
+    RatchetError) and the message has had :data:`GIVE_UP_AFTER` deliveries; else None."""
+    if isinstance(exc, RatchetError) or deliveries(msg) < GIVE_UP_AFTER:
+        return None
+    return HandlingFailed(f"handling failed on {deliveries(msg)} deliveries: {exc!r}"[:2000],
+                          subject=msg.subject, exception=type(exc).__name__)
+
+
 async def settle_failure(msg: Msg, exc: Exception, *, store: TaskStore, clock: Clock, dlq: str,
                          log: Any) -> None:
-    """Ack, NAK or dead-letter a message whose delivery raised ``exc``."""
+    """Ack, NAK or dead-letter a message whose delivery raised ``exc``.
+
+    Retryable RatchetErrors (the store or the task actor unavailable, a lease moving) are
+    the node's condition, not the message's: they are NAK'ed for as long as it lasts.
+    Anything unexpected is NAK'ed up to :data:`GIVE_UP_AFTER` deliveries, then
+    dead-lettered with the exception."""
     if isinstance(exc, TaskFinished):
         await msg.ack()
         return
@@ -138,6 +162,7 @@ async def settle_failure(msg: Msg, exc: Exception, *, store: TaskStore, clock: C
         # failure. Dead-letter it before it uses up the task's restart intensity.
         exc = InvalidMessage(f"message crashed its actor {POISON_AFTER} times: "
                              f"{exc.__cause__!r}", subject=msg.subject)
+    exc = given_up(msg, exc) or exc
     if isinstance(exc, RatchetError) and not exc.retryable:
         log.warning("message dead-lettered", subject=msg.subject, error=exc.message)
         try:
