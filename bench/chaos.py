@@ -24,7 +24,7 @@ import sqlite3
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.faults import Fault, FaultBed, fault_summary
 from bench.nodes import Cluster, StoreView
 from bench.steps import NodeProc
 from ratchet.protocol.ids import task_id_for
@@ -43,6 +44,10 @@ from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random")
 PARKED = {"task.unknown", "task.handoff"}
 TERMINAL = {"task.succeeded", "task.failed", "task.cancelled"}
+#: What to do once a run's task is done (repairs that can wait, the audit of the probes).
+Settle = Callable[[], Awaitable[dict[str, Any]]]
+#: Strikes a fault (kind, task id, run); returns its Settle, if any.
+Strike = Callable[[str, str, int], Awaitable[Settle | None]]
 
 
 def _node(state_dir: Path, nats_url: str, finance_url: str) -> NodeProc:
@@ -110,20 +115,38 @@ def _kill_condition(point: str, event: ratchet.Event) -> bool:
     return False
 
 
-async def _one_run(run: int, rng: random.Random, kill: Callable[[str, int], None],
-                   client: ratchet.Client, finance: FinanceClient, db: Path) -> dict[str, Any]:
-    """One task, one kill: ``kill(task_id, run)`` SIGKILLs a node and has it replaced."""
+def _draw(rng: random.Random, kinds: tuple[str, ...] | None) -> tuple[bool, str, str]:
+    """(fail, kill point or moment, fault kind). Without ``kinds`` the draws of the plain
+    SIGKILL harness, unchanged, so its figures stay comparable; with them, the kind is
+    drawn first (``mid_compensation`` only for a failing task, which compensates) and a
+    fault other than a kill is struck at a moment drawn as a kill point is."""
     fail = rng.random() < 0.35
-    point = rng.choice(KILL_POINTS if fail else KILL_POINTS[:2] + KILL_POINTS[3:])
+    if kinds is None:
+        point = rng.choice(KILL_POINTS if fail else KILL_POINTS[:2] + KILL_POINTS[3:])
+        return fail, point, point
+    kind = rng.choice([k for k in kinds if fail or k != "mid_compensation"])
+    if kind in KILL_POINTS:
+        return fail, kind, kind
+    return fail, rng.choice(("before_call", "after_provider_commit", "random")), kind
+
+
+async def _one_run(run: int, rng: random.Random, strike: Strike,
+                   client: ratchet.Client, finance: FinanceClient, db: Path,
+                   kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """One task, one fault: ``strike(kind, task_id, run)`` strikes it (a SIGKILL: a node
+    killed and replaced) and returns what to do once the task is done (repairs that can
+    wait, the audit of the probes)."""
+    fail, point, kind = _draw(rng, kinds)
     report = f"chaos-{run}-{rng.randrange(10**9)}"
     task_id = await client.submit("expense.split", {
         "report_id": report, "employee": "e-1", "travel": 10 + run, "hotel": 20 + run,
         "fail_after_writes": fail}, key=report)
     killed = False
+    settle: Settle | None = None
     events: list[ratchet.Event] = []
 
     async def watch_and_kill() -> None:
-        nonlocal killed
+        nonlocal killed, settle
         deadline = time.monotonic() + rng.uniform(0.0, 0.4) if point == "random" else None
         async for event in client.watch(task_id, idle_timeout=30.0):
             events.append(event)
@@ -131,7 +154,7 @@ async def _one_run(run: int, rng: random.Random, kill: Callable[[str, int], None
                     deadline is not None and time.monotonic() >= deadline)):
                 if point == "after_provider_commit":
                     await asyncio.sleep(rng.uniform(0.01, 0.09))  # inside the 100 ms pause
-                kill(task_id, run)
+                settle = await strike(kind, task_id, run)
                 killed = True
             if event.type in TERMINAL | PARKED:
                 return
@@ -140,8 +163,9 @@ async def _one_run(run: int, rng: random.Random, kill: Callable[[str, int], None
         await asyncio.wait_for(watch_and_kill(), 60)
     except TimeoutError:
         pass
-    if not killed:  # the task ended before the kill point: kill anyway, it must stay done
-        kill(task_id, run)
+    if not killed:  # the task ended before the kill point: strike anyway, it must stay done
+        settle = await strike(kind, task_id, run)
+    after = await settle() if settle is not None else {}
     final = events[-1].type if events else None
     effects = finance.effects()
     keys = {k: effects.get(k, 0) for k in (
@@ -162,7 +186,7 @@ async def _one_run(run: int, rng: random.Random, kill: Callable[[str, int], None
         missing = refunds != claims  # every claim made was refunded
     sequences = [e.sequence for e in events]
     return {
-        "point": point, "fail": fail, "status": status, "final_event": final,
+        **after, "kind": kind, "point": point, "fail": fail, "status": status, "final_event": final,
         "lost": status is None or status not in ("SUCCEEDED", "FAILED", "UNKNOWN",
                                                  "WAITING_APPROVAL"),
         "handoff": status in ("UNKNOWN", "WAITING_APPROVAL") and handoffs > 0,
@@ -172,7 +196,10 @@ async def _one_run(run: int, rng: random.Random, kill: Callable[[str, int], None
     }
 
 
-async def run_chaos(runs: int, seed: int = 7, nodes: int = 1) -> dict[str, Any]:
+async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
+                    faults: bool = False) -> dict[str, Any]:
+    """``faults``: one node, each run drawing a SIGKILL point or one of the other fault
+    kinds (bench/faults.py); else SIGKILLs only, on ``nodes`` nodes."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="ratchet-chaos-") as tmp, \
             FinanceSimulatorProcess() as sim:
@@ -180,48 +207,26 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1) -> dict[str, Any]:
         server = EmbeddedNats(base / "nats")
         url = await server.start()
         finance = FinanceClient(sim.url)
-        node: NodeProc | None = None
-        cluster: Nodes | None = None
-        if nodes == 1:
-            node = _node(base / "node", url, sim.url)
-            node.start()
-            db = base / "node" / "ratchet.db"
-
-            def kill(task_id: str, run: int) -> None:
-                assert node is not None
-                node.kill()
-                node.start()
-        else:
-            # Its own generator: the runs draw the same kill points as with one node.
-            cluster = Nodes(Cluster(base, url, ("--writer", "thread"),
-                                    app="ratchet.testing.expense:app", log_level="error",
-                                    env={"RATCHET_FINANCE_URL": sim.url,
-                                         "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}),
-                            nodes, random.Random(seed + 1))
-            db = cluster.cluster.db
-            kill = cluster.kill_owner
-        client: ratchet.Client | None = None
+        bed = FaultBed(base, url, sim.url) if faults else None
+        harness = _Harness(base, url, sim.url, nodes, seed, bed)
         results = []
         try:
-            if cluster is not None:
-                await cluster.start()
-            client = await ratchet.Client.connect(url, "default")
+            client = await harness.start()
+            strike = harness.striker(client, finance)
+            kinds = KILL_POINTS + bed.kinds() if bed is not None else None
             for run in range(runs):
-                results.append(await _one_run(run, rng, kill, client, finance, db))
+                results.append(await _one_run(run, rng, strike, client, finance,
+                                              harness.db, kinds))
         finally:
-            if client is not None:
-                await client.close()
-            if node is not None:
-                node.stop()
-            if cluster is not None:
-                cluster.cluster.stop()
+            await harness.stop()
             await server.stop()
     kills: dict[str, int] = {}
     for r in results:
         kills[r["point"]] = kills.get(r["point"], 0) + 1
+    cluster = harness.cluster
     extra = {} if cluster is None else {"kills_of_task_owner": cluster.owner_kills,
                                         "fresh_id_replacements": cluster.fresh_ids}
-    return {
+    summary = {
         "nodes": nodes,
         "runs": len(results),
         "succeeded": sum(r["status"] == "SUCCEEDED" for r in results),
@@ -235,6 +240,71 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1) -> dict[str, Any]:
         "kill_points": kills,
         **extra,
     }
+    if bed is not None:
+        summary = fault_summary(summary, results, bed.skipped)
+    return summary
+
+
+class _Harness:
+    """The node(s) a run strikes: one node (SIGKILLs), a cluster (SIGKILLs of a task's
+    owner) or the fault bed (every kind)."""
+
+    def __init__(self, base: Path, url: str, finance_url: str, nodes: int, seed: int,
+                 bed: FaultBed | None) -> None:
+        self.bed = bed
+        self.node: NodeProc | None = None
+        self.cluster: Nodes | None = None
+        self.client: ratchet.Client | None = None
+        self.url = url
+        if bed is not None:
+            self.node, self.db = bed.node, bed.db
+        elif nodes == 1:
+            self.node = _node(base / "node", url, finance_url)
+            self.db = base / "node" / "ratchet.db"
+        else:
+            # Its own generator: the runs draw the same kill points as with one node.
+            self.cluster = Nodes(Cluster(base, url, ("--writer", "thread"),
+                                         app="ratchet.testing.expense:app", log_level="error",
+                                         env={"RATCHET_FINANCE_URL": finance_url,
+                                              "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}),
+                                 nodes, random.Random(seed + 1))
+            self.db = self.cluster.cluster.db
+
+    async def start(self) -> ratchet.Client:
+        if self.node is not None:
+            self.node.start()
+        if self.cluster is not None:
+            await self.cluster.start()
+        self.client = await ratchet.Client.connect(self.url, "default")
+        return self.client
+
+    def striker(self, client: ratchet.Client, finance: FinanceClient) -> Strike:
+        async def strike(kind: str, task_id: str, run: int) -> Settle | None:
+            if kind not in KILL_POINTS:
+                assert self.bed is not None
+                fault = Fault(kind, self.bed, client, finance, run)
+                await fault.strike(task_id, run)
+                return fault.settle
+            # A kill blocks the loop while the node restarts, as it always has.
+            if self.cluster is not None:
+                self.cluster.kill_owner(task_id, run)
+            else:
+                assert self.node is not None
+                self.node.kill()
+                self.node.start()
+            return None
+
+        return strike
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+        if self.bed is not None:
+            self.bed.close()
+        elif self.node is not None:
+            self.node.stop()
+        if self.cluster is not None:
+            self.cluster.cluster.stop()
 
 
 def main() -> None:
@@ -243,9 +313,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=1,
                         help="nodes sharing the store and NATS (each run kills one)")
+    parser.add_argument("--faults", choices=("kill", "all"), default="kill",
+                        help="all: each run draws a SIGKILL point or another fault kind"
+                             " (one node; bench/faults.py)")
     args = parser.parse_args()
+    if args.faults == "all" and args.nodes != 1:
+        parser.error("--faults all runs one node")
     configure_logging("error")
-    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes))))
+    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes,
+                                           faults=args.faults == "all"))))
 
 
 if __name__ == "__main__":
