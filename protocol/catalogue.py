@@ -65,6 +65,9 @@ class EventType(StrEnum):
     TASK_RECOVERY_STOPPED = "task.recovery_stopped"
     #: A step-boundary heartbeat, at most once per progress interval.
     TASK_PROGRESS = "task.progress"
+    #: About a node, not a task (``ratchet.events._system.<node_id>.>``): its wall clock
+    #: stepped by more than the threshold.
+    NODE_CLOCK_STEPPED = "node.clock_stepped"
     #: Terminal: the workflow reached END.
     TASK_SUCCEEDED = "task.succeeded"
     #: Terminal: the task failed (after its saga, if any).

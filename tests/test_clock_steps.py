@@ -10,6 +10,7 @@ from typing import Any
 import ratchet
 from ratchet.protocol.clock_guard import ClockGuard, ClockStep
 from ratchet.protocol.codec import encode
+from ratchet.protocol.events import decode_event
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import external_subject
 from ratchet.supervisors.services.timers import TimerService
@@ -136,3 +137,19 @@ async def test_clock_ack_releases_the_held_timers_at_once(
     again = await admin(client, "clock-ack", command_id="ack-2", tenant="_system",
                         principal=SYSTEM_OPERATOR, args={"node": node.config.node_id})
     assert again.result is not None and again.result["released_s"] == 0.0
+
+
+async def test_a_step_is_published_as_a_node_event(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(app, clock=clock, clock_step_hold=600.0)
+    sub = await client.nc.subscribe("ratchet.events._system.>")
+    clock.step(3600.0)
+    node.clock.now()  # whatever reads the clock first notices the step
+    msg = await sub.next_msg(timeout=10)
+    event = decode_event(msg.data)
+    assert msg.subject == f"ratchet.events._system.{node.config.node_id}.node.clock_stepped"
+    assert event.type == "node.clock_stepped" and event.task_id == node.config.node_id
+    assert event.payload["seconds"] == 3600.0 and event.payload["held_s"] == 3600.0
+    assert event.sequence == 1 and event.tenant == "_system"

@@ -32,6 +32,7 @@ from ratchet.supervisors.node.config import NodeConfig
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.node.held_leases import HeldLeases
 from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
+from ratchet.supervisors.node.node_events import NodeEvents
 from ratchet.supervisors.node.partitions import PartitionWork
 from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.api import ApiActor
@@ -72,6 +73,7 @@ class Node:
         # (which a test may move by hours); their expiry in the store is on the store's
         # time (persistence/leases.py), never on a node's wall clock.
         self.lease_clock = lease_clock or SystemClock()
+        self.events = NodeEvents(config.node_id, self.clock)
         self.system = ActorSystem(self.clock)
         self.store: StorePort | None = None
         self.bus: Bus | None = None
@@ -141,6 +143,7 @@ class Node:
             self.embedded = embedded
             self.url = await self.embedded.start()
         self.bus = bus = await Bus.connect(self.url, name=cfg.node_id)
+        self.events.attach(bus)
         await bus.ensure_streams(stream_configs(cfg.streams))
         return bus
 
@@ -295,6 +298,7 @@ class Node:
                   effect="timers and deadlines made due by the step wait until the clock has"
                          " been steady for the hold, or `ratchet admin clock-ack`"
                   if step.held else "nothing held (a backward step: timers fire late)")
+        self.events.clock_stepped(step)
 
     async def _reload_switches(self) -> None:
         # Another node may have flipped a kill switch: each node re-reads them every tick.
