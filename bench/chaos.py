@@ -12,6 +12,20 @@ moment. The node is restarted at once. Prints one JSON object (last line).
 
 With ``--nodes N`` (N > 1) N nodes share the store and NATS; each run kills the node that
 owns the task's partition at that moment and starts a replacement (see :class:`Nodes`).
+
+    python bench/chaos.py --faults all --runs 100
+
+With ``--faults`` (``all`` or a comma-separated list of kinds) the runs take turns over the
+kinds: the four kill points above, and the faults of bench/faults.py (the clock stepped
++1 h / -1 h, the database file deleted, the disk full, RATCHET_MAIL or RATCHET_SUBMIT
+purged), struck at a moment drawn as a kill point is, on one node. The task and the checks
+are those of a kill run. Probes submitted over the API while a fault lasts add
+``acked_then_lost``: probes the node answered OK that, after the repair (and the restart, if
+the node stopped), do not exist or do not settle (SUCCEEDED, FAILED, UNKNOWN,
+WAITING_APPROVAL) within 60 s. ``missing_effects`` counts tasks (probes included) that
+SUCCEEDED without each claim effective once at the provider, or FAILED with a claim not
+refunded. ``runs_by_fault`` says how many runs each kind got, ``faults_seen`` what each
+kind saw, ``skipped_faults`` the kinds that cannot run here and why.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
-from bench.faults import Fault, FaultBed, fault_summary
+from bench.faults import FAULT_KINDS, Fault, FaultBed, fault_summary
 from bench.nodes import Cluster, StoreView
 from bench.steps import NodeProc
 from ratchet.protocol.ids import task_id_for
@@ -42,6 +56,7 @@ from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 
 KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random")
+ALL_KINDS = KILL_POINTS + FAULT_KINDS
 PARKED = {"task.unknown", "task.handoff"}
 TERMINAL = {"task.succeeded", "task.failed", "task.cancelled"}
 #: What to do once a run's task is done (repairs that can wait, the audit of the probes).
@@ -115,16 +130,19 @@ def _kill_condition(point: str, event: ratchet.Event) -> bool:
     return False
 
 
-def _draw(rng: random.Random, kinds: tuple[str, ...] | None) -> tuple[bool, str, str]:
+def _draw(rng: random.Random, kinds: tuple[str, ...] | None,
+          run: int) -> tuple[bool, str, str]:
     """(fail, kill point or moment, fault kind). Without ``kinds`` the draws of the plain
-    SIGKILL harness, unchanged, so its figures stay comparable; with them, the kind is
-    drawn first (``mid_compensation`` only for a failing task, which compensates) and a
-    fault other than a kill is struck at a moment drawn as a kill point is."""
-    fail = rng.random() < 0.35
+    SIGKILL harness, unchanged, so its figures stay comparable. With them, the kinds take
+    turns (each gets its share of the runs, also in a short test), a ``mid_compensation``
+    kill gets a failing task (which compensates), and a fault other than a kill strikes at
+    a moment drawn as a kill point is."""
     if kinds is None:
+        fail = rng.random() < 0.35
         point = rng.choice(KILL_POINTS if fail else KILL_POINTS[:2] + KILL_POINTS[3:])
         return fail, point, point
-    kind = rng.choice([k for k in kinds if fail or k != "mid_compensation"])
+    kind = kinds[run % len(kinds)]
+    fail = kind == "mid_compensation" or rng.random() < 0.35
     if kind in KILL_POINTS:
         return fail, kind, kind
     return fail, rng.choice(("before_call", "after_provider_commit", "random")), kind
@@ -136,7 +154,7 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
     """One task, one fault: ``strike(kind, task_id, run)`` strikes it (a SIGKILL: a node
     killed and replaced) and returns what to do once the task is done (repairs that can
     wait, the audit of the probes)."""
-    fail, point, kind = _draw(rng, kinds)
+    fail, point, kind = _draw(rng, kinds, run)
     report = f"chaos-{run}-{rng.randrange(10**9)}"
     task_id = await client.submit("expense.split", {
         "report_id": report, "employee": "e-1", "travel": 10 + run, "hotel": 20 + run,
@@ -197,9 +215,13 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
 
 
 async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
-                    faults: bool = False) -> dict[str, Any]:
-    """``faults``: one node, each run drawing a SIGKILL point or one of the other fault
-    kinds (bench/faults.py); else SIGKILLs only, on ``nodes`` nodes."""
+                    faults: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """``faults``: the kinds each run draws from (kill points and bench/faults.py's
+    FAULT_KINDS; those that cannot run here are skipped), on one node; None: SIGKILLs
+    only, on ``nodes`` nodes, as the harness always did."""
+    unknown = set(faults or ()) - set(ALL_KINDS)
+    if unknown or (faults is not None and nodes != 1):
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}, or faults on several nodes")
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="ratchet-chaos-") as tmp, \
             FinanceSimulatorProcess() as sim:
@@ -207,13 +229,14 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
         server = EmbeddedNats(base / "nats")
         url = await server.start()
         finance = FinanceClient(sim.url)
-        bed = FaultBed(base, url, sim.url) if faults else None
+        bed = FaultBed(base, url, sim.url) if faults is not None else None
         harness = _Harness(base, url, sim.url, nodes, seed, bed)
         results = []
         try:
             client = await harness.start()
             strike = harness.striker(client, finance)
-            kinds = KILL_POINTS + bed.kinds() if bed is not None else None
+            kinds = None if bed is None or faults is None else tuple(
+                k for k in faults if k not in bed.skipped)
             for run in range(runs):
                 results.append(await _one_run(run, rng, strike, client, finance,
                                               harness.db, kinds))
@@ -313,15 +336,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=1,
                         help="nodes sharing the store and NATS (each run kills one)")
-    parser.add_argument("--faults", choices=("kill", "all"), default="kill",
-                        help="all: each run draws a SIGKILL point or another fault kind"
-                             " (one node; bench/faults.py)")
+    parser.add_argument("--faults", default=None, metavar="all|KIND,...",
+                        help="each run draws one of these fault kinds (all: "
+                             + ", ".join(ALL_KINDS) + "; one node; bench/faults.py)."
+                             " Default: the SIGKILL points, as before")
     args = parser.parse_args()
-    if args.faults == "all" and args.nodes != 1:
-        parser.error("--faults all runs one node")
+    faults = None if args.faults is None else ALL_KINDS if args.faults == "all" else tuple(
+        args.faults.split(","))
+    if faults is not None and (args.nodes != 1 or not set(faults) <= set(ALL_KINDS)):
+        parser.error(f"--faults takes kinds among {', '.join(ALL_KINDS)}, on one node")
     configure_logging("error")
-    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes,
-                                           faults=args.faults == "all"))))
+    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes, faults))))
 
 
 if __name__ == "__main__":

@@ -150,8 +150,8 @@ class Probes:
             await asyncio.sleep(0.05)  # pacing, as a client would
         return await job
 
-    async def audit(self, db: Path, finance: FinanceClient, timeout: float = 60.0) -> dict[
-            str, int]:
+    async def audit(self, db: Path, finance: FinanceClient,
+                    timeout: float = 60.0) -> dict[str, Any]:
         """Wait (bounded) for every acknowledged probe to settle; count the lost ones and
         their effects at the provider (a SUCCEEDED probe: each claim exactly once)."""
         deadline = asyncio.get_running_loop().time() + timeout
@@ -168,7 +168,8 @@ class Probes:
             lost += statuses.get(task_id) not in SETTLED
             double += any(c > 1 for c in claims)
             missing += statuses.get(task_id) == "SUCCEEDED" and claims != [1, 1]
-        return {"probes_acked": len(self.acked), "acked_then_lost": lost,
+        return {"probes_acked": len(self.acked), "probes_refused": self.refused,
+                "acked_then_lost": lost,
                 "probe_double": double, "probe_missing": missing}
 
 
@@ -303,6 +304,9 @@ def fault_summary(summary: dict[str, Any], results: list[dict[str, Any]],
         for key in ("probes_acked", "purged_messages", "clock_ack_released_s"):
             if key in r:
                 facts[key] = round(facts.get(key, 0) + r[key], 3)
+        for code, n in r.get("probes_refused", {}).items():
+            refused = facts.setdefault("probes_refused", {})
+            refused[code] = refused.get(code, 0) + n
         for key in ("exit_code", "db_put_back", "resumed"):
             if key in r:
                 counts = facts.setdefault(key, {})
@@ -311,6 +315,7 @@ def fault_summary(summary: dict[str, Any], results: list[dict[str, Any]],
             facts["steps_detected"] = facts.get("steps_detected", 0) + sum(
                 r["clock_steps_detected"])
             facts["steps_made"] = facts.get("steps_made", 0) + len(r["clock_steps_detected"])
+    moments = summary.pop("kill_points")  # here: the moment each fault (a kill too) struck
     return {
         **summary,
         "double_effects": summary["double_effects"] + sum(r["probe_double"] for r in faulted),
@@ -319,6 +324,7 @@ def fault_summary(summary: dict[str, Any], results: list[dict[str, Any]],
         "acked_then_lost": sum(r["acked_then_lost"] for r in faulted),
         "probes_acked": sum(r["probes_acked"] for r in faulted),
         "runs_by_fault": by_kind,
+        "strike_moments": moments,
         "faults_seen": seen,
         "skipped_faults": skipped,
     }
