@@ -7,11 +7,13 @@ import asyncio
 import ratchet
 from ratchet.protocol.codec import encode
 from ratchet.protocol.messages import Envelope, StartTask
-from ratchet.protocol.subjects import STREAM_DLQ, mail_subject
+from ratchet.protocol.subjects import STREAM_DLQ, STREAM_MAIL, mail_subject
 from ratchet.supervisors.services.recovery import RecoverySweeper
 from ratchet.supervisors.supervision.supervisor import StopChild
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, wait_terminal
+from tests.graph_apps import app as graph_app
+from tests.test_graph_flows import run_until
 
 
 async def test_racing_activations_of_one_task_share_one_actor(
@@ -141,3 +143,28 @@ async def test_an_event_too_large_for_nats_does_not_stall_other_tasks(
     small = await client.submit("three", {}, key="small")
     assert (await wait_terminal(client, small))[-1].type == "task.succeeded"
     assert node.store is not None and (await node.store.load_task(huge)).status == "SUCCEEDED"
+
+
+async def test_the_sweeper_finishes_a_join_whose_branch_done_mail_was_lost(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node(graph_app)
+    assert node.root is not None and node.tasks is not None and node.store is not None
+    task_id = await client.submit("fan.all", {"sleep": 0.3}, key="lost-branch-mail")
+    await run_until(client, task_id, {"fanout.started"})
+    await node.root.ask(StopChild("mail"), timeout=10)  # branch.done mail goes nowhere...
+    seen: list[str] = []
+
+    async def three_branches() -> None:
+        async for event in client.watch(task_id, follow_terminal=True):
+            seen.append(event.type)
+            if seen.count("branch.completed") == 3:
+                return
+
+    await asyncio.wait_for(three_branches(), 20.0)
+    assert "join.completed" not in seen
+    await client.js.purge_stream(STREAM_MAIL)  # ...and is lost
+    assert (await client.get(task_id)).status == "RUNNING"  # the join still waits
+    sweeper = RecoverySweeper(node.store, node.tasks, node.clock)
+    await sweeper.sweep()  # the join reads its completion set from the store
+    assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"

@@ -209,6 +209,10 @@ class ActorRef(Generic[A]):
             self._stopping = True
             try:
                 await self._actor.on_stop()
+            except asyncio.CancelledError:
+                # Killed while stopping (past its shutdown timeout): this is the end of the
+                # actor's own task either way; what matters now is to leave the directory.
+                log.warning("on_stop cancelled", actor=self.name)
             except Exception as exc:  # a failing on_stop must not hide the exit reason
                 log.error("on_stop raised", actor=self.name, error=repr(exc))
             self._fail_pending()
@@ -295,9 +299,8 @@ class ServiceActor(Actor):
         return await super().receive(message)
 
     async def on_stop(self) -> None:
-        if self._serve_task is not None and not self._serve_task.done():
-            self._serve_task.cancel()
-            await _unless_we_are_cancelled(self._serve_task)
+        if self._serve_task is not None:
+            await _cancel_until_done(self._serve_task, self.ref.name)
 
 
 class PeriodicService(ServiceActor):
@@ -324,3 +327,20 @@ async def _unless_we_are_cancelled(work: Awaitable[Any]) -> None:
         current = asyncio.current_task()
         if current is not None and current.cancelling():
             raise
+
+
+async def _cancel_until_done(task: asyncio.Task[None], name: str, patience: float = 10.0) -> None:
+    """Cancel ``task`` and wait for it, cancelling again while it goes on: on Python 3.11
+    ``asyncio.wait_for`` (inside nats-py's ``fetch``) can lose a cancellation that arrives
+    as its inner future completes, and a loop that lost it would run on, orphaned, and hold
+    NATS's drain at shutdown. Our own cancellation propagates (``asyncio.wait`` raises it)."""
+    deadline = asyncio.get_running_loop().time() + patience
+    while not task.done():
+        task.cancel()
+        await asyncio.wait({task}, timeout=0.1)
+        if asyncio.get_running_loop().time() >= deadline:
+            log.error("service loop ignores cancellation", actor=name)
+            return
+    if not task.cancelled() and task.exception() is not None:
+        log.debug("service loop ended with an error at stop", actor=name,
+                  error=repr(task.exception()))

@@ -117,6 +117,12 @@ class ResendVerdict:
 
 
 @dataclass(frozen=True, slots=True)
+class Recount:
+    """Read the completion set from the store again (the recovery sweeper's nudge: a
+    ``branch.done`` mail can be lost, the branch's row cannot)."""
+
+
+@dataclass(frozen=True, slots=True)
 class JoinDone:
     key: str
     node: str
@@ -265,6 +271,8 @@ class JoinActor(Actor):
             rows = await self._recount()
             self.timed_out = True
             await self._evaluate(rows)
+        elif isinstance(message, Recount):
+            await self._evaluate(await self._recount())
         elif isinstance(message, ResendVerdict):
             if self.verdict is not None:
                 self.tell_task(self.task_id, self.verdict)

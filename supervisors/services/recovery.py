@@ -12,9 +12,14 @@ from __future__ import annotations
 import structlog
 
 from ratchet.actors.core.actor import PeriodicService
+from ratchet.actors.task.fanout import Recount
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
-from ratchet.supervisors.supervision.tasks import TaskSupervision, task_supervisor_name
+from ratchet.supervisors.supervision.tasks import (
+    TASKS_ROOT,
+    TaskSupervision,
+    task_supervisor_name,
+)
 
 __all__ = ["RecoverySweeper"]
 
@@ -52,4 +57,12 @@ class RecoverySweeper(PeriodicService):
         self._suspects = idle
         if activated:
             log.warning("recovered idle unfinished tasks", count=activated)
+        self._recount_joins()
         return activated
+
+    def _recount_joins(self) -> None:
+        """A live task waiting at a join is not idle, but the ``branch.done`` mail it waits
+        for may be lost: every live join reads its completion set from the store again."""
+        for ref in self.tasks.system.live_refs(f"{TASKS_ROOT}/"):
+            if "/join:" in ref.name:
+                ref.tell(Recount())
