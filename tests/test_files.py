@@ -89,9 +89,17 @@ class _LoggedNode(NodeProcess):
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    disk = tmp_path / "disk"
+    yield from _tmpfs(tmp_path / "disk", "8m")
+
+
+@pytest.fixture
+def disk_64m(tmp_path: Path) -> Iterator[Path]:
+    yield from _tmpfs(tmp_path / "disk", "64m")
+
+
+def _tmpfs(disk: Path, size: str) -> Iterator[Path]:
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)],
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(disk)],
                              capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
@@ -155,6 +163,37 @@ async def test_a_full_disk_under_the_log_and_the_store_refuses_work_and_resumes_
         await asyncio.to_thread(node.start)
         for task_id in acked:
             assert (await client.get(task_id)).status == "SUCCEEDED"
+        assert await asyncio.to_thread(node.interrupt) == 0
+    finally:
+        if node.proc.poll() is None:
+            node.proc.kill()
+            node.proc.wait()
+
+
+async def test_a_stop_on_a_full_disk_keeps_a_multi_mb_wal_whole(
+    nats_url: str, client: ratchet.Client, disk_64m: Path,
+) -> None:
+    """The closing checkpoint cannot run on a full disk: the WAL (several MB of committed
+    work not yet in the database file) must stay whole and be replayed by the next start."""
+    node = _LoggedNode(disk_64m / "node", nats_url, disk_64m / "node.log")
+    await asyncio.to_thread(node.start)
+    assert node.proc is not None
+    try:
+        pad = "x" * 100_000
+        acked = [(await client.submit_sync("three", {"pad": pad}, f"w-{i}"))["task_id"]
+                 for i in range(40)]
+        for task_id in acked:
+            assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+        wal = disk_64m / "node" / "ratchet.db-wal"
+        assert wal.stat().st_size > 2 * 1024 * 1024, wal.stat().st_size
+        filler = disk_64m / "filler"
+        await asyncio.to_thread(_fill, filler)
+        assert await asyncio.to_thread(node.interrupt) == 0
+        filler.unlink()
+        await asyncio.to_thread(node.start)
+        for task_id in acked:
+            snapshot = await client.get(task_id)
+            assert snapshot.status == "SUCCEEDED", (task_id, snapshot.status)
         assert await asyncio.to_thread(node.interrupt) == 0
     finally:
         if node.proc.poll() is None:
