@@ -145,6 +145,7 @@ async def test_a_step_is_published_as_a_node_event(
     clock = ratchet.FakeClock()
     node = await start_node(app, clock=clock, clock_step_hold=600.0)
     sub = await client.nc.subscribe("ratchet.events._system.>")
+    await client.nc.flush()  # the server has the subscription before the node publishes
     clock.step(3600.0)
     node.clock.now()  # whatever reads the clock first notices the step
     msg = await sub.next_msg(timeout=10)
