@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import ratchet
+from bench.faults import fill
 from ratchet.protocol.errors import RemoteError
 from tests.conftest import ROOT, NodeProcess, wait_terminal
 
@@ -109,18 +110,6 @@ def _tmpfs(disk: Path, size: str) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
-def _fill(path: Path) -> None:
-    """Write zeros until the disk refuses (unbuffered, so nothing is left to flush)."""
-    with open(path, "wb", buffering=0) as fh:
-        for size in (1 << 20, 1 << 16, 1 << 12, 1 << 9):
-            chunk = bytes(size)
-            try:
-                while fh.write(chunk):
-                    pass
-            except OSError:
-                continue
-
-
 async def _submit_until_ok(client: ratchet.Client, key: str, seconds: float) -> str:
     deadline = asyncio.get_running_loop().time() + seconds
     while True:
@@ -144,7 +133,7 @@ async def test_a_full_disk_under_the_log_and_the_store_refuses_work_and_resumes_
             assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
 
         filler = small_disk / "filler"
-        await asyncio.to_thread(_fill, filler)
+        await asyncio.to_thread(fill, filler)
         # The node keeps answering: retry later, never silence. A few submits may still fit
         # in WAL pages the file already holds (they are durable, and kept below); once a
         # write needs a new block, every answer is UNAVAILABLE.
@@ -168,7 +157,7 @@ async def test_a_full_disk_under_the_log_and_the_store_refuses_work_and_resumes_
         acked.append(task_id)
 
         # A stop on a full disk leaves a store the next start opens whole.
-        await asyncio.to_thread(_fill, filler)
+        await asyncio.to_thread(fill, filler)
         assert await asyncio.to_thread(node.interrupt) == 0
         filler.unlink()
         await asyncio.to_thread(node.start)
@@ -199,7 +188,7 @@ async def test_a_stop_on_a_full_disk_keeps_a_multi_mb_wal_whole(
         wal = disk_64m / "node" / "ratchet.db-wal"
         assert wal.stat().st_size > 2 * 1024 * 1024, wal.stat().st_size
         filler = disk_64m / "filler"
-        await asyncio.to_thread(_fill, filler)
+        await asyncio.to_thread(fill, filler)
         assert await asyncio.to_thread(node.interrupt) == 0
         filler.unlink()
         await asyncio.to_thread(node.start)

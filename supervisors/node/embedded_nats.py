@@ -22,7 +22,7 @@ import structlog
 
 from ratchet.protocol.errors import Unavailable
 
-__all__ = ["EmbeddedNats", "find_nats_server", "free_port"]
+__all__ = ["EmbeddedNats", "find_nats_server", "free_port", "pid_alive"]
 
 log = structlog.get_logger("ratchet.nats")
 
@@ -54,7 +54,8 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         pass
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one we may not signal counts too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -102,20 +103,20 @@ class EmbeddedNats:
             url = self.url_file.read_text().strip()
         except (OSError, ValueError):
             return None
-        return url if url and _alive(pid) and _is_nats_server(pid) else None
+        return url if url and pid_alive(pid) and _is_nats_server(pid) else None
 
     async def _stop_stale(self) -> None:
         try:
             pid = int(self.pid_file.read_text().strip())
         except (OSError, ValueError):
             return
-        if not _alive(pid) or not _is_nats_server(pid):
+        if not pid_alive(pid) or not _is_nats_server(pid):
             return  # gone, or the pid now belongs to another program: leave it alone
         log.warning("stopping stale embedded nats-server", pid=pid)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGTERM)
         for _ in range(100):
-            if not _alive(pid):
+            if not pid_alive(pid):
                 return
             await asyncio.sleep(0.05)  # bounded wait for a process we do not own
         with contextlib.suppress(ProcessLookupError):

@@ -39,6 +39,7 @@ from ratchet.persistence.ports import LeaseStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.subjects import partition_of
+from ratchet.supervisors.node.embedded_nats import pid_alive
 from ratchet.supervisors.node.held_leases import HeldLeases
 
 __all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings"]
@@ -81,15 +82,7 @@ class LeaseHooks:
 
 
 def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int):
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return isinstance(pid, int) and pid_alive(pid)
 
 
 class LeaseManager(ServiceActor):
