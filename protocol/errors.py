@@ -15,44 +15,15 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
-    "ErrorCode",
-    "RatchetError",
-    "InvalidMessage",
-    "IllegalTransition",
-    "RequestConflict",
-    "VersionConflict",
-    "BudgetExhausted",
-    "NotFound",
-    "UnknownWorkflow",
-    "Unavailable",
-    "StoreUnavailable",
-    "StoreFileLost",
-    "ToolError",
-    "ToolInvalidArgument",
-    "ToolPermissionDenied",
-    "ToolConflict",
-    "ToolRateLimited",
-    "ToolTransient",
-    "ToolOutcomeUnknown",
-    "ToolDeadlineExceeded",
-    "WorkflowDefinitionError",
-    "ToolDefinitionError",
-    "DuplicateMessage",
-    "ActionKeyTaken",
-    "Fenced",
-    "PartitionCountMismatch",
-    "ActorCrashed",
-    "ActorStopped",
-    "AskTimeout",
-    "ActionFailed",
-    "LoopDetected",
-    "RemoteError",
-    "Escalation",
-    "NotOwner",
-    "TaskFinished",
-    "PermissionDenied",
-    "CommandConflict",
-    "InvalidStateValue",
+    "ErrorCode", "RatchetError", "InvalidMessage", "IllegalTransition", "RequestConflict",
+    "VersionConflict", "BudgetExhausted", "NotFound", "UnknownWorkflow", "Unavailable",
+    "StoreUnavailable", "StoreFileLost", "ToolError", "ToolInvalidArgument",
+    "ToolPermissionDenied", "ToolConflict", "ToolRateLimited", "ToolTransient",
+    "ToolOutcomeUnknown", "ToolDeadlineExceeded", "WorkflowDefinitionError",
+    "ToolDefinitionError", "DuplicateMessage", "ActionKeyTaken", "Fenced",
+    "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
+    "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
+    "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed",
 ]
 
@@ -72,6 +43,7 @@ class ErrorCode(StrEnum):
     FENCED = "FENCED"
     INVALID_DEFINITION = "INVALID_DEFINITION"
     INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
+    UNAUTHENTICATED = "UNAUTHENTICATED"
 
 
 class RatchetError(Exception):
@@ -164,6 +136,13 @@ class VersionConflict(RatchetError):
 
     code = ErrorCode.CONFLICT
     default_retryable = True
+
+
+class Unauthenticated(RatchetError):
+    """A request that must be signed (docs/security.md) is not, or its signature, key,
+    time or replay check failed. Nothing was done."""
+
+    code = ErrorCode.UNAUTHENTICATED
 
 
 class NotFound(RatchetError):
