@@ -2,7 +2,14 @@
 ports (``ports``): the store interfaces the upper layers depend on, which SQLite implements."""
 
 from ratchet.persistence.checkpoints import BLOB_THRESHOLD, StateDelta, StateTracker
-from ratchet.persistence.ports import AdminStore, LeaseStore, OutboxStore, StorePort, TaskStore
+from ratchet.persistence.ports import (
+    AdminStore,
+    KeyringStore,
+    LeaseStore,
+    OutboxStore,
+    StorePort,
+    TaskStore,
+)
 from ratchet.persistence.store import LoadedState, Store, TaskRecord
 from ratchet.persistence.txns import (
     AcceptResult,
@@ -15,6 +22,7 @@ from ratchet.persistence.txns import (
 
 __all__ = [
     "AdminStore",
+    "KeyringStore",
     "LeaseStore",
     "OutboxStore",
     "StorePort",

@@ -37,10 +37,12 @@ from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
+from ratchet.protocol.auth import Principal
 from ratchet.protocol.messages import TaskSnapshot
 
 __all__ = [
     "AdminStore",
+    "KeyringStore",
     "Fence",
     "LeaseStore",
     "LoadedState",
@@ -286,7 +288,30 @@ class LeaseStore(Protocol):
 
 
 @runtime_checkable
-class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, Protocol):
+class KeyringStore(Protocol):
+    """The keyring (docs/security.md): public keys → principals, changed only with an
+    audit entry in the same transaction; and secrets the cluster's nodes share."""
+
+    async def principals(self) -> list[Principal]:
+        """Every key not revoked (expired ones too: callers check expiry)."""
+        ...
+
+    async def grant_principal(self, who: Principal, at: float, audit: AuditEntry) -> bool:
+        """Add or change a key; False (and no audit entry) if it is granted exactly so."""
+        ...
+
+    async def revoke_principal(self, tenant: str, name: str, at: float,
+                               audit: AuditEntry) -> int:
+        """Revoke every key of the name; how many were live."""
+        ...
+
+    async def cluster_secret(self, name: str) -> bytes:
+        """A random 32-byte secret shared by every node of this store (created once)."""
+        ...
+
+
+@runtime_checkable
+class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

@@ -15,6 +15,7 @@ from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
 from ratchet.persistence.file_watch import put_back
+from ratchet.persistence.keyring import KeyringRows
 from ratchet.persistence.leases import (
     HostLeaseClock,
     LeaseClock,
@@ -69,7 +70,7 @@ def _record(row: tuple[Any, ...]) -> TaskRecord:
     )
 
 
-class Store(RowReads, AdminRows, LeaseRows):
+class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:

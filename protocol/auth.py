@@ -40,6 +40,7 @@ __all__ = [
     "ReplayGuard",
     "Signer",
     "check_public_key",
+    "inbox_prefix",
     "new_seed",
     "read_key_file",
     "required_role",
@@ -65,9 +66,10 @@ _SERVICE_ROLES = {"api": "producer", "decisions": "approver", "external": "confi
 
 def required_role(service: str, verb: str) -> str:
     """The role a request on ``ratchet.<service>.<tenant>[.<verb>]`` needs."""
-    if service == "admin":
-        return VERB_ROLES[verb]
-    return _SERVICE_ROLES[service]
+    role = VERB_ROLES.get(verb) if service == "admin" else _SERVICE_ROLES.get(service)
+    if role is None:
+        raise InvalidMessage(f"unknown verb {verb!r} of {service!r}", verb=verb)
+    return role
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,13 @@ class Principal:
     @property
     def inbox_prefix(self) -> str:
         """Replies to this principal go under it, and nowhere else (docs/security.md)."""
-        return f"_INBOX.{self.tenant}.{self.name}"
+        return inbox_prefix(self.public_key)
+
+
+def inbox_prefix(public_key: str) -> str:
+    """The reply subjects of the holder of ``public_key``: ``_INBOX.<key>.>``, which NATS
+    lets only that holder subscribe to and the node replies under alone."""
+    return f"_INBOX.{public_key}"
 
 
 def signing_bytes(subject: str, issued_ms: int, data: bytes) -> bytes:

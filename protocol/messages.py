@@ -138,15 +138,16 @@ class ApprovalDecision(BaseModel):
     task_id: str = Field(min_length=1, max_length=128)
     approval_id: str = Field(min_length=1, max_length=128)
     decision: Literal["approve", "reject"]
-    decided_by: str = Field(min_length=1, max_length=200)
+    #: Ignored on the wire: the node records the verified signer (docs/security.md).
+    decided_by: str | None = Field(default=None, max_length=200)
     reason: str | None = Field(default=None, max_length=2000)
     request_hash: str | None = None
 
 
 class Principal(BaseModel):
-    """Who sends an admin command, and the roles a deployment granted them (see
-    docs/operations.md: NATS user permissions decide who may publish on a tenant's admin
-    subjects at all; the runtime checks the role each verb needs)."""
+    """A display name a client may put in an admin command. It decides nothing: who acts,
+    and with which roles, comes from the command's signature and the node's keyring
+    (docs/security.md); the node overwrites it with the verified principal's name."""
 
     model_config = _STRICT
 
@@ -164,7 +165,7 @@ class AdminCommand(BaseModel):
     model_config = _STRICT
 
     command_id: str = Field(min_length=1, max_length=128)
-    principal: Principal
+    principal: Principal | None = None
     task_id: str | None = Field(default=None, max_length=128)
     args: dict[str, Any] = Field(default_factory=dict)
     expected_version: int | None = Field(default=None, ge=1)

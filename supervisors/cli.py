@@ -29,6 +29,7 @@ from ratchet.protocol.errors import (
     WorkflowDefinitionError,
 )
 from ratchet.protocol.ids import new_id
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.log_output import BestEffortLoggerFactory, log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
 
@@ -61,6 +62,19 @@ def _nats_url(args: argparse.Namespace) -> str:
     if url_file.exists():
         return url_file.read_text().strip()
     raise SystemExit(f"no NATS URL: pass --nats-url, or run `ratchet serve` (no {url_file})")
+
+
+def _creds(args: argparse.Namespace) -> Path | None:
+    """The key to sign with: --creds, $RATCHET_CREDS, or this state dir's admin key."""
+    given = args.creds or os.environ.get("RATCHET_CREDS")
+    if given:
+        return Path(given)
+    local = admin_key_path(Path(args.state_dir))
+    return local if local.exists() else None
+
+
+async def _connect(args: argparse.Namespace, tenant: str) -> Client:
+    return await Client.connect(_nats_url(args), tenant, creds=_creds(args))
 
 
 def _print(obj: Any) -> None:
@@ -133,7 +147,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 async def _submit(args: argparse.Namespace) -> int:
-    client = await Client.connect(_nats_url(args), args.tenant)
+    client = await _connect(args, args.tenant)
     try:
         data = json.loads(args.input)
         if not isinstance(data, dict):
@@ -149,7 +163,7 @@ async def _submit(args: argparse.Namespace) -> int:
 
 
 async def _watch(args: argparse.Namespace) -> int:
-    client = await Client.connect(_nats_url(args), args.tenant)
+    client = await _connect(args, args.tenant)
     code = 0
     try:
         async for event in client.watch(args.task_id, after=args.after,
@@ -163,7 +177,7 @@ async def _watch(args: argparse.Namespace) -> int:
 
 
 async def _status(args: argparse.Namespace) -> int:
-    client = await Client.connect(_nats_url(args), args.tenant)
+    client = await _connect(args, args.tenant)
     try:
         _print((await client.get(args.task_id)).model_dump())
     finally:
@@ -188,7 +202,7 @@ def _graph(args: argparse.Namespace) -> int:
 
 async def _admin(args: argparse.Namespace) -> int:
     cluster = args.verb in CLUSTER_VERBS  # about nodes: the system tenant's subject
-    client = await Client.connect(_nats_url(args), SYSTEM_TENANT if cluster else args.tenant)
+    client = await _connect(args, SYSTEM_TENANT if cluster else args.tenant)
     if cluster and args.task_id:
         args.arg.append(f"node={args.task_id}")
         args.task_id = None
@@ -199,10 +213,8 @@ async def _admin(args: argparse.Namespace) -> int:
         for item in args.arg:
             key, _, value = item.partition("=")
             verb_args[key] = int(value) if value.isdigit() else value
-        body = {"command_id": args.command_id or new_id("cmd"),
-                "principal": {"name": args.principal,
-                              "roles": [r for r in args.roles.split(",") if r]},
-                "task_id": args.task_id, "args": verb_args}
+        body = {"command_id": args.command_id or new_id("cmd"), "task_id": args.task_id,
+                "args": verb_args}
         if args.expected_version is not None:
             body["expected_version"] = args.expected_version
         _print(await client.request_admin(args.verb, body))
@@ -265,6 +277,9 @@ def _parser() -> argparse.ArgumentParser:
     def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
         sp.add_argument("--nats-url", default=None)
         sp.add_argument("--tenant", default="default")
+        sp.add_argument("--creds", default=None,
+                        help="key file to sign with (default: $RATCHET_CREDS, else the"
+                             " state dir's keys/local-admin.nk)")
         return sp
 
     _serve_flags(sub.add_parser("serve", help="run a node in the foreground"))
@@ -288,8 +303,6 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("verb", choices=list(VERB_ROLES))
     s.add_argument("task_id", nargs="?", default=None,
                    help="the task (for drain, undrain and clock-ack: the node id)")
-    s.add_argument("--as", dest="principal", default=os.environ.get("USER", "operator"))
-    s.add_argument("--roles", default="viewer", help="comma-separated: viewer,operator,approver")
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                    help="verb arguments, e.g. --arg after=5 --arg status=RUNNING")
     s.add_argument("--command-id", default=None, help="repeat one to get its first answer")

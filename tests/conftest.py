@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import ratchet
+from ratchet.supervisors.node.credentials import admin_key_path, ensure_key
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from tests.apps import RUNS, app
 
@@ -59,9 +60,17 @@ async def start_node(tmp_path: Path, nats_url: str) -> AsyncIterator[NodeFactory
         await node.stop()
 
 
+def node_key(tmp_path: Path) -> Path:
+    """The admin key of the ``start_node`` fixture's state dir (created here if the node
+    has not started yet; the node grants it at start): every role in every tenant."""
+    path = admin_key_path(tmp_path / "node")
+    ensure_key(path)
+    return path
+
+
 @pytest.fixture
-async def client(nats_url: str) -> AsyncIterator[ratchet.Client]:
-    c = await ratchet.Client.connect(nats_url, tenant="acme")
+async def client(nats_url: str, tmp_path: Path) -> AsyncIterator[ratchet.Client]:
+    c = await ratchet.Client.connect(nats_url, tenant="acme", creds=node_key(tmp_path))
     yield c
     await c.close()
 

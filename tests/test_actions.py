@@ -270,7 +270,7 @@ async def test_an_accepted_action_waits_for_its_confirmation(
     env = Envelope(type="external.resolved", message_id="conf-1", correlation_id="conf-1",
                    body={"correlation_id": CLAIM_KEY, "outcome": "completed",
                          "result": confirmed})
-    await client.js.publish(external_subject("acme"), encode(env))
+    await client.publish_signed(external_subject("acme"), encode(env))
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert "action.confirmed" in types(events)
@@ -491,7 +491,7 @@ async def test_an_agent_whose_write_is_accepted_parks_and_resumes_without_asking
     env = Envelope(type="external.resolved", message_id="c-ag1", correlation_id="c-ag1",
                    body={"correlation_id": "claim:ag1:all:submit", "outcome": "completed",
                          "result": confirmed})
-    await client.js.publish(external_subject("acme"), encode(env))
+    await client.publish_signed(external_subject("acme"), encode(env))
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"  # max_visits=1: three turns are one visit
     assert model.calls == 2  # the parked turn was not asked again

@@ -11,6 +11,7 @@ import ratchet
 from ratchet.protocol.codec import encode
 from ratchet.protocol.messages import Envelope, Reply
 from tests.conftest import NodeFactory, wait_terminal
+from tests.keys import client_as
 
 VIEWER = {"name": "vic", "roles": ["viewer"]}
 
@@ -20,7 +21,9 @@ async def admin(client: ratchet.Client, verb: str, *, command_id: str,
                 **body: Any) -> Reply:
     env = Envelope(type=f"admin.{verb}", message_id=command_id, correlation_id=command_id,
                    body={"command_id": command_id, "principal": principal or VIEWER, **body})
-    msg = await client.nc.request(f"ratchet.admin.{tenant}.{verb}", encode(env), timeout=10)
+    subject, data = f"ratchet.admin.{tenant}.{verb}", encode(env)
+    msg = await client.nc.request(subject, data, timeout=10,
+                                  headers=client.sign(subject, data) or None)
     return Reply.model_validate(msgpack.unpackb(msg.data))
 
 
@@ -49,14 +52,20 @@ async def test_get_history_and_list_answer_for_the_tenants_tasks(
 
 
 async def test_another_tenants_task_is_not_found_and_roles_are_checked(
-    client: ratchet.Client, done_task: str
+    start_node: NodeFactory, client: ratchet.Client, nats_url: str
 ) -> None:
+    node = await start_node()
+    done_task = await client.submit("three", {}, key="admin-1")
+    await wait_terminal(client, done_task)
     stranger = await admin(client, "get", command_id="c4", task_id=done_task, tenant="other")
     assert not stranger.ok and stranger.error is not None
     assert stranger.error.code == "NOT_FOUND"
-    nobody = await admin(client, "get", command_id="c5", task_id=done_task,
-                         principal={"name": "eve", "roles": []})
+    # The roles are the key's, never the payload's: claiming "viewer" gets nothing.
+    eve = await client_as(node, nats_url, "eve", "acme", roles=[])
+    nobody = await admin(eve, "get", command_id="c5", task_id=done_task,
+                         principal={"name": "eve", "roles": ["viewer", "operator"]})
     assert nobody.error is not None and nobody.error.code == "PERMISSION_DENIED"
+    await eve.close()
 
 
 async def test_a_repeated_command_id_returns_the_first_answer_and_a_reuse_conflicts(
@@ -113,7 +122,7 @@ async def test_cancel_interrupts_a_running_step_and_ends_cancelled_not_failed(
     types = [e.type for e in events]
     assert types[-1] == "task.cancelled" and "task.failed" not in types
     assert "step.interrupted" in types and "task.cancel_requested" in types
-    assert events[-1].payload["by"] == "olga" and events[-1].payload["reason"] == "wrong report"
+    assert events[-1].payload["by"] == "local-admin" and events[-1].payload["reason"] == "wrong report"
     assert (await client.get(task_id)).status == "CANCELLED"
     again = await admin(client, "cancel", command_id="k2", principal=OPERATOR, task_id=task_id)
     assert again.error is not None and again.error.code == "ILLEGAL_TRANSITION"
@@ -164,21 +173,29 @@ async def test_pause_takes_effect_at_a_step_boundary_and_resume_continues(
     assert all(RUNS[f"{task_id}:s{i}"] == 1 for i in range(10))
 
 
-async def test_a_viewer_cannot_cancel(client: ratchet.Client, done_task: str) -> None:
-    denied = await admin(client, "cancel", command_id="v1", task_id=done_task)
+async def test_a_viewer_cannot_cancel(start_node: NodeFactory, client: ratchet.Client,
+                                      nats_url: str) -> None:
+    node = await start_node()
+    task_id = await client.submit("three", {}, key="admin-1")
+    await wait_terminal(client, task_id)
+    vic = await client_as(node, nats_url, "vic", "acme", roles=["viewer"])
+    denied = await admin(vic, "cancel", command_id="v1", task_id=task_id, principal=OPERATOR)
     assert denied.error is not None and denied.error.code == "PERMISSION_DENIED"
+    assert (await admin(vic, "get", command_id="v2", task_id=task_id)).ok
+    await vic.close()
 
 
 APPROVER = {"name": "ann", "roles": ["approver"]}
 
 
 async def test_approvals_are_one_time_bound_to_the_request_and_expire(
-    start_node: NodeFactory, client: ratchet.Client
+    start_node: NodeFactory, client: ratchet.Client, nats_url: str
 ) -> None:
     from tests.graph_apps import app as graph_app
 
     clock = ratchet.FakeClock()
-    await start_node(graph_app, clock=clock)
+    node = await start_node(graph_app, clock=clock)
+    vic = await client_as(node, nats_url, "vic", "acme", roles=["viewer"])
     ids = []
     for key in ("a1", "a2"):
         task_id = await client.submit("approve", {"amount": 70}, key=key)
@@ -198,8 +215,9 @@ async def test_approvals_are_one_time_bound_to_the_request_and_expire(
                         args={"approval_id": p1["approval_id"]})
     assert twice.error is not None and twice.error.code == "ILLEGAL_TRANSITION"
     assert (await wait_terminal(client, t1))[-1].payload["output"] == {"paid": 70}
-    viewer = await admin(client, "approve", command_id="x4", task_id=t2,
+    viewer = await admin(vic, "approve", command_id="x4", task_id=t2, principal=APPROVER,
                          args={"approval_id": p2["approval_id"]})
+    await vic.close()
     assert viewer.error is not None and viewer.error.code == "PERMISSION_DENIED"
     clock.advance(3599.0)  # a second before its expiry: still valid
     late = await admin(client, "reject", command_id="x5", principal=APPROVER, task_id=t2,
@@ -400,8 +418,11 @@ async def test_a_command_id_still_running_is_not_run_twice_and_retryable_errors_
     from ratchet.protocol.ids import request_hash
     from ratchet.protocol.messages import AdminCommand
 
-    body = AdminCommand(command_id="busy-id", principal=VIEWER).model_dump()  # type: ignore[arg-type]
-    digest = request_hash(canonical({"verb": "list", "body": body}))
+    body = AdminCommand(command_id="busy-id",
+                        principal={"name": "local-admin"}).model_dump()  # type: ignore[arg-type]
+    assert client.signer is not None
+    digest = request_hash(canonical({"verb": "list", "body": body,
+                                     "key": client.signer.public_key}))
     state, _ = await node.store.claim_command("acme", "busy-id", "list", digest,
                                               node.clock.now())
     assert state == "new"  # as if a first request with this id were still running

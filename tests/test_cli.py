@@ -8,6 +8,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+from ratchet.protocol.auth import new_seed, write_key_file
 from tests.conftest import RATCHET_BIN, ROOT
 
 
@@ -87,12 +88,15 @@ def test_admin_verbs_are_wrapped_by_the_cli(tmp_path: Path) -> None:
     try:
         assert serve.stdout is not None
         json.loads(serve.stdout.readline())
-        listed = _ratchet(state, "admin", "list", "--as", "ops", "--roles", "operator")
+        # Signed with the state dir's local admin key, no flags needed.
+        listed = _ratchet(state, "admin", "list")
         assert listed.returncode == 0, listed.stderr
         assert json.loads(listed.stdout) == {"tasks": [], "next_cursor": None}
-        denied = _ratchet(state, "admin", "tree", "--roles", "")
+        stranger = tmp_path / "stranger.nk"
+        write_key_file(stranger, new_seed())  # a key the node never granted
+        denied = _ratchet(state, "admin", "tree", "--creds", str(stranger))
         assert denied.returncode == 2
-        assert json.loads(denied.stdout)["error"]["code"] == "PERMISSION_DENIED"
+        assert json.loads(denied.stdout)["error"]["code"] == "UNAUTHENTICATED"
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=30) == 0
     finally:

@@ -88,7 +88,7 @@ async def _ship(client: ratchet.Client, order: int) -> None:
                            correlation_id=f"ship-{order}",
                            body={"correlation_id": f"order-{order}", "outcome": "completed",
                                  "result": {"tracking": f"TRK-{order}"}})
-    await client.js.publish(external_subject("acme"), encode(env))
+    await client.publish_signed(external_subject("acme"), encode(env))
 
 
 async def test_a_forward_step_of_an_hour_fails_no_deadline_and_fires_no_timer_early(

@@ -232,7 +232,7 @@ async def test_a_task_recovered_too_often_goes_to_a_human_and_approve_resumes_it
     assert stopped.payload["node"] == "node-3"
     decided = next(e for e in events if e.type == "approval.decided")
     assert decided.payload["kind"] == "crash_loop" and decided.payload["decision"] == "approve"
-    assert decided.payload["decided_by"] == "ann"
+    assert decided.payload["decided_by"] == "local-admin"  # the key's, not the payload's
     steps = [f"s{i}" for i in range(20)] + ["finish"]
     assert all(RUNS[f"{task_id}:{s}"] == 1 for s in steps), RUNS  # committed: never again
 

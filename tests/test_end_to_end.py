@@ -13,6 +13,7 @@ from ratchet.protocol.messages import Reply
 from ratchet.protocol.subjects import STREAM_DLQ
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
+from tests.keys import client_as
 
 
 async def test_a_submitted_task_runs_to_succeeded_with_contiguous_events(
@@ -154,10 +155,10 @@ async def test_a_malformed_submission_is_dead_lettered_and_the_node_keeps_servin
 async def test_a_task_of_another_tenant_is_not_found(
     start_node: NodeFactory, client: ratchet.Client, nats_url: str
 ) -> None:
-    await start_node()
+    node = await start_node()
     task_id = await client.submit("three", {}, key="mine")
     await wait_terminal(client, task_id)
-    other = await ratchet.Client.connect(nats_url, tenant="intruder")
+    other = await client_as(node, nats_url, "ivan", "intruder", roles=["producer"])
     try:
         with pytest.raises(ratchet.RemoteError) as info:
             await other.get(task_id)

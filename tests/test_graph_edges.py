@@ -80,7 +80,7 @@ async def test_a_wait_told_of_a_failure_fails_the_task(
             break
     env = Envelope(type="external.resolved", message_id="m1", correlation_id="m1",
                    body={"correlation_id": "c-1", "outcome": "failed", "error": "refused"})
-    await client.js.publish(external_subject("acme"), encode(env))
+    await client.publish_signed(external_subject("acme"), encode(env))
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.failed"
     assert events[-1].payload["reason"] == "external party reported failure"

@@ -247,7 +247,7 @@ async def test_an_external_wait_resumes_on_its_correlation_id_or_fails_on_timeou
     env = Envelope(type="external.resolved", message_id="ship-42", correlation_id="ship-42",
                    body={"correlation_id": "order-42", "outcome": "completed",
                          "result": {"tracking": "TRK-1"}})
-    await client.js.publish(external_subject("acme"), encode(env))
+    await client.publish_signed(external_subject("acme"), encode(env))
     events = await run_until(client, task_id, DONE)
     assert events[-1].payload["output"] == {"tracking": "TRK-1"}
     late, _ = await submit(client, "wait", {"order": 43}, "late", {"wait.started"})
@@ -263,7 +263,7 @@ async def decide(client: ratchet.Client, task_id: str, approval_id: str, decisio
                    correlation_id=approval_id,
                    body={"task_id": task_id, "approval_id": approval_id, "decision": decision,
                          "decided_by": "dana", "request_hash": request_hash})
-    await client.js.publish(decision_subject("acme"), encode(env))
+    await client.publish_signed(decision_subject("acme"), encode(env))
 
 
 async def until_settled(client: ratchet.Client, task_id: str, branches: int) -> None:

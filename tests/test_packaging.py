@@ -113,7 +113,8 @@ PUBLIC = {
         "TERMINAL", "TRANSITIONS", "TaskEvent", "TaskStatus", "is_terminal", "transition",
     ],
     "ratchet.persistence": [
-        "AdminStore", "LeaseStore", "OutboxStore", "StorePort", "TaskStore", "BLOB_THRESHOLD",
+        "AdminStore", "KeyringStore", "LeaseStore", "OutboxStore", "StorePort", "TaskStore",
+        "BLOB_THRESHOLD",
         "StateDelta", "StateTracker", "LoadedState", "Store", "TaskRecord", "AcceptResult",
         "ChangeResult", "CheckpointWrite", "NewTask", "OutboxRow",
         "TaskChange",

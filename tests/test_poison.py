@@ -47,7 +47,8 @@ def deep_submit(depth: int) -> bytes:
 
 
 async def reply_of(client: ratchet.Client, subject: str, payload: bytes) -> Reply:
-    msg = await client.nc.request(subject, payload, timeout=10)
+    msg = await client.nc.request(subject, payload, timeout=10,
+                                  headers=client.sign(subject, payload) or None)
     return Reply.model_validate(msgpack.unpackb(msg.data))
 
 

@@ -18,6 +18,7 @@ import pytest
 from ratchet.persistence.ports import (
     AdminStore,
     Fence,
+    KeyringStore,
     LeaseStore,
     OutboxStore,
     StorePort,
@@ -26,7 +27,7 @@ from ratchet.persistence.ports import (
 from ratchet.persistence.store import Store
 from tests.conftest import ROOT
 
-CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore]
+CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
 #: Where a store is opened: the only modules of the upper layers that name the SQLite class.
 COMPOSITION_ROOTS = {"supervisors/node/node.py"}

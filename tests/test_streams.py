@@ -43,7 +43,7 @@ async def _approve(client: ratchet.Client, task_id: str, request: dict[str, Any]
                    correlation_id=approval_id,
                    body={"task_id": task_id, "approval_id": approval_id, "decision": "approve",
                          "decided_by": "dana", "request_hash": request["request_hash"]})
-    await client.js.publish(decision_subject("acme"), encode(env))
+    await client.publish_signed(decision_subject("acme"), encode(env))
 
 
 async def _all_succeed(client: ratchet.Client, task_ids: list[str]) -> None:

@@ -7,19 +7,23 @@ language does the same with a NATS client and msgpack.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 
+from ratchet.protocol.auth import Signer, inbox_prefix
 from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.errors import RemoteError
 from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import (
+    ApprovalDecision,
     Budget,
     Envelope,
     Event,
@@ -28,7 +32,12 @@ from ratchet.protocol.messages import (
     SubmitTask,
     TaskSnapshot,
 )
-from ratchet.protocol.subjects import api_subject, submit_subject, task_events_filter
+from ratchet.protocol.subjects import (
+    api_subject,
+    decision_subject,
+    submit_subject,
+    task_events_filter,
+)
 
 __all__ = ["Client", "TERMINAL_EVENTS"]
 
@@ -37,17 +46,25 @@ TERMINAL_EVENTS = frozenset({EventType.TASK_SUCCEEDED, EventType.TASK_FAILED,
 
 
 class Client:
-    def __init__(self, nc: NATS, tenant: str = "default") -> None:
+    def __init__(self, nc: NATS, tenant: str = "default", signer: Signer | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.tenant = tenant
+        self.signer = signer
 
     @classmethod
     async def connect(cls, url: str, tenant: str = "default",
-                      inbox_prefix: str | None = None) -> Client:
-        """``inbox_prefix``: replies on a tenant's own prefix (see the sample NATS config)."""
-        options: dict[str, Any] = {"inbox_prefix": inbox_prefix} if inbox_prefix else {}
-        return cls(await nats.connect(url, name="ratchet-client", **options), tenant)
+                      creds: Path | str | Signer | None = None) -> Client:
+        """``creds``: a key file (``SU…`` seed, e.g. from ``ratchet creds``) or a Signer.
+        It authenticates the connection (NATS nkey auth) and signs every request; replies
+        come under the key's own inbox (docs/security.md). Without it only unsigned
+        operations work (JetStream submits where NATS allows them)."""
+        signer = creds if isinstance(creds, Signer) or creds is None else Signer.from_file(creds)
+        options: dict[str, Any] = {}
+        if signer is not None:
+            options = {"nkeys_seed_str": signer.seed.decode(),
+                       "inbox_prefix": inbox_prefix(signer.public_key)}
+        return cls(await nats.connect(url, name="ratchet-client", **options), tenant, signer)
 
     async def close(self) -> None:
         await self.nc.drain()
@@ -69,11 +86,29 @@ class Client:
                               headers={"Nats-Msg-Id": f"{self.tenant}:{key}"})
         return task_id_for(self.tenant, key)
 
+    def sign(self, subject: str, data: bytes) -> dict[str, str]:
+        """The signature headers of a request (none without credentials)."""
+        return self.signer.headers(subject, data, time.time()) if self.signer else {}
+
+    async def publish_signed(self, subject: str, data: bytes) -> None:
+        """A signed JetStream publish: decisions and external confirmations."""
+        await self.js.publish(subject, data, headers=self.sign(subject, data) or None)
+
+    async def decide(self, task_id: str, approval_id: str, decision: str,
+                     reason: str | None = None) -> None:
+        """Approve or reject on ``ratchet.decisions.<tenant>`` (needs the approver role)."""
+        body = ApprovalDecision(task_id=task_id, approval_id=approval_id,
+                                decision=decision, reason=reason)  # type: ignore[arg-type]
+        env = self._envelope(MessageType.APPROVAL_DECISION, body.model_dump())
+        await self.publish_signed(decision_subject(self.tenant), encode(env))
+
     async def request(self, verb: str, type_: str, body: dict[str, Any],
                       timeout: float = 10.0, subject: str | None = None) -> dict[str, Any]:
         env = self._envelope(type_, body)
-        msg = await self.nc.request(subject or api_subject(self.tenant, verb), encode(env),
-                                    timeout=timeout)
+        subject = subject or api_subject(self.tenant, verb)
+        data = encode(env)
+        msg = await self.nc.request(subject, data, timeout=timeout,
+                                    headers=self.sign(subject, data) or None)
         reply = Reply.model_validate(decode_map(msg.data))
         if not reply.ok:
             err = reply.error

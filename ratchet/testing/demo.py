@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import ratchet
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 from ratchet.testing.expense import app
 
@@ -40,7 +41,8 @@ async def run_demo(state_dir: Path, nats_url: str | None = None) -> int:
         final, status = None, None
         try:
             assert node.url is not None
-            client = await ratchet.Client.connect(node.url, tenant="demo")
+            client = await ratchet.Client.connect(node.url, tenant="demo",
+                                                  creds=admin_key_path(node.config.state_dir))
             try:
                 task_id = await client.submit("expense.agent", {
                     "report_id": report_id, "employee": "e-1042", "currency": "EUR",

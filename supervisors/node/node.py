@@ -29,6 +29,7 @@ from ratchet.protocol.codec import encode
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
 from ratchet.supervisors.node.config import NodeConfig
+from ratchet.supervisors.node.credentials import bootstrap_admin, secure_state_dir
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.node.held_leases import HeldLeases
 from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
@@ -36,6 +37,7 @@ from ratchet.supervisors.node.node_events import NodeEvents
 from ratchet.supervisors.node.partitions import PartitionWork
 from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.api import ApiActor
+from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.decisions import DecisionRouter
 from ratchet.supervisors.services.external import ExternalRouter
 from ratchet.supervisors.services.intake import Acceptor, IntakeActor
@@ -98,7 +100,7 @@ class Node:
 
     async def start(self) -> None:
         cfg = self.config
-        Path(cfg.state_dir).mkdir(parents=True, exist_ok=True)
+        secure_state_dir(Path(cfg.state_dir), cfg.db_path)
         # The leases this node holds: written by its lease manager, read by the store (the
         # fencing token of every task write) and by task supervision (which tasks are ours).
         self.holding = HeldLeases(cfg.node_id, cfg.partitions, self.lease_clock)
@@ -106,6 +108,8 @@ class Node:
                                       wal_limit=int(cfg.wal_limit_mb * 1024 * 1024),
                                       fence=self.holding)
         self.store.on_file_lost(self._file_lost)
+        await bootstrap_admin(self.store, Path(cfg.state_dir), self.clock, cfg.node_id)
+        self.authn = Authenticator(self.store)
         try:
             bus = await self._connect_bus()
         except BaseException:
@@ -195,10 +199,11 @@ class Node:
         return [
             ChildSpec("outbox", relay, Restart.PERMANENT, shutdown_timeout=10.0),
             tasks.root_spec(),
-            ChildSpec("api", lambda _: ApiActor(bus, acceptor, store), Restart.PERMANENT),
-            ChildSpec("admin", lambda _: AdminActor(bus, store, self.system, self.clock,
-                                                    cfg.node_id, tasks, self.switches,
-                                                    self.leases),
+            ChildSpec("api", lambda _: ApiActor(bus, self.authn, acceptor, store),
+                      Restart.PERMANENT),
+            ChildSpec("admin", lambda _: AdminActor(bus, self.authn, store, self.system,
+                                                    self.clock, cfg.node_id, tasks,
+                                                    self.switches, self.leases),
                       Restart.PERMANENT),
             # One mail router per partition held, started and stopped by the lease manager.
             ChildSpec("mail", lambda _: Supervisor(self.system, "mail", [], max_restarts=50,
@@ -209,10 +214,10 @@ class Node:
                       Restart.PERMANENT),
             ChildSpec("retention", lambda _: RetentionSweeper(store, self.clock, cfg.retention),
                       Restart.PERMANENT),
-            ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock),
-                      Restart.PERMANENT),
-            ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock),
-                      Restart.PERMANENT),
+            ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock,
+                                                           self.authn), Restart.PERMANENT),
+            ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock,
+                                                            self.authn), Restart.PERMANENT),
             ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
             ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]

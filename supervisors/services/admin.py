@@ -3,8 +3,9 @@
 Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``,
 ``resume`` (actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill
 switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw``; and ``purge``. Each with
-the contract every verb follows: a typed reply; the role the verb needs, taken from the
-command's principal (PERMISSION_DENIED otherwise); the tenant of the subject (a task of
+the contract every verb follows: a typed reply; a signed command whose key holds the role
+the verb needs (supervisors/services/authn.py: UNAUTHENTICATED or PERMISSION_DENIED
+otherwise; the payload's ``principal`` decides nothing); the tenant of the subject (a task of
 another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
 answer, the same id with another request is CONFLICT); and an audit entry, hash-chained,
 written before the command takes effect and again with its outcome.
@@ -29,6 +30,7 @@ from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.ports import StorePort
 from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, encode, parse_body
@@ -45,10 +47,12 @@ from ratchet.protocol.errors import (
 )
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import AdminCommand, Envelope, StartTask
+from ratchet.protocol.messages import Principal as WirePrincipal
 from ratchet.protocol.states import TaskStatus, is_terminal
 from ratchet.protocol.subjects import mail_subject
 from ratchet.supervisors.services.admin_cluster import ClusterVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
+from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.request_service import RequestService
 from ratchet.supervisors.supervision.supervisor import RestartChild
 from ratchet.supervisors.supervision.tasks import (
@@ -64,19 +68,15 @@ log = structlog.get_logger("ratchet.admin")
 #: The event that records an operator's request, by the request's action.
 _REQUESTED = {"cancel": EventType.TASK_CANCEL_REQUESTED, "pause": EventType.TASK_PAUSE_REQUESTED}
 
-#: Roles that include others (an operator may also view).
-_IMPLIES = {"operator": {"viewer"}, "approver": {"viewer"}}
-
-
 class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
 
-    def __init__(self, bus: Bus, store: StorePort, system: ActorSystem, clock: Clock,
-                 node_id: str, tasks: TaskSupervision, switches: Switches,
+    def __init__(self, bus: Bus, authn: Authenticator, store: StorePort, system: ActorSystem,
+                 clock: Clock, node_id: str, tasks: TaskSupervision, switches: Switches,
                  leases: Any = None) -> None:
-        super().__init__(bus)
+        super().__init__(bus, authn)
         self.leases = leases  # supervisors.node.leases.LeaseManager (None: one node owns all)
         self.store = store
         self.tasks = tasks
@@ -85,7 +85,8 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         self.clock = clock
         self.node_id = node_id
 
-    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
+    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg,
+                     who: Principal) -> dict[str, Any]:
         if verb not in VERB_ROLES or env.type != admin_type(verb):
             raise InvalidMessage(f"unknown admin verb {verb!r} (type {env.type!r})", verb=verb)
         cmd = parse_body(env, AdminCommand)
@@ -95,11 +96,12 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
             await self._forward_if_elsewhere(tenant, verb, cmd.task_id, msg)
         elif verb == "clock-ack":
             await self._forward_to_node(tenant, verb, cmd, msg)
-        who = cmd.principal.name
-        needed = VERB_ROLES[verb]
-        granted = set(cmd.principal.roles).union(*(_IMPLIES.get(r, set())
-                                                   for r in cmd.principal.roles))
-        digest = request_hash(canonical({"verb": verb, "body": cmd.model_dump()}))
+        # Who acts is the verified key's principal (supervisors/services/authn.py, which
+        # also checked the verb's role); the payload's ``principal`` is ignored. The key is
+        # in the digest: another principal cannot read a command's answer by its id.
+        cmd = cmd.model_copy(update={"principal": WirePrincipal(name=who.name)})
+        digest = request_hash(canonical({"verb": verb, "body": cmd.model_dump(),
+                                         "key": who.public_key}))
         state, stored = await self.store.claim_command(tenant, cmd.command_id, verb, digest,
                                                        self.clock.now())
         if state == "conflict":
@@ -110,15 +112,13 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if state == "repeat":
             raise Unavailable("a request with this command id is still running; retry",
                               command_id=cmd.command_id)
-        await self._audit(tenant, who, verb, cmd, "requested", {"args": cmd.args})
+        await self._audit(tenant, who.name, verb, cmd, "requested", {"args": cmd.args})
         try:
-            if needed not in granted:
-                raise PermissionDenied(f"{verb} needs the {needed} role", verb=verb,
-                                       principal=who)
             result: dict[str, Any] = await getattr(self, f"_{verb.replace('-', '_')}")(tenant,
                                                                                        cmd)
         except RatchetError as exc:
-            await self._audit(tenant, who, verb, cmd, exc.code.value, {"error": exc.message})
+            await self._audit(tenant, who.name, verb, cmd, exc.code.value,
+                              {"error": exc.message})
             if exc.retryable:  # a retry with the same id must run again, not replay this
                 await self.store.release_command(tenant, cmd.command_id)
             else:
@@ -126,13 +126,19 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
                                                      {"ok": False, "error": exc.to_wire()})
             raise
         except Exception as exc:
-            await self._audit(tenant, who, verb, cmd, "INTERNAL", {"error": repr(exc)[:500]})
+            await self._audit(tenant, who.name, verb, cmd, "INTERNAL",
+                              {"error": repr(exc)[:500]})
             await self.store.release_command(tenant, cmd.command_id)
             raise
-        await self._audit(tenant, who, verb, cmd, "ok", {})
+        await self._audit(tenant, who.name, verb, cmd, "ok", {})
         await self.store.store_command_reply(tenant, cmd.command_id, {"ok": True,
                                                                       "result": result})
         return result
+
+    @staticmethod
+    def _who(cmd: AdminCommand) -> str:
+        """The verified principal's name (:meth:`answer` put it in the command)."""
+        return cmd.principal.name if cmd.principal is not None else "unknown"
 
     def _replay(self, stored: dict[str, Any]) -> dict[str, Any]:
         if stored.get("ok"):
@@ -157,7 +163,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         """Record the operator's request on the task (before it takes effect), then tell its
         actor, activating it if it is parked. Answers at once: the effect follows at the
         task's next safe point."""
-        request = {"by": cmd.principal.name, "reason": self._str_arg(cmd, "reason"),
+        request = {"by": self._who(cmd), "reason": self._str_arg(cmd, "reason"),
                    "at": self.clock.now(), "command_id": cmd.command_id}
         await self.store.apply(TaskChange(
             task_id=rec.task_id, expected_version=None, producer=self.node_id,
@@ -215,7 +221,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
             type=MessageType.APPROVAL_DECISION, message_id=new_id("msg"),
             correlation_id=cmd.command_id,
             body={"task_id": rec.task_id, "approval_id": approval_id, "decision": decision,
-                  "decided_by": cmd.principal.name, "reason": reason,
+                  "decided_by": self._who(cmd), "reason": reason,
                   "request_hash": row["request_hash"]})), timeout=30.0)
         if outcome != "processed":
             raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
@@ -227,7 +233,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     async def _disable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         tool = self._str_arg(cmd, "tool", required=True, max_length=200)
         assert tool is not None
-        await self.store.set_switch("tool", tool, True, cmd.principal.name,
+        await self.store.set_switch("tool", tool, True, self._who(cmd),
                                     self._str_arg(cmd, "reason"), self.clock.now())
         self.switches.disabled_tools.add(tool)
         return {"disabled": sorted(self.switches.disabled_tools)}
@@ -235,19 +241,19 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
     async def _enable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         tool = self._str_arg(cmd, "tool", required=True, max_length=200)
         assert tool is not None
-        await self.store.set_switch("tool", tool, False, cmd.principal.name, None,
+        await self.store.set_switch("tool", tool, False, self._who(cmd), None,
                                     self.clock.now())
         self.switches.disabled_tools.discard(tool)
         return {"disabled": sorted(self.switches.disabled_tools)}
 
     async def _freeze(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        await self.store.set_switch("freeze", "dispatch", True, cmd.principal.name,
+        await self.store.set_switch("freeze", "dispatch", True, self._who(cmd),
                                     self._str_arg(cmd, "reason"), self.clock.now())
         self.switches.frozen = True
         return {"frozen": True, "effect": "running steps finish; no new step starts"}
 
     async def _thaw(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        await self.store.set_switch("freeze", "dispatch", False, cmd.principal.name, None,
+        await self.store.set_switch("freeze", "dispatch", False, self._who(cmd), None,
                                     self.clock.now())
         self.switches.frozen = False
         # Tasks waiting at their safe point go on.
@@ -329,7 +335,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
             raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
         outcome = await ref.ask(DeliverMail(Envelope(
             type=MessageType.TASK_CONTROL, message_id=new_id("msg"), correlation_id=cmd.command_id,
-            body={"action": "resume", "request": {"by": cmd.principal.name}})), timeout=30.0)
+            body={"action": "resume", "request": {"by": self._who(cmd)}})), timeout=30.0)
         if str(outcome).startswith("refused"):
             raise IllegalTransition(str(outcome), task_id=rec.task_id)
         return {"task_id": rec.task_id, "status": outcome}

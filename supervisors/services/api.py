@@ -11,9 +11,11 @@ from nats.aio.msg import Msg
 
 from ratchet.actors.transport.bus import Bus
 from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.auth import Principal
 from ratchet.protocol.codec import parse_body
 from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.messages import Envelope, GetTask
+from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.intake import Acceptor
 from ratchet.supervisors.services.request_service import RequestService
 
@@ -26,12 +28,14 @@ class ApiActor(RequestService):
     subject = "ratchet.api.*.*"
     queue = "ratchet-api"
 
-    def __init__(self, bus: Bus, acceptor: Acceptor, store: TaskStore, max_in_flight: int = 256) -> None:
-        super().__init__(bus, max_in_flight)
+    def __init__(self, bus: Bus, authn: Authenticator, acceptor: Acceptor, store: TaskStore,
+                 max_in_flight: int = 256) -> None:
+        super().__init__(bus, authn, max_in_flight)
         self.acceptor = acceptor
         self.store = store
 
-    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
+    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg,
+                     who: Principal) -> dict[str, Any]:
         if verb == "submit":
             return (await self.acceptor.accept(tenant, env)).model_dump()
         if verb == "get":

@@ -5,6 +5,7 @@ A provider (or its webhook relay) publishes an Envelope of type ``external.resol
 "failed", result, error}``. The router finds the open wait for the correlation id, activates
 the waiting task's actor and delivers it; ack after the actor committed. A confirmation
 nobody waits for (unknown, or already resolved) is dead-lettered, never applied twice.
+Confirmations must be signed by a key with the ``confirmer`` role in the tenant.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from ratchet.actors.transport.bus import redelivery_delay
+from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.errors import InvalidMessage
 from ratchet.protocol.messages import Envelope
@@ -33,9 +35,10 @@ class ExternalRouter(TaskRouter):
     durable = "external-router"
     filter_subject = "ratchet.external.>"
     expects = MessageType.EXTERNAL_RESOLVED
+    signed_service = "external"
     log = structlog.get_logger("ratchet.external")
 
-    async def target(self, msg: Msg, env: Envelope) -> Target | None:
+    async def target(self, msg: Msg, env: Envelope, who: Principal | None) -> Target | None:
         tenant = tenant_of(msg.subject)
         cid = env.body.get("correlation_id")
         if not isinstance(cid, str) or not cid:

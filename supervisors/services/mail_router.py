@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 
 from ratchet.actors.transport.bus import Bus
 from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import NotFound
@@ -76,7 +77,7 @@ class MailRouter(TaskRouter):
         self.filter_subject = f"ratchet.mail.{partition}.>"
         self._recent = RecentIds(clock)
 
-    async def target(self, msg: Msg, env: Envelope) -> Target | None:
+    async def target(self, msg: Msg, env: Envelope, who: Principal | None) -> Target | None:
         route = mail_route(msg.subject)
         if route is None:
             raise NotFound("mail subject does not name a task actor", subject=msg.subject)

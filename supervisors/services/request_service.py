@@ -20,10 +20,12 @@ from nats.errors import MaxPayloadError
 
 from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.transport.bus import Bus
+from ratchet.protocol.auth import Principal
 from ratchet.protocol.codec import decode_envelope, encode, reply_route
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.messages import Envelope, Reply
 from ratchet.protocol.subjects import check_token, request_route
+from ratchet.supervisors.services.authn import Authenticator, may_reply
 
 __all__ = ["Forwarded", "Ready", "RequestService", "error_reply"]
 
@@ -65,13 +67,20 @@ class RequestService(ServiceActor):
         """A subject this node alone answers on (no queue group): forwarded requests."""
         return None
 
-    def __init__(self, bus: Bus, max_in_flight: int = 256) -> None:
+    def __init__(self, bus: Bus, authn: Authenticator, max_in_flight: int = 256) -> None:
         self.bus = bus
+        self.authn = authn
         self._slots = asyncio.Semaphore(max_in_flight)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg) -> dict[str, Any]:
-        """The ``result`` of a request; raise a RatchetError for a typed error reply."""
+    @property
+    def service(self) -> str:
+        return self.subject.split(".")[1]  # ratchet.<service>.*.*
+
+    async def answer(self, tenant: str, verb: str, env: Envelope, msg: Msg,
+                     who: Principal) -> dict[str, Any]:
+        """The ``result`` of a request by ``who`` (verified: it acts in ``tenant`` and
+        holds the verb's role); raise a RatchetError for a typed error reply."""
         raise NotImplementedError
 
     async def on_error(self, msg: Msg, tenant: str, exc: RatchetError) -> None:
@@ -119,11 +128,19 @@ class RequestService(ServiceActor):
         # ratchet.<service>.<tenant>.<verb>, or ratchet.node.<id>.<service>.<tenant>.<verb>
         tenant, verb = request_route(msg.subject)
         env: Envelope | None = None
+        who: Principal | None = None
         try:
-            env = decode_envelope(msg.data)
             check_token(tenant, "tenant")
             check_token(verb, "verb")
-            result = await self.answer(tenant, verb, env, msg)
+            who = await self.authn.check(msg, self.service, tenant, verb)
+            if not may_reply(msg.reply, who):
+                # Only to the signer's own inbox: never on another tenant's or the
+                # runtime's subjects (a confused deputy). Not done, not answered.
+                log.warning("request refused: reply subject outside the signer's inbox",
+                            subject=msg.subject, reply=msg.reply, principal=who.name)
+                return
+            env = decode_envelope(msg.data)
+            result = await self.answer(tenant, verb, env, msg, who)
             reply = Reply(ok=True, correlation_id=env.correlation_id, result=result)
         except Forwarded:
             return
@@ -135,7 +152,7 @@ class RequestService(ServiceActor):
             log.error("request failed", subject=msg.subject, error=repr(exc))
             reply = error_reply(RatchetError(f"internal error: {type(exc).__name__}"),
                                 _correlation_id(env, msg))
-        if msg.reply:
+        if may_reply(msg.reply, who):
             try:
                 await msg.respond(encode(reply))
             except MaxPayloadError:

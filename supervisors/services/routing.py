@@ -22,6 +22,7 @@ from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.task.actor import DeliverMail
 from ratchet.actors.transport.bus import Bus, deliveries, redelivery_delay
 from ratchet.persistence.ports import TaskRecord, TaskStore
+from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import decode_envelope
@@ -31,8 +32,11 @@ from ratchet.protocol.errors import (
     InvalidMessage,
     RatchetError,
     TaskFinished,
+    Unauthenticated,
 )
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.subjects import tenant_of
+from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.supervision.tasks import TaskSupervision
 
 __all__ = ["TaskRouter", "Target", "deliver", "deliveries", "settle_failure", "given_up",
@@ -70,11 +74,17 @@ class TaskRouter(ServiceActor):
     expects: MessageType | None = None
     log: Any = structlog.get_logger("ratchet.routing")
 
-    def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock) -> None:
+    #: Messages from people and the outside world are signed (docs/security.md): the
+    #: service whose role the signer must hold (None: mail between the runtime's actors).
+    signed_service: str | None = None
+
+    def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock,
+                 authn: Authenticator | None = None) -> None:
         self.bus = bus
         self.tasks = tasks
         self.store = store
         self.clock = clock
+        self.authn = authn
 
     async def serve(self) -> None:
         # A fetch returns as soon as a message is there; the timeout only bounds how often
@@ -87,10 +97,11 @@ class TaskRouter(ServiceActor):
 
     async def route(self, msg: Msg) -> None:
         try:
+            who = await self._signer(msg)
             env = decode_envelope(msg.data)
             if self.expects is not None and env.type != self.expects:
                 raise InvalidMessage(f"expected {self.expects}, got {env.type!r}")
-            target = await self.target(msg, env)
+            target = await self.target(msg, env, who)
             if target is None:
                 return  # settled already (acked, or NAK'ed for later)
             outcome = await deliver(self.tasks, target.task_id, target.envelope, msg,
@@ -103,8 +114,19 @@ class TaskRouter(ServiceActor):
             await settle_failure(msg, exc, store=self.store, clock=self.clock,
                                  dlq=self.dead_letters(msg), log=self.log)
 
-    async def target(self, msg: Msg, env: Envelope) -> Target | None:
-        """The task this message goes to; None when the router settled it itself."""
+    async def _signer(self, msg: Msg) -> Principal | None:
+        if self.signed_service is None:
+            return None
+        if self.authn is None:
+            raise Unauthenticated("this router has no keyring to check signatures with")
+        # JetStream redelivers a message with its signature: no replay check here (the
+        # approval ids and external waits a message names are one-time instead).
+        return await self.authn.check(msg, self.signed_service, tenant_of(msg.subject),
+                                      replay=False)
+
+    async def target(self, msg: Msg, env: Envelope, who: Principal | None) -> Target | None:
+        """The task this message goes to; None when the router settled it itself.
+        ``who``: the verified signer (None for runtime mail)."""
         raise NotImplementedError
 
     def dead_letters(self, msg: Msg) -> str:

@@ -1,0 +1,79 @@
+"""The keyring: which public keys act as whom (docs/security.md), and the cluster's own
+secrets. Changed only through audited admin verbs (grant, revoke) and a node's bootstrap
+of its local operator key; every change writes its audit entry in the same transaction.
+A mixin of :class:`~ratchet.persistence.store.Store`."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+
+from ratchet.persistence.admin_rows import AuditEntry, append_audit_txn
+from ratchet.persistence.store_rows import _StoreParts
+from ratchet.protocol.auth import Principal
+
+__all__ = ["KeyringRows"]
+
+_COLUMNS = "public_key, name, tenant, roles, expires_at"
+
+
+def _principal(row: Any) -> Principal:
+    return Principal(name=row[1], tenant=row[2], roles=frozenset(row[3].split()),
+                     public_key=row[0], expires_at=row[4])
+
+
+def _grant_txn(conn: sqlite3.Connection, who: Principal, at: float, audit: AuditEntry) -> bool:
+    """Add (or re-grant) a key; False if the key is already granted exactly so."""
+    row = conn.execute(f"SELECT {_COLUMNS}, revoked_at FROM principals WHERE public_key = ?",
+                       (who.public_key,)).fetchone()
+    if row is not None and row[5] is None and _principal(row) == who:
+        return False
+    conn.execute(
+        "INSERT OR REPLACE INTO principals(public_key, name, tenant, roles, expires_at,"
+        " created_at, revoked_at, granted_by) VALUES (?,?,?,?,?,?,NULL,?)",
+        (who.public_key, who.name, who.tenant, " ".join(sorted(who.roles)), who.expires_at,
+         at, audit.principal))
+    append_audit_txn(conn, audit)
+    return True
+
+
+def _revoke_txn(conn: sqlite3.Connection, tenant: str, name: str, at: float,
+                audit: AuditEntry) -> int:
+    cur = conn.execute("UPDATE principals SET revoked_at = ? WHERE tenant = ? AND name = ?"
+                       " AND revoked_at IS NULL", (at, tenant, name))
+    if cur.rowcount:
+        append_audit_txn(conn, audit)
+    return int(cur.rowcount)
+
+
+def _secret_txn(conn: sqlite3.Connection, name: str) -> bytes:
+    row = conn.execute("SELECT value FROM cluster_secrets WHERE name = ?", (name,)).fetchone()
+    if row is not None:
+        return bytes(row[0])
+    value = os.urandom(32)
+    conn.execute("INSERT INTO cluster_secrets(name, value) VALUES (?, ?)", (name, value))
+    return value
+
+
+class KeyringRows(_StoreParts):
+
+    async def principals(self) -> list[Principal]:
+        """Every key not revoked (expired ones included: the caller checks expiry)."""
+        rows = await self._rows(f"SELECT {_COLUMNS} FROM principals WHERE revoked_at IS NULL")
+        return [_principal(r) for r in rows]
+
+    async def grant_principal(self, who: Principal, at: float, audit: AuditEntry) -> bool:
+        granted: bool = await self._writer.submit(lambda c: _grant_txn(c, who, at, audit))
+        return granted
+
+    async def revoke_principal(self, tenant: str, name: str, at: float,
+                               audit: AuditEntry) -> int:
+        revoked: int = await self._writer.submit(
+            lambda c: _revoke_txn(c, tenant, name, at, audit))
+        return revoked
+
+    async def cluster_secret(self, name: str) -> bytes:
+        """A random 32-byte secret shared by every node of this store (created once)."""
+        value: bytes = await self._writer.submit(lambda c: _secret_txn(c, name))
+        return value

@@ -1,0 +1,109 @@
+"""Who sent a request: the node's check of signed requests against the keyring.
+
+Requests on the API, admin, decision and external subjects must carry the signature
+headers of protocol/auth.py. The key names the principal (from the store's keyring, cached
+for a few seconds); the principal must act in the subject's tenant and hold the role the
+service and verb need. A principal field in a payload decides nothing.
+
+Signatures are judged on the host's wall clock (as TLS certificates are), not on the
+node's injected business clock: the window is about the real time between a client and a
+node. Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request
+cannot make the node publish on another tenant's or the runtime's own subjects.
+"""
+
+from __future__ import annotations
+
+import structlog
+from nats.aio.msg import Msg
+
+from ratchet.persistence.ports import KeyringStore
+from ratchet.protocol.auth import (
+    KEY_HEADER,
+    SIG_HEADER,
+    Principal,
+    ReplayGuard,
+    required_role,
+    verify_signature,
+)
+from ratchet.protocol.clock import Clock, SystemClock
+from ratchet.protocol.errors import PermissionDenied, Unauthenticated
+
+__all__ = ["Authenticator", "may_reply"]
+
+log = structlog.get_logger("ratchet.auth")
+
+#: How long the keyring cache serves before it is read again; an unknown key reads it at
+#: once (at most every ``_MISS_REREAD_S``), so a new grant acts within milliseconds.
+_REFRESH_S = 2.0
+_MISS_REREAD_S = 0.2
+
+
+def may_reply(reply: str | None, who: Principal | None) -> bool:
+    """Whether the node may answer on ``reply``: only NATS inboxes, and for a verified
+    principal only its own."""
+    if not reply or not reply.startswith("_INBOX."):
+        return False
+    return who is None or reply.startswith(who.inbox_prefix + ".")
+
+
+class Authenticator:
+    def __init__(self, store: KeyringStore, clock: Clock | None = None) -> None:
+        self.store = store
+        self.clock = clock or SystemClock()
+        self.replays = ReplayGuard()
+        self._keys: dict[str, Principal] = {}
+        self._read_at = float("-inf")
+        #: Refusals by reason, for the node's stats.
+        self.refused: dict[str, int] = {}
+
+    async def _lookup(self, key: str) -> Principal | None:
+        now = self.clock.monotonic()
+        stale = now - self._read_at > _REFRESH_S
+        if stale or (key not in self._keys and now - self._read_at > _MISS_REREAD_S):
+            self._keys = {p.public_key: p for p in await self.store.principals()}
+            self._read_at = now
+        return self._keys.get(key)
+
+    def forget(self) -> None:
+        """Read the keyring again on the next request (after a grant or a revoke)."""
+        self._read_at = float("-inf")
+
+    async def check(self, msg: Msg, service: str, tenant: str, verb: str = "",
+                    replay: bool = True) -> Principal:
+        """The verified principal of ``msg`` on ``ratchet.<service>.<tenant>[.<verb>]``.
+
+        ``replay``: refuse a signature seen before (off for JetStream deliveries, whose
+        redeliveries repeat it legitimately; their ids are one-time instead)."""
+        try:
+            return await self._check(msg, service, tenant, verb, replay)
+        except (Unauthenticated, PermissionDenied) as exc:
+            reason = exc.code.value
+            self.refused[reason] = self.refused.get(reason, 0) + 1
+            log.warning("request refused", subject=msg.subject, code=reason,
+                        reason=exc.message, key=(msg.headers or {}).get(KEY_HEADER))
+            raise
+
+    async def _check(self, msg: Msg, service: str, tenant: str, verb: str,
+                     replay: bool) -> Principal:
+        headers = msg.headers or {}
+        key = headers.get(KEY_HEADER)
+        if not key:
+            raise Unauthenticated("this subject takes signed requests only (docs/security.md)")
+        who = await self._lookup(key)
+        if who is None:
+            raise Unauthenticated("unknown or revoked key", key=key)
+        now = self.clock.now()
+        if who.expires_at is not None and now >= who.expires_at:
+            raise Unauthenticated("the key has expired", key=key, principal=who.name)
+        subject = f"ratchet.{service}.{tenant}" + (f".{verb}" if verb else "")
+        verify_signature(key, subject, msg.data, headers, now)
+        if replay:
+            self.replays.check(headers[SIG_HEADER], now)
+        if not who.acts_in(tenant):
+            raise PermissionDenied("the key does not act in this tenant", principal=who.name,
+                                   tenant=tenant)
+        role = required_role(service, verb)
+        if not who.has(role):
+            raise PermissionDenied(f"this needs the {role} role", principal=who.name,
+                                   role=role)
+        return who
