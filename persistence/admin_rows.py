@@ -67,11 +67,15 @@ def append_audit_txn(conn: sqlite3.Connection, e: AuditEntry,
                      seal: AuditSeal | None = None) -> AuditHead:
     """Append ``e`` after the newest entry; returns the new head (to write once committed).
 
-    The sequence number is the newest one plus one, chosen here rather than by
-    AUTOINCREMENT, because a keyed hash covers it: renumbering entries breaks their MACs,
-    and verification can require the numbers to be contiguous."""
+    The sequence number is chosen here rather than by AUTOINCREMENT, because a keyed hash
+    covers it (renumbering entries breaks their MACs), and it is past the head's as well as
+    past the table's newest: after the newest entries were deleted, the next entry leaves
+    their numbers as a gap that verification reports for good, instead of taking them
+    over and letting the head move on as if nothing had happened."""
     row = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-    seq, prev = (row[0] + 1, row[1]) if row else (1, GENESIS)
+    last, prev = (row[0], row[1]) if row else (0, GENESIS)
+    head, _ = seal.read_head() if seal else (None, None)
+    seq = max(last, head.seq if head else 0) + 1
     digest = seal.entry_mac(seq, entry_fields(prev, e)) if seal else entry_hash(prev, e)
     conn.execute(
         "INSERT INTO audit(seq, tenant, at, principal, verb, command_id, task_id, outcome,"
@@ -79,7 +83,7 @@ def append_audit_txn(conn: sqlite3.Connection, e: AuditEntry,
         (seq, e.tenant, e.at, e.principal, e.verb, e.command_id, e.task_id, e.outcome,
          msgpack.packb(e.detail, use_bin_type=True), prev, digest))
     first = conn.execute("SELECT MIN(seq) FROM audit").fetchone()[0]
-    return AuditHead(seq, digest, seq - first + 1)  # contiguous from the first: O(1)
+    return AuditHead(seq, digest, seq - first + 1)  # contiguous from the first when intact
 
 
 def claim_command_txn(conn: sqlite3.Connection, tenant: str, command_id: str, verb: str,

@@ -9,9 +9,9 @@ sequence number it concerns. The rules:
   the entry after it;
 - a keyed entry's hash is the seal's MAC over its sequence number and fields: an edited
   entry, or one written (or recomputed) without the key, shows at itself;
-- an unkeyed (``sha256:``) entry is accepted only before every keyed one and only where
-  the head covers it (the entries written before the store had its seal, which the first
-  head anchors), so a chain rewritten with plain hashes does not pass;
+- an unkeyed (``sha256:``) entry is accepted only before the head's ``keyed_from`` (the
+  entries written before the store had its seal, which its first head anchored) and before
+  every keyed one, so a chain rewritten with plain hashes does not pass;
 - the head (persistence/audit_seal.py) must be there and carry the key's MAC; the table
   must reach its sequence number (else the newest entries were deleted), hold the head's
   hash at it (else the chain was rewritten) and count as many entries up to it. Entries
@@ -100,8 +100,7 @@ class ChainCheck:
         if seq != self._prev_seq + 1:
             if self._prev_seq == 0:
                 return f"the chain starts at {seq}, not 1: its first entries were deleted"
-            return (f"entries {self._prev_seq + 1}..{seq - 1} are missing"
-                    " (deleted from the middle of the chain)")
+            return f"entries {self._prev_seq + 1}..{seq - 1} are missing (deleted)"
         if prev != self._prev_hash:
             return "does not follow the entry before it (an entry was deleted or replaced)"
         return None
@@ -122,8 +121,9 @@ class ChainCheck:
             return "its hash does not match its contents (edited)"
         if self._keyed_seen:
             return "an unkeyed entry after keyed ones: the chain was rewritten without the key"
-        if self.seal is not None and (self.head is None or seq > self.head.seq):
-            return "an unkeyed entry the head does not cover: written without the audit key"
+        if self.seal is not None and (self.head is None or seq >= self.head.keyed_from):
+            return ("an unkeyed entry where the audit key was in use: written or recomputed"
+                    " without the key")
         return None
 
     def finish(self) -> AuditReport:

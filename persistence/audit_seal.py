@@ -34,7 +34,7 @@ import hmac
 import json
 import os
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ratchet.protocol.codec import canonical
@@ -55,11 +55,13 @@ _ENTRY_TAG = "audit-entry"
 @dataclass(frozen=True, slots=True)
 class AuditHead:
     """The newest entry as of a write: its sequence number, its hash, and how many entries
-    the table held up to it."""
+    the table held up to it; and the first sequence number that must be keyed (the entries
+    before it were written before the store had a seal)."""
 
     seq: int
     hash: str
     count: int
+    keyed_from: int = 1
 
 
 #: ``read_head``'s answer: the head, or None with why not ("missing", "unreadable", ...).
@@ -111,14 +113,15 @@ class AuditSeal:
         return KEYED_PREFIX + hmac.new(self._key, data, hashlib.sha256).hexdigest()
 
     def _head_mac(self, head: AuditHead) -> str:
-        data = canonical([_HEAD_TAG, head.seq, head.hash, head.count])
+        data = canonical([_HEAD_TAG, head.seq, head.hash, head.count, head.keyed_from])
         return hmac.new(self._key, data, hashlib.sha256).hexdigest()
 
     def read_head(self) -> HeadState:
         """The head and None, or None and why there is none to trust."""
         try:
             raw = json.loads(self.head_path.read_text())
-            head = AuditHead(int(raw["seq"]), str(raw["hash"]), int(raw["count"]))
+            head = AuditHead(int(raw["seq"]), str(raw["hash"]), int(raw["count"]),
+                             int(raw["keyed_from"]))
             mac = str(raw["mac"])
         except FileNotFoundError:
             return None, f"the head file {self.head_path} is missing"
@@ -129,7 +132,8 @@ class AuditSeal:
         return head, None
 
     def advance(self, head: AuditHead) -> bool:
-        """Replace the head with ``head`` if it is newer; True if it did.
+        """Replace the head with ``head`` (``keyed_from`` kept) if it is newer; True if it
+        did.
 
         A missing or untrusted head file is left as it is: rewriting it would erase the
         evidence that someone removed or forged it (the key's creation writes the first)."""
@@ -137,12 +141,22 @@ class AuditSeal:
             current, _ = self.read_head()
             if current is None or current.seq >= head.seq:
                 return False
-            self._write_head(head)
+            self._write_head(replace(head, keyed_from=current.keyed_from))
+            return True
+
+    def anchor(self, head: AuditHead) -> bool:
+        """On the first start with a seal: take the entries already in the table (unkeyed,
+        written before the seal existed) under the head; every later one must be keyed."""
+        with _locked(self._lock_path):
+            current, _ = self.read_head()
+            if not self.fresh or current is None or current.seq >= head.seq:
+                return False
+            self._write_head(replace(head, keyed_from=head.seq + 1))
             return True
 
     def _write_head(self, head: AuditHead) -> None:
         record = {"seq": head.seq, "hash": head.hash, "count": head.count,
-                  "mac": self._head_mac(head)}
+                  "keyed_from": head.keyed_from, "mac": self._head_mac(head)}
         tmp = self.head_path.with_name(f".audit.head.{os.getpid()}.tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:

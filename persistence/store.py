@@ -144,7 +144,7 @@ class Store(RowReads, AdminRows, LeaseRows):
         last = conn.execute("SELECT seq, hash, (SELECT COUNT(*) FROM audit) FROM audit"
                             " ORDER BY seq DESC LIMIT 1").fetchone()
         if last is not None:
-            self.audit_seal.advance(AuditHead(last[0], last[1], last[2]))
+            self.audit_seal.anchor(AuditHead(last[0], last[1], last[2]))
 
     async def close(self) -> None:
         if self._closed:
