@@ -34,6 +34,8 @@ import hmac
 import json
 import os
 import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -164,20 +166,16 @@ class AuditSeal:
         os.replace(tmp, self.head_path)  # readers see the old head or the new, never half
 
 
-class _locked:
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
     """An exclusive ``flock`` on ``path`` (created 0600) for the ``with`` block: the
     processes sharing a state directory replace the head one at a time."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.fd = -1
-
-    def __enter__(self) -> None:
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        os.close(self.fd)  # closing releases the lock
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
 
 
 def _read_key(path: Path) -> bytes:
