@@ -1,4 +1,12 @@
-"""The admin service's rows: the audit log (a hash chain) and command ids."""
+"""The admin service's rows: the audit log (a hash chain) and command ids.
+
+The audit log records what people and operators did: every admin command (before it runs
+and with its outcome), every approval decision a task applied or refused (also those on
+``ratchet.decisions.<tenant>``, and the crash-loop handoffs they resolve), and credential
+changes (verbs ``grant``, ``revoke``, ``bootstrap``). One chain per store, across tenants;
+the key and the head that make it tamper-evident are in persistence/audit_seal.py, the
+check in persistence/audit_check.py.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +17,15 @@ from typing import Any
 
 import msgpack
 
+from ratchet.persistence.audit_seal import GENESIS, AuditHead, AuditSeal
 from ratchet.protocol.codec import canonical
 
-__all__ = ["AuditEntry", "append_audit_txn", "claim_command_txn", "release_command_txn",
-           "store_reply_txn", "verify_audit_rows", "entry_hash"]
+__all__ = ["AuditEntry", "CREDENTIAL_VERBS", "append_audit_txn", "claim_command_txn",
+           "credential_entry", "entry_fields", "entry_hash", "release_command_txn",
+           "store_reply_txn", "GENESIS"]
 
-GENESIS = "sha256:" + "0" * 64
+#: The verbs of credential changes (issuing, revoking, the first operator's credential).
+CREDENTIAL_VERBS = frozenset({"grant", "revoke", "bootstrap"})
 #: A command claimed this long ago without an answer is taken as abandoned.
 STALE_CLAIM_S = 60.0
 
@@ -27,25 +38,52 @@ class AuditEntry:
     verb: str
     command_id: str
     task_id: str | None
-    outcome: str  # "requested", then "ok" or an error code
+    outcome: str  # "requested", then "ok" or an error code; a decision's "applied", ...
     detail: dict[str, Any]
 
 
+def credential_entry(tenant: str, at: float, by: str, verb: str, command_id: str,
+                     detail: dict[str, Any], outcome: str = "ok") -> AuditEntry:
+    """The entry of a credential change: ``by`` granted, revoked or bootstrapped the
+    credential ``detail`` describes (name, roles, key id; never the secret itself)."""
+    if verb not in CREDENTIAL_VERBS:
+        raise ValueError(f"not a credential verb: {verb!r}")
+    return AuditEntry(tenant, at, by, verb, command_id, None, outcome, detail)
+
+
+def entry_fields(prev: str, e: AuditEntry) -> list[Any]:
+    """What an entry's hash covers (after its sequence number, for a keyed one)."""
+    return [prev, e.tenant, e.at, e.principal, e.verb, e.command_id, e.task_id, e.outcome,
+            e.detail]
+
+
 def entry_hash(prev: str, e: AuditEntry) -> str:
-    body = canonical([prev, e.tenant, e.at, e.principal, e.verb, e.command_id, e.task_id,
-                      e.outcome, e.detail])
-    return "sha256:" + hashlib.sha256(body).hexdigest()
+    """The unkeyed hash: entries written before the store had a seal, or by a store opened
+    without one (tools, tests). Anyone can recompute it; only the seal's MAC proves."""
+    return "sha256:" + hashlib.sha256(canonical(entry_fields(prev, e))).hexdigest()
 
 
-def append_audit_txn(conn: sqlite3.Connection, e: AuditEntry) -> int:
-    row = conn.execute("SELECT hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
-    prev = row[0] if row else GENESIS
-    cur = conn.execute(
-        "INSERT INTO audit(tenant, at, principal, verb, command_id, task_id, outcome, detail,"
-        " prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?)",
-        (e.tenant, e.at, e.principal, e.verb, e.command_id, e.task_id, e.outcome,
-         msgpack.packb(e.detail, use_bin_type=True), prev, entry_hash(prev, e)))
-    return int(cur.lastrowid or 0)
+def append_audit_txn(conn: sqlite3.Connection, e: AuditEntry,
+                     seal: AuditSeal | None = None) -> AuditHead:
+    """Append ``e`` after the newest entry; returns the new head (to write once committed).
+
+    The sequence number is chosen here rather than by AUTOINCREMENT, because a keyed hash
+    covers it (renumbering entries breaks their MACs), and it is past the head's as well as
+    past the table's newest: after the newest entries were deleted, the next entry leaves
+    their numbers as a gap that verification reports for good, instead of taking them
+    over and letting the head move on as if nothing had happened."""
+    row = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
+    last, prev = (row[0], row[1]) if row else (0, GENESIS)
+    head, _ = seal.read_head() if seal else (None, None)
+    seq = max(last, head.seq if head else 0) + 1
+    digest = seal.entry_mac(seq, entry_fields(prev, e)) if seal else entry_hash(prev, e)
+    conn.execute(
+        "INSERT INTO audit(seq, tenant, at, principal, verb, command_id, task_id, outcome,"
+        " detail, prev_hash, hash) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        (seq, e.tenant, e.at, e.principal, e.verb, e.command_id, e.task_id, e.outcome,
+         msgpack.packb(e.detail, use_bin_type=True), prev, digest))
+    first = conn.execute("SELECT MIN(seq) FROM audit").fetchone()[0]
+    return AuditHead(seq, digest, seq - first + 1)  # contiguous from the first when intact
 
 
 def claim_command_txn(conn: sqlite3.Connection, tenant: str, command_id: str, verb: str,
@@ -80,15 +118,3 @@ def store_reply_txn(conn: sqlite3.Connection, tenant: str, command_id: str,
                     reply: dict[str, Any]) -> None:
     conn.execute("UPDATE admin_commands SET reply = ? WHERE tenant = ? AND command_id = ?",
                  (msgpack.packb(reply, use_bin_type=True), tenant, command_id))
-
-
-def verify_audit_rows(rows: list[tuple[Any, ...]]) -> int | None:
-    """The seq of the first entry whose hash does not chain, or None if all do."""
-    prev = GENESIS
-    for seq, tenant, at, principal, verb, command_id, task_id, outcome, detail, p, h in rows:
-        e = AuditEntry(tenant, at, principal, verb, command_id, task_id, outcome,
-                       dict(msgpack.unpackb(detail, raw=False)))
-        if p != prev or h != entry_hash(prev, e):
-            return int(seq)
-        prev = h
-    return None

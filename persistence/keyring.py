@@ -10,6 +10,7 @@ import sqlite3
 from typing import Any
 
 from ratchet.persistence.admin_rows import AuditEntry, append_audit_txn
+from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.store_rows import _StoreParts
 from ratchet.protocol.auth import Principal
 
@@ -23,28 +24,29 @@ def _principal(row: Any) -> Principal:
                      public_key=row[0], expires_at=row[4])
 
 
-def _grant_txn(conn: sqlite3.Connection, who: Principal, at: float, audit: AuditEntry) -> bool:
-    """Add (or re-grant) a key; False if the key is already granted exactly so."""
+def _grant_txn(conn: sqlite3.Connection, who: Principal, at: float, audit: AuditEntry,
+               seal: AuditSeal | None) -> AuditHead | None:
+    """Add (or re-grant) a key; the audit head to advance to, or None if the key was
+    already granted exactly so (nothing written)."""
     row = conn.execute(f"SELECT {_COLUMNS}, revoked_at FROM principals WHERE public_key = ?",
                        (who.public_key,)).fetchone()
     if row is not None and row[5] is None and _principal(row) == who:
-        return False
+        return None
     conn.execute(
         "INSERT OR REPLACE INTO principals(public_key, name, tenant, roles, expires_at,"
         " created_at, revoked_at, granted_by) VALUES (?,?,?,?,?,?,NULL,?)",
         (who.public_key, who.name, who.tenant, " ".join(sorted(who.roles)), who.expires_at,
          at, audit.principal))
-    append_audit_txn(conn, audit)
-    return True
+    return append_audit_txn(conn, audit, seal)
 
 
 def _revoke_txn(conn: sqlite3.Connection, tenant: str, name: str, at: float,
-                audit: AuditEntry) -> int:
+                audit: AuditEntry, seal: AuditSeal | None) -> tuple[int, AuditHead | None]:
     cur = conn.execute("UPDATE principals SET revoked_at = ? WHERE tenant = ? AND name = ?"
                        " AND revoked_at IS NULL", (at, tenant, name))
-    if cur.rowcount:
-        append_audit_txn(conn, audit)
-    return int(cur.rowcount)
+    if not cur.rowcount:
+        return 0, None
+    return int(cur.rowcount), append_audit_txn(conn, audit, seal)
 
 
 def _secret_txn(conn: sqlite3.Connection, name: str) -> bytes:
@@ -64,14 +66,19 @@ class KeyringRows(_StoreParts):
         return [_principal(r) for r in rows]
 
     async def grant_principal(self, who: Principal, at: float, audit: AuditEntry) -> bool:
-        granted: bool = await self._writer.submit(lambda c: _grant_txn(c, who, at, audit))
-        return granted
+        head: AuditHead | None = await self._writer.submit(
+            lambda c: _grant_txn(c, who, at, audit, self.audit_seal))
+        if head is not None:
+            await self._advance_head(head)
+        return head is not None
 
     async def revoke_principal(self, tenant: str, name: str, at: float,
                                audit: AuditEntry) -> int:
-        revoked: int = await self._writer.submit(
-            lambda c: _revoke_txn(c, tenant, name, at, audit))
-        return revoked
+        revoked, head = await self._writer.submit(
+            lambda c: _revoke_txn(c, tenant, name, at, audit, self.audit_seal))
+        if head is not None:
+            await self._advance_head(head)
+        return int(revoked)
 
     async def cluster_secret(self, name: str) -> bytes:
         """A random 32-byte secret shared by every node of this store (created once)."""

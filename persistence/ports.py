@@ -10,10 +10,11 @@ The ports, by concern:
 
 - :class:`TaskStore` — task execution: tasks and their state, changes, submissions,
   events, the action ledger, tool sessions, timers, waits, handoffs, fan-out branches,
-  approvals, agent logs, dead letters, and the fence a node sets on task writes.
+  approvals, agent logs, dead letters, appending to the audit log, and the fence a node
+  sets on task writes.
 - :class:`OutboxStore` — the transactional outbox the relay publishes and deletes.
 - :class:`AdminStore` — the admin service and retention: forks, purge and expiry, kill
-  switches, task lists, the audit log and admin command ids.
+  switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from ratchet.persistence.admin_rows import AuditEntry
+from ratchet.persistence.audit_check import AuditReport
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
@@ -174,6 +176,16 @@ class TaskStore(Protocol):
         """An agent node's log entries ``(kind, body)`` in order."""
         ...
 
+    # -- the audit log -----------------------------------------------------------------
+
+    async def audit(self, entry: AuditEntry) -> int:
+        """Append one audit entry to the tamper-evident chain and move its head (an
+        implementation keys each entry with a secret it does not store beside the rows,
+        and keeps the head outside them: persistence/audit_seal.py); returns its sequence
+        number. Tasks record the approval decisions they refuse here (the ones they apply
+        go in the decision's own change, ``TaskChange.audit``)."""
+        ...
+
 
 @runtime_checkable
 class OutboxStore(Protocol):
@@ -224,8 +236,9 @@ class AdminStore(Protocol):
         """A page of the tenant's tasks, newest first; returns (rows, next cursor)."""
         ...
 
-    async def audit(self, entry: AuditEntry) -> int:
-        """Append one audit entry (hash-chained); returns its sequence number."""
+    async def verify_audit(self, page: int = 2000) -> AuditReport:
+        """Check the whole audit chain against the store's seal and head
+        (persistence/audit_check.py); ``page`` rows are read at a time."""
         ...
 
     async def claim_command(self, tenant: str, command_id: str, verb: str, request_hash: str,

@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from ratchet.persistence.admin_rows import append_audit_txn
+from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
@@ -80,11 +82,14 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
         wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
         lease_clock: the store's time for lease expiry (default: the host's boot time).
+        audit_seal: the key and head of the audit chain (persistence/audit_seal.py); None
+            (tools, tests): entries are hashed without a key, which proves nothing.
     """
 
     def __init__(self, path: str | Path, synchronous: str = "NORMAL",
                  writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
-                 fence: Fence | None = None, lease_clock: LeaseClock | None = None) -> None:
+                 fence: Fence | None = None, lease_clock: LeaseClock | None = None,
+                 audit_seal: AuditSeal | None = None) -> None:
         if synchronous not in ("NORMAL", "FULL"):
             raise ValueError("synchronous must be NORMAL or FULL")
         self.path = str(path)
@@ -98,12 +103,14 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         #: a store used without leases, e.g. by tools and tests, checks nothing).
         self.fence: Fence | None = fence
         self.lease_clock: LeaseClock = lease_clock or HostLeaseClock()
+        self.audit_seal = audit_seal
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
                    writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
-                   fence: Fence | None = None, lease_clock: LeaseClock | None = None) -> Store:
-        store = cls(path, synchronous, writer, wal_limit, fence, lease_clock)
+                   fence: Fence | None = None, lease_clock: LeaseClock | None = None,
+                   audit_seal: AuditSeal | None = None) -> Store:
+        store = cls(path, synchronous, writer, wal_limit, fence, lease_clock, audit_seal)
         await store._open()
         return store
 
@@ -121,6 +128,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
                 except BaseException:
                     conn.execute("ROLLBACK")
                     raise
+                self._anchor_audit(conn)
             finally:
                 conn.close()
 
@@ -128,6 +136,16 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         self._writer.start()
         self._reader = await aiosqlite.connect(self.path, isolation_level=None)
         await self._reader.execute("PRAGMA busy_timeout=30000")
+
+    def _anchor_audit(self, conn: sqlite3.Connection) -> None:
+        """On a fresh seal, anchor the entries written before it (unkeyed) under the head:
+        from now on rewriting them shows, as rewriting keyed ones does."""
+        if self.audit_seal is None or not self.audit_seal.fresh:
+            return
+        last = conn.execute("SELECT seq, hash, (SELECT COUNT(*) FROM audit) FROM audit"
+                            " ORDER BY seq DESC LIMIT 1").fetchone()
+        if last is not None:
+            self.audit_seal.anchor(AuditHead(last[0], last[1], last[2]))
 
     async def close(self) -> None:
         if self._closed:
@@ -210,10 +228,17 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         return result
 
     async def apply(self, change: TaskChange) -> ChangeResult:
-        """Apply one task change atomically (see :func:`apply_change_txn` for raises)."""
-        result: ChangeResult = await self._writer.submit(
-            self._fenced(change.task_id, lambda c: apply_change_txn(c, change)))
+        """Apply one task change atomically (see :func:`apply_change_txn` for raises), with
+        its audit entry, if it has one, in the same transaction."""
+        def txn(conn: sqlite3.Connection) -> tuple[ChangeResult, AuditHead | None]:
+            result = apply_change_txn(conn, change)
+            audit = change.audit
+            return result, (append_audit_txn(conn, audit, self.audit_seal) if audit else None)
+
+        result, head = await self._writer.submit(self._fenced(change.task_id, txn))
         self._announce(result.outbox)
+        if head is not None:
+            await self._advance_head(head)
         return result
 
     async def record_dead_letter(

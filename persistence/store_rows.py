@@ -4,6 +4,7 @@ apart so that each module stays one concept and a readable size."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -16,8 +17,9 @@ from ratchet.persistence.admin_rows import (
     claim_command_txn,
     release_command_txn,
     store_reply_txn,
-    verify_audit_rows,
 )
+from ratchet.persistence.audit_check import AUDIT_COLUMNS, AuditReport, ChainCheck
+from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.fork import ForkRequest, fork_txn
 from ratchet.persistence.graph_rows import finish_branch_txn
@@ -35,6 +37,7 @@ class _StoreParts:
     """What the mixins use of :class:`Store` (which provides it)."""
 
     _writer: Writer
+    audit_seal: AuditSeal | None
 
     async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
         raise NotImplementedError
@@ -47,6 +50,9 @@ class _StoreParts:
 
     def _fenced(self, task_id: str, fn: Callable[[sqlite3.Connection], T]
                 ) -> Callable[[sqlite3.Connection], T]:
+        raise NotImplementedError
+
+    async def _advance_head(self, head: AuditHead) -> None:
         raise NotImplementedError
 
 
@@ -281,9 +287,18 @@ class AdminRows(_StoreParts):
         await self._writer.submit(lambda c: store_reply_txn(c, tenant, command_id, reply))
 
     async def audit(self, entry: AuditEntry) -> int:
-        """Append one audit entry (hash-chained); returns its sequence number."""
-        seq: int = await self._writer.submit(lambda c: append_audit_txn(c, entry))
-        return seq
+        """Append one audit entry (hash-chained, keyed with the seal's key) and, once it is
+        committed, move the head to it; returns its sequence number."""
+        head: AuditHead = await self._writer.submit(
+            lambda c: append_audit_txn(c, entry, self.audit_seal))
+        await self._advance_head(head)
+        return head.seq
+
+    async def _advance_head(self, head: AuditHead) -> None:
+        # After the commit, never before: a head ahead of the table would read as a deleted
+        # entry. A thread: a file replace may stall on a busy disk, the loop must not.
+        if self.audit_seal is not None:
+            await asyncio.to_thread(self.audit_seal.advance, head)
 
     async def audit_log(self, tenant: str | None = None, after: int = 0,
                         limit: int = 500) -> list[dict[str, Any]]:
@@ -296,12 +311,20 @@ class AdminRows(_StoreParts):
                  "command_id": r[5], "task_id": r[6], "outcome": r[7], "detail": _unpack(r[8]),
                  "hash": r[9]} for r in rows]
 
-    async def verify_audit(self) -> int | None:
-        """None when the whole chain verifies, else the first broken entry's seq."""
-        rows = await self._rows(
-            "SELECT seq, tenant, at, principal, verb, command_id, task_id, outcome, detail,"
-            " prev_hash, hash FROM audit ORDER BY seq")
-        return verify_audit_rows([tuple(r) for r in rows])
+    async def verify_audit(self, page: int = 2000) -> AuditReport:
+        """Check every entry and the head (persistence/audit_check.py); a page of rows at a
+        time, each page's hashing on a thread (a long chain must not stall the loop)."""
+        seal = self.audit_seal
+        # The head before the rows: entries appended while we read then come after it.
+        head = await asyncio.to_thread(seal.read_head) if seal else (None, None)
+        check, after = ChainCheck(seal, head), -1
+        while True:
+            rows = await self._rows(f"SELECT {AUDIT_COLUMNS} FROM audit WHERE seq > ?"
+                                    " ORDER BY seq LIMIT ?", (after, page))
+            if not rows:
+                return check.finish()
+            await asyncio.to_thread(check.feed, [tuple(r) for r in rows])
+            after = rows[-1][0]
 
     async def list_tasks(self, tenant: str, *, status: str | None = None,
                          workflow: str | None = None, limit: int = 100,

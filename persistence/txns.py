@@ -14,6 +14,7 @@ from typing import Any
 
 import msgpack
 
+from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.graph_rows import (
     ApprovalWrite,
     BranchWrites,
@@ -88,6 +89,9 @@ class TaskChange:
     enforce_budget: bool = False  # refuse (BudgetExhausted) a spend past the task's budget
     control: dict[str, Any] | None = None  # operator requests pending on the task ({} clears)
     agent_log: list[tuple[str, int, str, dict[str, Any]]] = field(default_factory=list)
+    #: An audit entry committed with the change (an approval decision): written by
+    #: ``Store.apply``, which holds the audit key, not by :func:`apply_change_txn`.
+    audit: AuditEntry | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,8 +13,10 @@ VERB_ROLES: dict[str, str] = {
     "thaw": "operator", "purge": "operator",
     # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
     "nodes": "viewer", "drain": "operator", "undrain": "operator", "clock-ack": "operator",
+    "verify-audit": "operator",
 }
-#: Verbs about the cluster, not about one tenant's tasks.
-CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack"})
+#: Verbs about the cluster, not about one tenant's tasks (the audit chain is one per
+#: store, across tenants).
+CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack", "verify-audit"})
 #: The tenant token of cluster commands; give it only to the platform's operators.
 SYSTEM_TENANT = "_system"

@@ -68,6 +68,9 @@ class EventType(StrEnum):
     #: About a node, not a task (``ratchet.events._system.<node_id>.>``): its wall clock
     #: stepped by more than the threshold.
     NODE_CLOCK_STEPPED = "node.clock_stepped"
+    #: About a node: at its start, the audit chain did not verify against the key and head
+    #: of its state directory (entries edited, deleted or rewritten).
+    NODE_AUDIT_TAMPERED = "node.audit_tampered"
     #: Terminal: the workflow reached END.
     TASK_SUCCEEDED = "task.succeeded"
     #: Terminal: the task failed (after its saga, if any).

@@ -217,9 +217,12 @@ async def _admin(args: argparse.Namespace) -> int:
                 "args": verb_args}
         if args.expected_version is not None:
             body["expected_version"] = args.expected_version
-        _print(await client.request_admin(args.verb, body))
+        result = await client.request_admin(args.verb, body)
+        _print(result)
     finally:
         await client.close()
+    if args.verb == "verify-audit" and not result.get("ok"):
+        return 1  # answered, and the chain is broken: scripts and cron must notice
     return 0
 
 

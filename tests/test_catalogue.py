@@ -30,6 +30,7 @@ NOT_TYPES = {
     "nats",  # the CLI's nats.url option
     "chat",  # the OpenAI object name chat.completion (the model stub)
     "expense",  # workflow names (expense.agent, expense.split)
+    "audit",  # the audit seal's file names (audit.head, audit.key)
 }
 #: f-strings that start with a type family's word but build no type: the agent
 #: conversation's state-key prefix (agent.<node>.).

@@ -15,6 +15,7 @@ from typing import Any
 
 from ratchet.actors.effects.actions import HandoffRequired
 from ratchet.actors.effects.saga import pending_compensations
+from ratchet.actors.task.decision_audit import CRASH_LOOP, decision_entry
 from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga, handoff_package, unresolved_actions
@@ -180,9 +181,10 @@ async def on_recovery_decision(actor: TaskKernel, env: Envelope) -> str | None:
     decided = (EventType.APPROVAL_DECIDED, {
         "kind": "crash_loop", "approval_id": approval_id, "decision": decision,
         "decided_by": decided_by, "reason": body.get("reason"), "at_node": actor.current})
+    audit = decision_entry(actor, env, "applied", CRASH_LOOP)  # a handoff resolved
     back_to_running: dict[str, Any] = {
         "status_event": TaskEvent.APPROVAL_DECIDED, "approval": settle,
-        "inbox_message_id": env.message_id, "events": [decided]}
+        "inbox_message_id": env.message_id, "events": [decided], "audit": audit}
     if decision == "approve":
         await actor.commit(**back_to_running)
         actor.log.warning("crash loop: resumed by a human", decided_by=decided_by)
@@ -201,7 +203,7 @@ async def on_recovery_decision(actor: TaskKernel, env: Envelope) -> str | None:
     # can take the task for running.
     error = error_of(cause, reason)
     await actor.commit(status_event=TaskEvent.FAILED, error=error, approval=settle,
-                       inbox_message_id=env.message_id,
+                       inbox_message_id=env.message_id, audit=audit,
                        events=[decided, (EventType.TASK_FAILED, {"reason": reason, "error": error,
                                                          "compensated": []})])
     actor.log.warning("crash loop: task ended by a human", decided_by=decided_by)

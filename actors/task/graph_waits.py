@@ -9,6 +9,7 @@ own asyncio task; ``actors/task/graph_runtime.py`` starts these nodes and re-exp
 
 from __future__ import annotations
 
+from ratchet.actors.task.decision_audit import APPROVAL, decision_entry
 from ratchet.actors.task.fanout import JoinTimeout, branch_done_change
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga
@@ -81,6 +82,7 @@ async def on_decision(actor: TaskKernel, env: Envelope) -> str:
         "decided_by": decided_by, "reason": body.get("reason"), "to": target})],
         status_event=TaskEvent.APPROVAL_DECIDED, inbox_message_id=env.message_id,
         cancel_timers=[f"apr:{approval_id}"],
+        audit=decision_entry(actor, env, "applied", APPROVAL),  # in the decision's commit
         approval=ApprovalWrite(approval_id, "APPROVED" if decision == "approve" else "REJECTED",
                                decided_by=decided_by, reason=body.get("reason")))
     actor.advance()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, graph_runtime
+from ratchet.actors.task import crash_loop, decision_audit, graph_runtime
 from ratchet.actors.task import waits as task_waits
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.protocol.catalogue import MessageType
@@ -33,6 +33,18 @@ async def _graph_timer(actor: TaskKernel, env: Envelope) -> str | None:
     return await graph_runtime.on_timer(actor, env)
 
 
+async def _decision(actor: TaskKernel, env: Envelope) -> str:
+    # A crash-loop handoff's decision, else a graph approval node's. Applied ones are
+    # audited in their own commit; a refusal is audited here (a repeat of an applied one
+    # is answered "duplicate" by the inbox and raises past this).
+    outcome = await crash_loop.on_recovery_decision(actor, env)
+    if outcome is None:
+        outcome = await graph_runtime.on_decision(actor, env)
+    if outcome != "processed":
+        await decision_audit.record_refused(actor, env, outcome)
+    return outcome
+
+
 async def _node_wait(actor: TaskKernel, env: Envelope) -> str | None:
     if not str(env.body.get("wait_kind", "")).startswith("node:"):
         return None  # an accepted action's confirmation
@@ -40,12 +52,12 @@ async def _node_wait(actor: TaskKernel, env: Envelope) -> str | None:
 
 
 #: Which behaviour handles which mail, by envelope type, in the order asked. Several may
-#: share a type: a decision may be a crash-loop one or a graph approval's; a timer may be
-#: the graph's or an external wait's.
+#: share a type: a timer may be the graph's or an external wait's (a decision may be a
+#: crash-loop one or a graph approval's: ``_decision`` asks both, and audits it).
 MAIL: dict[str, tuple[MailHandler, ...]] = {
     MessageType.TASK_START: (_start,),
     MessageType.TASK_CONTROL: (task_control.handle_control,),
-    MessageType.APPROVAL_DECISION: (crash_loop.on_recovery_decision, graph_runtime.on_decision),
+    MessageType.APPROVAL_DECISION: (_decision,),
     MessageType.BRANCH_DONE: (graph_runtime.on_branch_done,),
     MessageType.TIMER_FIRED: (_graph_timer, task_waits.handle_wait_mail),
     MessageType.EXTERNAL_RESOLVED: (_node_wait, task_waits.handle_wait_mail),

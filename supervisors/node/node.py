@@ -1,8 +1,8 @@
 """The node: the root supervisor of one Ratchet process.
 
-Start order: store → NATS (embedded or joined) → streams → root supervisor with
-{outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
-every unfinished task.
+Start order: audit seal → store → NATS (embedded or joined) → streams → root supervisor
+with {outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
+every unfinished task; then, in the background, the check of the audit chain.
 Stop order (idempotent): stop intake, the routers and timers (no new work) → stop the tasks
 supervisor (each task stops at its next step boundary, its safe point) → flush the outbox
 → stop the rest → close NATS → close the store → stop the embedded server.
@@ -21,6 +21,8 @@ from ratchet.actors.effects.switches import Switches
 from ratchet.actors.task.actor import TaskDeps
 from ratchet.actors.transport.bus import Bus, stream_configs
 from ratchet.actors.workflow.registry import Registry
+from ratchet.persistence.audit_check import AuditReport
+from ratchet.persistence.audit_seal import AuditSeal
 from ratchet.persistence.ports import StorePort
 from ratchet.persistence.store import Store  # the composition root: it opens the store
 from ratchet.protocol.clock import Clock, SystemClock
@@ -92,6 +94,10 @@ class Node:
         #: Set when the root supervisor gave up (restart intensity exceeded): the process
         #: should exit rather than linger half-alive.
         self.failed = asyncio.Event()
+        #: The audit chain's check at start (None until done, or if it could not run).
+        self.audit_report: AuditReport | None = None
+        self.audit_checked = asyncio.Event()
+        self._audit_check: asyncio.Task[None] | None = None
 
     @property
     def _store(self) -> StorePort:
@@ -104,9 +110,11 @@ class Node:
         # The leases this node holds: written by its lease manager, read by the store (the
         # fencing token of every task write) and by task supervision (which tasks are ours).
         self.holding = HeldLeases(cfg.node_id, cfg.partitions, self.lease_clock)
+        # The audit chain's key and head live in the state directory, not in the database.
+        seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))
         self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
                                       wal_limit=int(cfg.wal_limit_mb * 1024 * 1024),
-                                      fence=self.holding)
+                                      fence=self.holding, audit_seal=seal)
         self.store.on_file_lost(self._file_lost)
         await bootstrap_admin(self.store, Path(cfg.state_dir), self.clock, cfg.node_id)
         self.authn = Authenticator(self.store)
@@ -129,8 +137,31 @@ class Node:
         self._started = True
         await self._wait_until_serving(root_ref)
         await leases.start()  # takes a share of the partitions and recovers their tasks
+        self._audit_check = asyncio.create_task(self._check_audit())
         log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
                  workflows=self.registry.names())
+
+    async def _check_audit(self) -> None:
+        """Verify the audit chain against the seal, once, while the node already serves.
+
+        A broken chain is logged (critical) and announced (``node.audit_tampered``), and
+        the node goes on serving: refusing to start would hand whoever can edit the
+        database a way to stop the service, and the evidence stays in the table for
+        ``verify-audit``. Runs in the background: a long chain must not delay the start."""
+        try:
+            report = self.audit_report = await self._store.verify_audit()
+        except Exception as exc:  # the check is evidence, not a duty of the node
+            log.error("audit chain not checked", error=repr(exc))
+            return
+        finally:
+            self.audit_checked.set()
+        if report.ok:
+            log.info("audit chain verified", entries=report.entries, head_seq=report.head_seq)
+            return
+        log.critical("audit chain tampered: entries edited, deleted or rewritten",
+                     entries=report.entries, head_seq=report.head_seq,
+                     problems=report.problems[:20], more=report.more_problems)
+        self.events.audit_tampered(report)
 
     async def _connect_bus(self) -> Bus:
         """Join the configured NATS or another node's embedded server, or start one."""
@@ -322,6 +353,9 @@ class Node:
         if self._stopped:
             return
         self._stopped = True
+        if self._audit_check is not None and not self._audit_check.done():
+            self._audit_check.cancel()
+            await asyncio.wait([self._audit_check])  # its end; a cancel of stop() still raises
         # Each stage runs even if an earlier one failed (NATS gone, a child stuck): the store
         # must close (its threads would keep the process alive) and the server must stop.
         root = self.root

@@ -4,6 +4,9 @@
 (``protocol/events.py``) with the node id in ``task_id`` and a per-node, per-process
 ``sequence``. Best effort: they are observations for operators (a wall-clock step), not
 state; a node that cannot publish one logs it and goes on.
+
+``node.clock_stepped``: the wall clock jumped. ``node.audit_tampered``: the audit chain did
+not verify at the node's start.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 import structlog
 
 from ratchet.actors.transport.bus import Bus
+from ratchet.persistence.audit_check import AuditReport
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
@@ -47,6 +51,13 @@ class NodeEvents:
         self._emit(EventType.NODE_CLOCK_STEPPED, {
             "node": self.node_id, "seconds": round(step.seconds, 3),
             "held_s": round(step.held, 3), "wall": step.wall})
+
+    def audit_tampered(self, report: AuditReport) -> None:
+        """Emit ``node.audit_tampered`` with the first problems of the check."""
+        self._emit(EventType.NODE_AUDIT_TAMPERED, {
+            "node": self.node_id, "entries": report.entries, "head_seq": report.head_seq,
+            "problems": report.problems[:20],
+            "more_problems": report.more_problems + max(0, len(report.problems) - 20)})
 
     def _emit(self, event_type: str, payload: dict[str, Any]) -> None:
         loop = self._loop

@@ -1,6 +1,7 @@
 """The admin service's cluster side: passing a command about a task on to the node that
-owns the task, and the cluster verbs ``nodes``, ``drain``, ``undrain`` and ``clock-ack``
-(tenant ``_system`` only) — a mixin of :class:`~supervisors.services.admin.AdminActor`."""
+owns the task, and the cluster verbs ``nodes``, ``drain``, ``undrain``, ``clock-ack`` and
+``verify-audit`` (tenant ``_system`` only) — a mixin of
+:class:`~supervisors.services.admin.AdminActor`."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from nats.aio.msg import Msg
 
 from ratchet.actors.transport.bus import Bus
-from ratchet.persistence.ports import LeaseStore
+from ratchet.persistence.ports import StorePort
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.clock_guard import ClockGuard
 from ratchet.protocol.errors import InvalidMessage, NotFound, Unavailable
@@ -26,7 +27,7 @@ FORWARDED_HEADER = "Ratchet-Forwarded-By"
 
 class ClusterVerbs:
     bus: Bus
-    store: LeaseStore
+    store: StorePort  # the leases and nodes; the audit chain
     clock: Clock
     node_id: str
     leases: Any  # supervisors.node.leases.LeaseManager (None: one node owns all)
@@ -120,3 +121,9 @@ class ClusterVerbs:
         return {"node": self.node_id, "released_s": round(released, 3),
                 "effect": "timers and deadlines are judged by the wall clock again"
                 if released else "nothing was held"}
+
+    async def _verify_audit(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Check the audit chain against the key and the head of this node's state
+        directory (shared by the nodes of one store): ``{ok, entries, head_seq, problems:
+        [{seq, problem}], more_problems}``. A broken chain is an answer, not an error."""
+        return (await self.store.verify_audit()).to_wire()

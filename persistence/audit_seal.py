@@ -1,0 +1,207 @@
+"""The audit chain's seal: a key the database does not hold, and a head kept outside it.
+
+The audit table (persistence/admin_rows.py) is a hash chain, but a chain alone proves
+nothing to someone who can write the database file: they can edit an entry and recompute
+every hash after it, or delete the newest entries. Two things outside the table close
+that:
+
+- **The key**, ``<state_dir>/keys/audit.key`` (32 random bytes, hex, mode 0600, created on
+  the first start): every entry's hash is an HMAC-SHA256 under it, over the entry, its
+  sequence number and the previous entry's hash. Without the key nobody can produce a
+  valid entry, so an edit, a deleted middle entry or a recomputed chain shows.
+- **The head**, ``<state_dir>/audit.head`` (JSON, mode 0600, replaced atomically after every
+  audit write): the last sequence number, its hash and the count of entries, with an HMAC
+  under the same key. Deleting the newest entries leaves the head pointing past the end.
+
+The head only moves forward (a lock file serialises the processes of one state directory)
+and is written *after* the entry's commit: a crash in between leaves it one write behind,
+which verification accepts (entries after the head must chain and carry valid MACs), never
+ahead of the table. Several nodes on one store share its state directory, hence the key and
+the head. Nothing here is fsynced but the key: a head lost in an OS crash is an old head,
+and an old head is tolerated the same way.
+
+What the seal cannot show: entries written after the head was last replaced and then
+deleted before anyone looked (at most the writes in flight when the head was last
+replaced, or every write since, if someone with write access to the state directory put an
+older head back); and anything done by someone who holds the key.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ratchet.protocol.codec import canonical
+
+__all__ = ["AuditHead", "AuditSeal", "GENESIS", "KEYED_PREFIX", "HeadState"]
+
+#: The ``prev_hash`` of the first entry.
+GENESIS = "sha256:" + "0" * 64
+#: The prefix of a keyed entry's hash (an unkeyed one, written before the seal, is
+#: ``sha256:``).
+KEYED_PREFIX = "hmac-sha256:"
+_KEY_BYTES = 32
+#: What the head's MAC covers before its fields: a head can never pass for an entry.
+_HEAD_TAG = "audit-head"
+_ENTRY_TAG = "audit-entry"
+
+
+@dataclass(frozen=True, slots=True)
+class AuditHead:
+    """The newest entry as of a write: its sequence number, its hash, and how many entries
+    the table held up to it; and the first sequence number that must be keyed (the entries
+    before it were written before the store had a seal)."""
+
+    seq: int
+    hash: str
+    count: int
+    keyed_from: int = 1
+
+
+#: ``read_head``'s answer: the head, or None with why not ("missing", "unreadable", ...).
+HeadState = tuple[AuditHead | None, str | None]
+
+
+class AuditSeal:
+    """The key and the head file of one state directory. Open with :meth:`open`.
+
+    Every method does blocking file I/O: call it from a thread (``asyncio.to_thread``)
+    or from the store's writer thread."""
+
+    def __init__(self, state_dir: Path, key: bytes, fresh: bool) -> None:
+        self.state_dir = Path(state_dir)
+        self._key = key
+        #: True when this process created the key (the first start on this state directory).
+        self.fresh = fresh
+
+    @property
+    def head_path(self) -> Path:
+        return self.state_dir / "audit.head"
+
+    @property
+    def _lock_path(self) -> Path:
+        return self.state_dir / "audit.head.lock"
+
+    @classmethod
+    def open(cls, state_dir: Path) -> AuditSeal:
+        """The state directory's seal; creates the key (and a head at the empty chain) on
+        the first start. Raises ``ValueError`` for a key file that is not a key: a new key
+        would make every entry already written unverifiable, so none is made silently."""
+        state_dir = Path(state_dir)
+        key_path = state_dir / "keys" / "audit.key"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        with _locked(state_dir / "audit.head.lock"):
+            if key_path.exists():
+                return cls(state_dir, _read_key(key_path), fresh=False)
+            key = secrets.token_bytes(_KEY_BYTES)
+            seal = cls(state_dir, key, fresh=True)
+            # The head first, then the key: a crash between leaves no key, so the next
+            # start makes a new one and a new head (never a key without its head).
+            seal._write_head(AuditHead(0, GENESIS, 0))
+            _write_key(key_path, key)
+            return seal
+
+    def entry_mac(self, seq: int, body: list[object]) -> str:
+        """The hash of the entry ``seq`` whose fields (previous hash first) are ``body``."""
+        data = canonical([_ENTRY_TAG, seq, *body])
+        return KEYED_PREFIX + hmac.new(self._key, data, hashlib.sha256).hexdigest()
+
+    def _head_mac(self, head: AuditHead) -> str:
+        data = canonical([_HEAD_TAG, head.seq, head.hash, head.count, head.keyed_from])
+        return hmac.new(self._key, data, hashlib.sha256).hexdigest()
+
+    def read_head(self) -> HeadState:
+        """The head and None, or None and why there is none to trust."""
+        try:
+            raw = json.loads(self.head_path.read_text())
+            head = AuditHead(int(raw["seq"]), str(raw["hash"]), int(raw["count"]),
+                             int(raw["keyed_from"]))
+            mac = str(raw["mac"])
+        except FileNotFoundError:
+            return None, f"the head file {self.head_path} is missing"
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            return None, f"the head file {self.head_path} is unreadable ({exc!r:.200})"
+        if not hmac.compare_digest(mac, self._head_mac(head)):
+            return None, f"the head file {self.head_path} does not carry this key's MAC"
+        return head, None
+
+    def advance(self, head: AuditHead) -> bool:
+        """Replace the head with ``head`` (``keyed_from`` kept) if it is newer; True if it
+        did.
+
+        A missing or untrusted head file is left as it is: rewriting it would erase the
+        evidence that someone removed or forged it (the key's creation writes the first)."""
+        with _locked(self._lock_path):
+            current, _ = self.read_head()
+            if current is None or current.seq >= head.seq:
+                return False
+            self._write_head(replace(head, keyed_from=current.keyed_from))
+            return True
+
+    def anchor(self, head: AuditHead) -> bool:
+        """On the first start with a seal: take the entries already in the table (unkeyed,
+        written before the seal existed) under the head; every later one must be keyed."""
+        with _locked(self._lock_path):
+            current, _ = self.read_head()
+            if not self.fresh or current is None or current.seq >= head.seq:
+                return False
+            self._write_head(replace(head, keyed_from=head.seq + 1))
+            return True
+
+    def _write_head(self, head: AuditHead) -> None:
+        record = {"seq": head.seq, "hash": head.hash, "count": head.count,
+                  "keyed_from": head.keyed_from, "mac": self._head_mac(head)}
+        tmp = self.head_path.with_name(f".audit.head.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(json.dumps(record, sort_keys=True) + "\n")
+        os.replace(tmp, self.head_path)  # readers see the old head or the new, never half
+
+
+@contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive ``flock`` on ``path`` (created 0600) for the ``with`` block: the
+    processes sharing a state directory replace the head one at a time."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _read_key(path: Path) -> bytes:
+    text = path.read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        key = b""
+    if len(key) != _KEY_BYTES:
+        raise ValueError(f"{path} is not an audit key ({_KEY_BYTES} bytes as hex); restore it"
+                         " from its backup (a new key cannot check the entries already written)")
+    return key
+
+
+def _write_key(path: Path, key: bytes) -> None:
+    """Write the key whole and durably before it appears under its name."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(f".audit.key.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(key.hex() + "\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # the name too: losing the key loses every entry's proof
+    finally:
+        os.close(folder)
