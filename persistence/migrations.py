@@ -352,6 +352,15 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (
+        12,
+        "blobs over 1 MiB in chunks, written without copies of the whole (persistence/blobs.py)",
+        """
+        ALTER TABLE blobs ADD COLUMN chunks INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE blob_chunks (digest TEXT NOT NULL, idx INTEGER NOT NULL,
+                                  data BLOB NOT NULL, PRIMARY KEY (digest, idx));
+        """,
+    ),
 ]
 
 

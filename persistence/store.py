@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import aiosqlite
 
+from ratchet.persistence.blobs import read_blob
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
@@ -291,13 +292,14 @@ class Store(RowReads, AdminRows, LeaseRows):
                 blob_refs[key] = blob
             else:
                 encoded[key] = inline
-        for key, digest in blob_refs.items():
-            blob_row = await self._row("SELECT data FROM blobs WHERE digest = ?", (digest,))
-            if blob_row is None:
-                raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
-            encoded[key] = blob_row[0]
         values = {k: decode_value(v) for k, v in encoded.items()}
-        return LoadedState(values, encoded, set(blob_refs.values()))
+        for key, digest in blob_refs.items():  # one at a time: its encoding, then its value
+            data = await read_blob(self._row, digest)
+            if data is None:
+                raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
+            values[key] = decode_value(data)
+            del data
+        return LoadedState(values, encoded, blob_refs)
 
     async def active_tasks(self) -> list[tuple[str, str, str]]:
         """(task_id, tenant, status) of every task not in a terminal state."""
