@@ -14,8 +14,10 @@ exist and finish after the repair (else it counts in ``acked_then_lost``).
   exit non-zero and put its data back; the harness then starts it again.
 - ``disk_full``: the state dir (and the node's log) is on a small tmpfs, filled with zeros
   for 1.5 s and freed; the node must refuse work (``UNAVAILABLE``) and resume by itself.
-- ``purge_mail`` / ``purge_submit``: ``RATCHET_MAIL`` / ``RATCHET_SUBMIT`` purged every
-  50 ms for 1 s.
+- ``purge_mail``: ``RATCHET_MAIL`` purged every 50 ms for 1 s.
+- ``purge_submit``: ``RATCHET_SUBMIT`` purged while submits are queued in it: bursts of
+  JetStream submits on a tenant of the run's own, each followed by purges, for about a
+  second (bench/submit_burst.py: what a purge may take and what it must not).
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ from typing import Any
 
 import ratchet
 from bench.steps import NodeProc
+from bench.submit_burst import SubmitBurst, purge_stream
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.errors import RemoteError
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.messages import SubmitTask
-from ratchet.protocol.subjects import STREAM_MAIL, STREAM_SUBMIT
+from ratchet.protocol.subjects import STREAM_MAIL
 from ratchet.testing import FinanceClient
 
 FAULT_KINDS = ("clock_forward", "clock_back", "db_deleted", "disk_full", "purge_mail",
@@ -154,23 +157,32 @@ class Probes:
                     timeout: float = 60.0) -> dict[str, Any]:
         """Wait (bounded) for every acknowledged probe to settle; count the lost ones and
         their effects at the provider (a SUCCEEDED probe: each claim exactly once)."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            statuses = _statuses(db, list(self.acked))
-            if all(statuses.get(t) in SETTLED for t in self.acked) or \
-                    asyncio.get_running_loop().time() > deadline:
-                break
-            await asyncio.sleep(0.2)  # polling the store, not waiting for a timer
-        effects = finance.effects()
-        lost = double = missing = 0
-        for task_id, report in self.acked.items():
-            claims = [effects.get(f"claim:{report}:{k}:submit", 0) for k in ("travel", "hotel")]
-            lost += statuses.get(task_id) not in SETTLED
-            double += any(c > 1 for c in claims)
-            missing += statuses.get(task_id) == "SUCCEEDED" and claims != [1, 1]
+        lost, double, missing = await audit_tasks(db, finance, self.acked, timeout)
         return {"probes_acked": len(self.acked), "probes_refused": self.refused,
                 "acked_then_lost": lost,
                 "probe_double": double, "probe_missing": missing}
+
+
+async def audit_tasks(db: Path, finance: FinanceClient, tasks: dict[str, str],
+                      timeout: float = 60.0) -> tuple[int, int, int]:
+    """(lost, double, missing) of acknowledged ``expense.split`` tasks (task id → report
+    id): not settled within ``timeout``; a claim effective twice; SUCCEEDED without each
+    claim effective once."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        statuses = _statuses(db, list(tasks))
+        if all(statuses.get(t) in SETTLED for t in tasks) or \
+                asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.2)  # polling the store, not waiting for a timer
+    effects = finance.effects()
+    lost = double = missing = 0
+    for task_id, report in tasks.items():
+        claims = [effects.get(f"claim:{report}:{k}:submit", 0) for k in ("travel", "hotel")]
+        lost += statuses.get(task_id) not in SETTLED
+        double += any(c > 1 for c in claims)
+        missing += statuses.get(task_id) == "SUCCEEDED" and claims != [1, 1]
+    return lost, double, missing
 
 
 def _statuses(db: Path, task_ids: list[str]) -> dict[str, str]:
@@ -204,6 +216,7 @@ class Fault:
         self.system = ratchet.Client(client.nc, "_system")
         self.finance = finance
         self.probes = Probes(client, run)
+        self.burst: SubmitBurst | None = None
         self.facts: dict[str, Any] = {}
 
     async def strike(self, task_id: str, run: int) -> None:
@@ -214,9 +227,11 @@ class Fault:
             await self._db_deleted()
         elif self.kind == "disk_full":
             await self._disk_full()
+        elif self.kind == "purge_submit":  # purged while submits are queued in it
+            self.burst = SubmitBurst(self.client, run)
+            await self.probes.during(self.burst.strike())
         else:
-            stream = STREAM_MAIL if self.kind == "purge_mail" else STREAM_SUBMIT
-            await self.probes.during(self._purge(stream))
+            await self.probes.during(self._purge(STREAM_MAIL))
 
     async def settle(self) -> dict[str, Any]:
         if self.kind.startswith("clock_"):
@@ -224,7 +239,16 @@ class Fault:
             if self.kind == "clock_back":  # setting it right was a forward step: held
                 released = await self._admin("clock-ack", {"node": await self._node_id()})
                 self.facts["clock_ack_released_s"] = released["released_s"]
-        return {**self.facts, **await self.probes.audit(self.bed.db, self.finance)}
+        audit = await self.probes.audit(self.bed.db, self.finance)
+        if self.burst is not None:  # its submits in the store are acknowledged too
+            in_store = _statuses(self.bed.db, list(self.burst.published))
+            self.facts |= self.burst.accounting(set(in_store))
+            lost, double, missing = await audit_tasks(self.bed.db, self.finance, {
+                t: r for t, r in self.burst.published.items() if t in in_store})
+            audit["acked_then_lost"] += lost
+            audit["probe_double"] += double
+            audit["probe_missing"] += missing
+        return {**self.facts, **audit}
 
     async def _admin(self, verb: str, args: dict[str, Any]) -> dict[str, Any]:
         return await self.system.request_admin(verb, {
@@ -253,8 +277,7 @@ class Fault:
     async def _purge(self, stream: str) -> None:
         purged = 0
         for _ in range(20):
-            purged += (await self.client.js.stream_info(stream)).state.messages
-            await self.client.js.purge_stream(stream)
+            purged += await purge_stream(self.client.nc, stream)
             await asyncio.sleep(0.05)  # purge again a little later
         self.facts["purged_messages"] = purged
 
@@ -301,9 +324,12 @@ def fault_summary(summary: dict[str, Any], results: list[dict[str, Any]],
     seen: dict[str, dict[str, Any]] = {}
     for r in faulted:
         facts = seen.setdefault(r["kind"], {})
-        for key in ("probes_acked", "purged_messages", "clock_ack_released_s"):
+        for key in ("probes_acked", "purged_messages", "clock_ack_released_s",
+                    "burst_published", "burst_accepted", "burst_lost", "burst_unexplained"):
             if key in r:
                 facts[key] = round(facts.get(key, 0) + r[key], 3)
+        if "purged_messages" in r:
+            facts.setdefault("purged_by_run", []).append(r["purged_messages"])
         for code, n in r.get("probes_refused", {}).items():
             refused = facts.setdefault("probes_refused", {})
             refused[code] = refused.get(code, 0) + n
@@ -322,6 +348,8 @@ def fault_summary(summary: dict[str, Any], results: list[dict[str, Any]],
         "missing_effects": summary["missing_effects"] + sum(
             r["probe_missing"] for r in faulted),
         "acked_then_lost": sum(r["acked_then_lost"] for r in faulted),
+        # JetStream-acked submits missing from the store beyond what the purges removed
+        "submits_lost_unpurged": sum(r.get("burst_unexplained", 0) for r in faulted),
         "probes_acked": sum(r["probes_acked"] for r in faulted),
         "runs_by_fault": by_kind,
         "strike_moments": moments,

@@ -2,19 +2,27 @@
 
 A task's state is a map of keys to msgpack-able values. At each step boundary only the
 keys whose encoded value changed are written; a value larger than
-:data:`BLOB_THRESHOLD` goes to the content-addressed blob table once and is referenced by
-digest afterwards. A task carrying a 1 MB document that does not change therefore writes
-the document once, not once per step.
+:data:`BLOB_THRESHOLD` goes to the content-addressed blob store once
+(``persistence/blobs.py``) and is referenced by digest afterwards. A task carrying a 1 MB
+document that does not change therefore writes the document once, not once per step.
 
 Values are bounded: one value's encoding by ``max_value_bytes`` (default 16 MiB), the
 values one checkpoint writes by ``max_checkpoint_bytes`` (default 64 MiB). A value over
 its limit, or one msgpack cannot encode, is refused with :class:`InvalidStateValue`
 naming the key — for a str or bytes value before it is encoded at all.
+
+Memory: a large value is encoded once, into the packer's own buffer, and that buffer (not
+a bytes copy of it) is what the checkpoint writes, chunk by chunk; the tracker then keeps
+only its digest, not its encoding. At the next boundary an unchanged str or bytes value
+(the same object) is not encoded again; any other large value is, and compared by digest.
+So a step returning a value of n bytes costs the node about the value plus one encoding
+at the boundary that writes it, and the value alone after.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,14 +30,19 @@ import msgpack
 
 from ratchet.protocol.errors import InvalidStateValue
 
-__all__ = ["BLOB_THRESHOLD", "MAX_VALUE_BYTES", "MAX_CHECKPOINT_BYTES", "ValueWrite",
-           "StateDelta", "StateTracker", "decode_value", "decode_optional"]
+__all__ = ["BLOB_THRESHOLD", "MAX_VALUE_BYTES", "MAX_CHECKPOINT_BYTES", "Encoded",
+           "ValueWrite", "StateDelta", "StateTracker", "decode_value", "decode_optional"]
 
 #: Values whose encoding exceeds this many bytes are stored as blobs.
 BLOB_THRESHOLD = 2048
 #: Default bounds: one state value's encoding, and the values one checkpoint writes.
 MAX_VALUE_BYTES = 16 * 1024 * 1024
 MAX_CHECKPOINT_BYTES = 64 * 1024 * 1024
+#: Characters of a long non-ASCII str encoded at a time (StateTracker._pack_text).
+_TEXT_SLICE = 256 * 1024
+
+#: A value's msgpack encoding: bytes, or (a large one) a view of the packer's buffer.
+Encoded = bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +58,19 @@ class StateDelta:
     """What one checkpoint writes: changed values, and blobs not yet known to be stored."""
 
     values: list[ValueWrite] = field(default_factory=list)
-    blobs: dict[str, bytes] = field(default_factory=dict)
+    blobs: dict[str, Encoded] = field(default_factory=dict)
 
 
-def decode_value(data: bytes) -> Any:
+@dataclass(frozen=True, slots=True)
+class _Blob:
+    """The baseline of a large value: its digest, and the value itself when it is
+    immutable (str, bytes), so that the same object is known unchanged without encoding."""
+
+    digest: str
+    same: Any = None
+
+
+def decode_value(data: bytes | bytearray) -> Any:
     return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
 
@@ -57,23 +79,39 @@ def decode_optional(data: bytes | None) -> Any:
     return None if data is None else decode_value(data)
 
 
-def _digest(data: bytes) -> str:
+def _digest(data: Encoded) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
-class StateTracker:
-    """Remembers the encoding of every key at the last checkpoint, to diff against."""
+def _immutable(value: Any) -> Any:
+    return value if type(value) in (str, bytes) else None
 
-    def __init__(self, encoded: dict[str, bytes] | None = None, *,
+
+class StateTracker:
+    """Remembers every key's value at the last checkpoint (the encoding of a small one, the
+    digest of a large one), to diff against."""
+
+    def __init__(self, encoded: Mapping[str, bytes] | None = None, *,
+                 blobs: Mapping[str, str] | None = None,
+                 values: Mapping[str, Any] | None = None,
                  max_value_bytes: int = MAX_VALUE_BYTES,
                  max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
-        self._encoded: dict[str, bytes] = dict(encoded or {})
+        """``encoded``: encodings of the last checkpoint's values; ``blobs``: key → digest
+        of the values it holds as blobs (known to be stored); ``values``: the decoded
+        values, whose str and bytes the next diff recognises by identity."""
+        self._encoded: dict[str, bytes] = {}
+        self._blobs: dict[str, _Blob] = {}
         self._known_blobs: set[str] = set()
+        for key, data in (encoded or {}).items():
+            if len(data) > BLOB_THRESHOLD:
+                self._blobs[key] = _Blob(_digest(data))
+            else:
+                self._encoded[key] = data
+        for key, digest in (blobs or {}).items():
+            self._blobs[key] = _Blob(digest, _immutable((values or {}).get(key)))
+            self._known_blobs.add(digest)
         self.max_value_bytes = max_value_bytes
         self.max_checkpoint_bytes = max_checkpoint_bytes
-
-    def note_stored_blob(self, digest: str) -> None:
-        self._known_blobs.add(digest)
 
     def diff(self, state: dict[str, Any]) -> StateDelta:
         """The delta from the last checkpoint to ``state``; advances the baseline, only
@@ -84,36 +122,56 @@ class StateTracker:
             value over ``max_value_bytes``, or changed values over ``max_checkpoint_bytes``
             in all (the step's state must be plain data of bounded size).
         """
-        delta = StateDelta()
-        changed: dict[str, bytes] = {}
+        changed: list[tuple[str, Encoded, _Blob | None]] = []
+        refreshed: dict[str, _Blob] = {}
         total = 0
         for key, value in state.items():
+            known = self._blobs.get(key)
+            if known is not None and known.same is not None and known.same is value:
+                continue  # the very str or bytes object checkpointed: not encoded again
             encoded = self._encode(key, value)
-            if self._encoded.get(key) == encoded:
+            blob = None
+            if len(encoded) > BLOB_THRESHOLD:
+                blob = _Blob(_digest(encoded), _immutable(value))
+                if known is not None and known.digest == blob.digest:
+                    refreshed[key] = blob  # equal, another object: remember this one
+                    continue
+            elif self._encoded.get(key) == encoded:
                 continue
-            changed[key] = encoded
+            changed.append((key, encoded, blob))
             total += len(encoded)
             if total > self.max_checkpoint_bytes:
                 raise InvalidStateValue(
                     f"the values this checkpoint writes exceed {self.max_checkpoint_bytes}"
                     f" bytes (at state[{key!r}])", key=key, size=total,
                     limit=self.max_checkpoint_bytes)
-        for key, encoded in changed.items():
-            self._encoded[key] = encoded
-            if len(encoded) > BLOB_THRESHOLD:
-                digest = _digest(encoded)
-                if digest not in self._known_blobs:
-                    delta.blobs[digest] = encoded
-                    self._known_blobs.add(digest)
-                delta.values.append(ValueWrite(key, blob=digest))
-            else:
-                delta.values.append(ValueWrite(key, inline=encoded))
-        for key in [k for k in self._encoded if k not in state]:
-            del self._encoded[key]
+        self._blobs.update(refreshed)
+        return self._advance(state, changed)
+
+    def _advance(self, state: dict[str, Any],
+                 changed: list[tuple[str, Encoded, _Blob | None]]) -> StateDelta:
+        delta = StateDelta()
+        for key, encoded, blob in changed:
+            if blob is None:  # small: bytes already (bytes() of bytes is the same object)
+                self._encoded[key] = inline = bytes(encoded)
+                self._blobs.pop(key, None)
+                delta.values.append(ValueWrite(key, inline=inline))
+                continue
+            self._blobs[key] = blob
+            self._encoded.pop(key, None)
+            if blob.digest not in self._known_blobs:
+                delta.blobs[blob.digest] = encoded
+                self._known_blobs.add(blob.digest)
+            delta.values.append(ValueWrite(key, blob=blob.digest))
+        for key in [k for k in (*self._encoded, *self._blobs) if k not in state]:
+            self._encoded.pop(key, None)
+            self._blobs.pop(key, None)
             delta.values.append(ValueWrite(key, deleted=True))
         return delta
 
-    def _encode(self, key: Any, value: Any) -> bytes:
+    def _encode(self, key: Any, value: Any) -> Encoded:
+        """``value``'s encoding: bytes when small, else a view of the buffer it was packed
+        into (a bytes copy of it would double the peak for a large value)."""
         if not isinstance(key, str):
             raise InvalidStateValue(f"state keys must be str, got {type(key).__name__}",
                                     key=repr(key)[:200], type=type(key).__name__)
@@ -122,15 +180,44 @@ class StateTracker:
         if isinstance(value, str | bytes | bytearray) and len(value) > self.max_value_bytes:
             raise self._too_large(key, len(value))
         try:
-            encoded: bytes = msgpack.packb(value, use_bin_type=True)
+            if type(value) is str and len(value) > BLOB_THRESHOLD and not value.isascii():
+                view = self._pack_text(key, value)
+            else:
+                packer = msgpack.Packer(use_bin_type=True, autoreset=False)
+                packer.pack(value)
+                view = memoryview(packer.getbuffer())
         except (TypeError, ValueError, OverflowError) as exc:  # a type, depth or int range
             raise InvalidStateValue(
                 f"state[{key!r}] is not plain data msgpack can encode: a"
                 f" {type(value).__name__} ({exc})", key=key, type=type(value).__name__
             ) from None
-        if len(encoded) > self.max_value_bytes:
-            raise self._too_large(key, len(encoded))
-        return encoded
+        if len(view) > self.max_value_bytes:
+            raise self._too_large(key, len(view))
+        return view.tobytes() if len(view) <= BLOB_THRESHOLD else view
+
+    def _pack_text(self, key: str, text: str) -> memoryview:
+        """msgpack of a long non-ASCII str, encoded to UTF-8 a slice at a time into one
+        buffer. Why not msgpack: it keeps the whole UTF-8 copy cached inside the str
+        object for as long as the str lives (msgpack needs that copy; we do not).
+
+        Raises:
+            InvalidStateValue: over ``max_value_bytes`` (before the buffer is made).
+            UnicodeEncodeError: a lone surrogate (as msgpack would).
+        """
+        slices = range(0, len(text), _TEXT_SLICE)
+        size = sum(len(text[i:i + _TEXT_SLICE].encode()) for i in slices)
+        if size > self.max_value_bytes:
+            raise self._too_large(key, size)
+        head = (b"\xda" + size.to_bytes(2, "big") if size < 1 << 16
+                else b"\xdb" + size.to_bytes(4, "big"))  # msgpack's str 16 / str 32
+        buffer = bytearray(len(head) + size)
+        buffer[:len(head)] = head
+        at = len(head)
+        for i in slices:
+            part = text[i:i + _TEXT_SLICE].encode()
+            buffer[at:at + len(part)] = part
+            at += len(part)
+        return memoryview(buffer)
 
     def _too_large(self, key: str, size: int) -> InvalidStateValue:
         return InvalidStateValue(

@@ -46,8 +46,10 @@ class TaskRecord:
 
 @dataclass(frozen=True, slots=True)
 class LoadedState:
-    """A task's state at its last checkpoint: values, and their encodings for diffing."""
+    """A task's state at a checkpoint: values, and what a ``StateTracker`` diffs against:
+    the encodings of the small ones, the digests of those stored as blobs (key → digest;
+    their encodings are not kept)."""
 
     values: dict[str, Any]
     encoded: dict[str, bytes]
-    blobs: set[str]
+    blobs: dict[str, str]

@@ -371,5 +371,13 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        13,
+        "blobs over 1 MiB in chunks, written without copies of the whole (persistence/blobs.py)",
+        """
+        ALTER TABLE blobs ADD COLUMN chunks INTEGER NOT NULL DEFAULT 0;
+        CREATE TABLE blob_chunks (digest TEXT NOT NULL, idx INTEGER NOT NULL,
+                                  data BLOB NOT NULL, PRIMARY KEY (digest, idx));
+        """,
+    ),
 ]
-

@@ -13,6 +13,7 @@ import aiosqlite
 
 from ratchet.persistence.admin_rows import append_audit_txn
 from ratchet.persistence.audit_seal import AuditHead, AuditSeal
+from ratchet.persistence.blobs import read_blob
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
@@ -317,13 +318,14 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
                 blob_refs[key] = blob
             else:
                 encoded[key] = inline
-        for key, digest in blob_refs.items():
-            blob_row = await self._row("SELECT data FROM blobs WHERE digest = ?", (digest,))
-            if blob_row is None:
-                raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
-            encoded[key] = blob_row[0]
         values = {k: decode_value(v) for k, v in encoded.items()}
-        return LoadedState(values, encoded, set(blob_refs.values()))
+        for key, digest in blob_refs.items():  # one at a time: its encoding, then its value
+            data = await read_blob(self._row, digest)
+            if data is None:
+                raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
+            values[key] = decode_value(data)
+            del data
+        return LoadedState(values, encoded, blob_refs)
 
     async def active_tasks(self) -> list[tuple[str, str, str]]:
         """(task_id, tenant, status) of every task not in a terminal state."""

@@ -238,6 +238,7 @@ class AdminRows(_StoreParts):
             removed["blobs"] = conn.execute(
                 "DELETE FROM blobs WHERE digest NOT IN (SELECT blob FROM checkpoint_values"
                 " WHERE blob IS NOT NULL)").rowcount
+            conn.execute("DELETE FROM blob_chunks WHERE digest NOT IN (SELECT digest FROM blobs)")
             return removed
 
         result: dict[str, int] = await self._writer.submit(txn)

@@ -13,6 +13,7 @@ from typing import Any
 
 import msgpack
 
+from ratchet.persistence.blobs import write_blobs
 from ratchet.persistence.checkpoints import StateDelta
 from ratchet.protocol.events import encode_event, pack_payload
 from ratchet.protocol.ids import new_id
@@ -106,11 +107,7 @@ def write_checkpoint(
         " created_at) VALUES (?,?,?,?,?,?,?)",
         (task_id, seq, cp.step_index, cp.step_name, cp.next_step, cp.next_node, now),
     )
-    if cp.delta.blobs:
-        conn.executemany(
-            "INSERT OR IGNORE INTO blobs(digest, size, data, created_at) VALUES (?,?,?,?)",
-            [(d, len(b), b, now) for d, b in cp.delta.blobs.items()],
-        )
+    write_blobs(conn, cp.delta.blobs, now)
     if cp.delta.values:
         conn.executemany(
             "INSERT INTO checkpoint_values(task_id, key, seq, inline, blob, deleted)"

@@ -302,7 +302,8 @@ async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
 
     @wf.step
     async def big(ctx: ratchet.StepContext) -> dict[str, Any]:
-        return {"doc": "y" * 10_000, "output": {"n": ctx.input.get("n")}}
+        return {"doc": "y" * 10_000, "big": "z" * 1_500_000,  # a chunked blob too
+                "output": {"n": ctx.input.get("n")}}
 
     node = await start_node(ratchet.Registry([wf]))
     store = node.store
@@ -312,7 +313,8 @@ async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
         task_id = await client.submit("bulky", {"n": n}, key=f"bulk-{n}")
         await wait_terminal(client, task_id)
         running_ids.append(task_id)
-    assert await store.count("blobs") == 1  # one document, stored once for both tasks
+    assert await store.count("blobs") == 2  # each document stored once for both tasks
+    assert await store.count("blob_chunks") == 2
     busy = await admin(client, "purge", command_id="pg0", principal=OPERATOR,
                        task_id="tsk_unknown")
     assert busy.error is not None and busy.error.code == "NOT_FOUND"
@@ -322,6 +324,7 @@ async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
     sweeper = RetentionSweeper(store, node.clock, {"acme": 0.0})
     assert await sweeper.sweep() == 1
     assert await store.count("tasks") == 0 and await store.count("blobs") == 0
+    assert await store.count("blob_chunks") == 0
     assert await store.count("events") == 0 and await store.count("checkpoint_values") == 0
 
 

@@ -100,3 +100,20 @@ def test_replies_go_only_under_the_signers_inbox() -> None:
     assert not may_reply("ratchet.events.acme.tsk_1.task.succeeded", None)
     assert may_reply("_INBOX.anything", None)  # an unsigned request's error answer
     assert not may_reply(None, who)
+
+
+async def test_a_node_holding_a_forward_step_still_takes_requests_signed_on_real_time(
+    store: Store
+) -> None:
+    clock = ratchet.FakeClock(start=1000.0 + 3600.0)  # the node's wall clock, an hour ahead
+    held = 3600.0
+    authn = Authenticator(store, clock, held=lambda: held)
+    signer = await _grant(store, "olga", "_system", ["operator"])
+    # Signed by an operator whose clock is right: accepted while the node holds the step
+    # (so clock-ack can reach it), refused once the node believes its clock again.
+    await authn.check(_msg(signer, "ratchet.admin._system.clock-ack", now=1000.0), "admin",
+                      "_system", "clock-ack")
+    held = 0.0
+    with pytest.raises(Unauthenticated):
+        await authn.check(_msg(signer, "ratchet.admin._system.clock-ack", now=1001.0),
+                          "admin", "_system", "clock-ack")

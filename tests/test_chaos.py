@@ -60,3 +60,8 @@ async def test_each_other_fault_kind_loses_no_acknowledged_task_and_doubles_no_e
         assert seen["disk_full"]["resumed"] == {"True": 1}
     for kind in {"clock_forward", "clock_back"} & ran:
         assert seen[kind]["steps_detected"] == seen[kind]["steps_made"] == 2
+    # The purge finds submits queued (published on JetStream, not yet accepted): every one
+    # of them is either in the store, settled, or among those the purge removed.
+    assert seen["purge_submit"]["purged_messages"] > 0
+    assert seen["purge_submit"]["burst_lost"] <= seen["purge_submit"]["purged_messages"]
+    assert result["submits_lost_unpurged"] == 0

@@ -5,21 +5,44 @@ while its monotonic time does not (``FakeClock.step``)."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
+
 import ratchet
-from ratchet.protocol.clock_guard import ClockGuard, ClockStep
+from ratchet import END
+from ratchet.protocol.clock_guard import ClockGuard, ClockStep, steady_domain
 from ratchet.protocol.codec import encode
 from ratchet.protocol.events import decode_event
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import external_subject
 from ratchet.supervisors.services.timers import TimerService
-from tests.conftest import NodeFactory
+from tests.conftest import NodeFactory, NodeProcess
 from tests.graph_apps import app
 from tests.test_admin import admin
 from tests.test_graph_flows import DONE, PARKED, run_until, submit
 
 SYSTEM_OPERATOR = {"name": "olga", "roles": ["operator"]}
+
+
+def _wait_for_shipping(name: str, timeout: float) -> ratchet.Workflow:
+    wf = ratchet.Workflow(name)
+
+    async def order(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"order": ctx.input["order"]}
+
+    wf.add_step("order", order)
+    wf.wait("shipped", correlation=lambda s: f"order-{s['order']}", timeout=timeout,
+            on_timeout="fail", next=END)
+    return wf
+
+
+#: A wait whose timer is due in 30 minutes, and one due in 4 seconds.
+restart_app = ratchet.Registry([_wait_for_shipping("wait30", 1800.0),
+                                _wait_for_shipping("wait4", 4.0)])
 
 
 def test_a_forward_step_is_held_until_the_clock_has_been_steady_for_the_hold() -> None:
@@ -154,3 +177,136 @@ async def test_a_step_is_published_as_a_node_event(
     assert event.type == "node.clock_stepped" and event.task_id == node.config.node_id
     assert event.payload["seconds"] == 3600.0 and event.payload["held_s"] == 3600.0
     assert event.sequence == 1 and event.tenant == "_system"
+
+
+def _reading(clock: ratchet.FakeClock, held: float = 0.0, **over: Any) -> dict[str, Any]:
+    return {"clock_wall": clock.now() - held, "clock_steady": clock.monotonic(),
+            "clock_domain": "FakeClock", "clock_held_s": held, **over}
+
+
+def test_a_start_an_hour_ahead_of_the_stores_reading_is_a_held_step() -> None:
+    clock = ratchet.FakeClock(start=1000.0)
+    reading = _reading(clock)  # what the node's last heartbeat recorded
+    clock.advance(120.0)  # down for two minutes
+    clock.step(3600.0)  # and back with its clock an hour ahead
+    seen: list[ClockStep] = []
+    guard = ClockGuard(clock, threshold=5.0, hold=600.0, on_step=seen.append)
+    step = guard.judge_start([reading, {"pid": 1}])  # rows of older versions: ignored
+    assert step is not None and step.reference == "store" and step.seconds == 3600.0
+    assert seen == [step] and guard.steps == 1
+    assert guard.due_now() == 1120.0 and guard.now() == 4720.0
+    assert guard.status()["clock_wall"] == 1120.0  # what its heartbeat records: believed
+
+
+def test_a_start_on_time_or_within_what_slewing_explains_is_no_step() -> None:
+    clock = ratchet.FakeClock(start=1000.0)
+    reading = _reading(clock)
+    clock.advance(86_400.0)
+    clock.step(40.0)  # a day later, 40 s off: NTP may slew 43 s a day
+    assert ClockGuard(clock, threshold=5.0).judge_start([reading]) is None
+    clock.step(10.0)
+    assert ClockGuard(clock, threshold=5.0).judge_start([reading]) is not None
+
+
+def test_a_start_judges_by_the_freshest_reading_and_what_it_held() -> None:
+    clock = ratchet.FakeClock(start=1000.0)
+    clock.step(3600.0)  # a node held this step; its heartbeat says so
+    held = _reading(clock, held=3600.0)
+    clock.advance(30.0)
+    stale = _reading(ratchet.FakeClock(start=0.0))  # an older reading, long ago
+    guard = ClockGuard(clock, threshold=5.0, hold=600.0)
+    step = guard.judge_start([stale, held])  # restarted with the clock still ahead
+    assert step is not None and step.seconds == 3600.0 and guard.held == 3600.0
+
+
+def test_without_a_reading_of_its_steady_clock_only_a_clock_behind_is_seen() -> None:
+    clock = ratchet.FakeClock(start=10_000.0)
+    other_boot = {"clock_wall": 13_600.0, "clock_steady": 5.0, "clock_domain": "boot:old"}
+    guard = ClockGuard(clock, threshold=5.0, hold=600.0)
+    step = guard.judge_start([other_boot])
+    assert step is not None and step.seconds == -3600.0 and guard.held == 0.0
+    ahead = ClockGuard(clock, threshold=5.0).judge_start(
+        [{**other_boot, "clock_wall": 6_400.0}])
+    assert ahead is None  # an hour after every recorded time: downtime, or an hour ahead
+
+
+def test_the_system_clocks_readings_compare_across_processes_of_one_boot() -> None:
+    system = ratchet.SystemClock()
+    domain = steady_domain(system)
+    if not domain.startswith("boot:"):
+        pytest.skip("no CLOCK_BOOTTIME and boot id here")
+    first = ClockGuard(system).status()
+    assert first["clock_domain"] == domain
+    assert ClockGuard(system).judge_start([first]) is None
+    guard = ClockGuard(system, threshold=5.0, hold=600.0)
+    step = guard.judge_start([{**first, "clock_wall": first["clock_wall"] - 3600.0}])
+    assert step is not None and 3590.0 < step.seconds < 3610.0 and guard.held == step.held
+
+
+async def test_a_node_restarted_with_its_clock_an_hour_ahead_holds_a_30_minute_timer(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(restart_app, clock=clock, clock_step_hold=600.0)
+    task_id, _ = await submit(client, "wait30", {"order": 30}, "w30", {"wait.started"})
+    await node.stop()  # its heartbeats left a reading of its clock in the store
+    clock.step(3600.0)  # it comes back an hour ahead: no step while it runs
+    sub = await client.nc.subscribe("ratchet.events._system.>")
+    await client.nc.flush()
+    again = await start_node(restart_app, clock=clock, clock_step_hold=600.0)
+    event = decode_event((await sub.next_msg(timeout=10)).data)
+    assert event.type == "node.clock_stepped", event
+    assert event.payload["seconds"] == 3600.0 and event.payload["held_s"] == 3600.0
+    assert event.payload["reference"] == "store" and again.clock.steps == 1
+    clock.advance(1.0)
+    assert await _timers(again).fire_due() == 0  # 30 minutes have not passed
+    assert (await client.get(task_id)).status == "WAITING_EXTERNAL"
+    reply = await admin(client, "clock-ack", command_id="ack-start", tenant="_system",
+                        principal=SYSTEM_OPERATOR, args={"node": again.config.node_id})
+    assert reply.result is not None and reply.result["released_s"] == 3600.0, reply
+    clock.advance(1.0)  # the timer service wakes: now the timer is really due
+    events = await run_until(client, task_id, DONE)
+    assert events[-1].payload["reason"] == "external wait timed out"
+
+
+def _libfaketime() -> str | None:
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    return str(found[0]) if found else None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_libfaketime() is None,
+                    reason="libfaketime is not installed (Debian: apt-get install libfaketime;"
+                           " .ci/run installs it)")
+async def test_a_node_process_restarted_an_hour_ahead_under_libfaketime_holds_its_timers(
+    nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess]
+) -> None:
+    """The real clocks: ``ratchet serve`` SIGKILLed with two waits armed (4 s and 30 min),
+    started again under libfaketime an hour ahead (its wall clock only, as an NTP step).
+    The 4 s timer firing shows the timer service judged the timers; the 30-minute one
+    must not fire with it, until ``clock-ack``."""
+    args = ("--node-id", "n1", "--clock-step-hold", "600")
+    app_spec = "tests.test_clock_steps:restart_app"
+    first = node_process(nats_url, app_spec=app_spec, args=args)
+    await asyncio.to_thread(first.start)
+    long_task, _ = await submit(client, "wait30", {"order": 30}, "w30", {"wait.started"})
+    short_task, _ = await submit(client, "wait4", {"order": 4}, "w4", {"wait.started"})
+    await asyncio.to_thread(first.kill)
+    sub = await client.nc.subscribe("ratchet.events._system.>")
+    await client.nc.flush()
+    ahead = {"LD_PRELOAD": _libfaketime() or "", "FAKETIME": "+1h",
+             "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+    again = node_process(nats_url, ahead, app_spec=app_spec, args=args)
+    await asyncio.to_thread(again.start)
+    event = decode_event((await sub.next_msg(timeout=10)).data)
+    assert event.type == "node.clock_stepped" and event.payload["reference"] == "store"
+    assert 3590.0 < event.payload["seconds"] < 3610.0, event.payload
+    events = await run_until(client, short_task, DONE)
+    assert events[-1].payload["reason"] == "external wait timed out"
+    assert (await client.get(long_task)).status == "WAITING_EXTERNAL"
+    reply = await admin(client, "clock-ack", command_id="ack-lft", tenant="_system",
+                        principal=SYSTEM_OPERATOR, args={"node": "n1"})
+    assert reply.result is not None and reply.result["released_s"] > 3590.0, reply
+    events = await run_until(client, long_task, DONE)
+    assert events[-1].payload["reason"] == "external wait timed out"
+    assert again.interrupt() == 0

@@ -13,10 +13,13 @@ import pytest
 from ratchet.persistence import (
     CheckpointWrite,
     NewTask,
+    StateDelta,
     StateTracker,
     Store,
     TaskChange,
 )
+from ratchet.persistence.blobs import CHUNK_BYTES
+from ratchet.persistence.checkpoints import ValueWrite
 from ratchet.persistence.migrations import MIGRATIONS, migrate
 from ratchet.protocol import IllegalTransition, TaskEvent, VersionConflict
 from ratchet.protocol.errors import DuplicateMessage
@@ -154,6 +157,52 @@ async def test_an_unchanged_large_value_is_stored_once_and_not_rewritten(
     assert loaded.values == {"doc": document, "n": 19}
 
 
+async def test_a_value_over_a_chunk_is_stored_in_chunks_and_loads_whole(store: Store) -> None:
+    await store.accept_submission(_new_task())
+    raw, text = os.urandom(3 * CHUNK_BYTES + 5), "é€😀" * (CHUNK_BYTES // 3)
+    delta = StateTracker().diff({"raw": raw, "text": text, "n": 1})
+    await store.apply(_change(1, checkpoint=CheckpointWrite(0, "s0", 1, delta)))
+    assert await store.count("blobs") == 2
+    # 3 MiB and a few bytes each (the text: 9 bytes of UTF-8 every 3 characters): 4 chunks
+    assert await store.count("blob_chunks") == 4 + 4
+    loaded = await store.load_state("t1")
+    assert loaded.values == {"raw": raw, "text": text, "n": 1}
+    assert set(loaded.blobs) == {"raw", "text"} and "raw" not in loaded.encoded
+
+
+def test_a_large_value_is_compared_by_digest_unless_it_is_the_same_str_or_bytes() -> None:
+    tracker = StateTracker()
+    document, rows = "d" * 10_000, [{"i": i} for i in range(1000)]
+    tracker.diff({"doc": document, "rows": rows})
+    assert tracker.diff({"doc": document, "rows": rows}).values == []
+    assert tracker.diff({"doc": "d" * 10_000, "rows": list(rows)}).values == []  # equal
+    rows.append({"i": 1000})  # changed in place: the same object, encoded again
+    delta = tracker.diff({"doc": document, "rows": rows})
+    assert [v.key for v in delta.values] == ["rows"] and len(delta.blobs) == 1
+    delta = tracker.diff({"doc": "small", "rows": rows})  # a blob becomes an inline value
+    assert [(v.key, v.inline) for v in delta.values] == [("doc", b"\xa5small")]
+    assert [v.key for v in tracker.diff({"rows": rows}).values if v.deleted] == ["doc"]
+
+
+async def test_blobs_written_before_chunks_existed_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn)
+    document = os.urandom(2 * CHUNK_BYTES)  # one row, as every blob was before
+    encoded = bytes(StateTracker().diff({"doc": document}).blobs.popitem()[1])
+    conn.execute("INSERT INTO blobs(digest, size, data, created_at) VALUES ('sha256:x', ?, ?, 1)",
+                 (len(encoded), encoded))
+    conn.close()
+    store = await Store.open(path, "NORMAL")
+    try:
+        await store.accept_submission(_new_task())
+        await store.apply(_change(1, checkpoint=CheckpointWrite(0, "s0", 1, StateDelta(
+            values=[ValueWrite("doc", blob="sha256:x")]))))
+        assert (await store.load_state("t1")).values == {"doc": document}
+    finally:
+        await store.close()
+
+
 async def test_any_historical_checkpoint_can_be_loaded(store: Store) -> None:
     await store.accept_submission(_new_task())
     tracker = StateTracker()
@@ -173,5 +222,6 @@ async def test_a_restarted_tracker_does_not_rewrite_known_blobs(store: Store) ->
     delta = StateTracker().diff({"big": big})
     await store.apply(_change(1, checkpoint=CheckpointWrite(0, "s0", 1, delta)))
     loaded = await store.load_state("t1")
-    tracker = StateTracker(loaded.encoded)
-    assert tracker.diff({"big": big, "n": 1}).blobs == {}
+    tracker = StateTracker(loaded.encoded, blobs=loaded.blobs, values=loaded.values)
+    delta = tracker.diff({"big": loaded.values["big"], "n": 1})
+    assert delta.blobs == {} and [v.key for v in delta.values] == ["n"]

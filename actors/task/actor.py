@@ -115,10 +115,9 @@ class TaskActor(Actor):
         self.current = rec.current_node or self.workflow.start
         loaded = await self.deps.store.load_state(self.task_id)
         self.state = loaded.values
-        self.tracker = StateTracker(loaded.encoded, max_value_bytes=self.deps.max_value_bytes,
+        self.tracker = StateTracker(loaded.encoded, blobs=loaded.blobs, values=loaded.values,
+                                    max_value_bytes=self.deps.max_value_bytes,
                                     max_checkpoint_bytes=self.deps.max_checkpoint_bytes)
-        for digest in loaded.blobs:
-            self.tracker.note_stored_blob(digest)
         if self.status is TaskStatus.RUNNING:
             # Either our supervisor restarted us or a node is recovering the task.
             self._recovered_from = "actor_restart" if self.restarts else "node_recovery"

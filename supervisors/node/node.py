@@ -117,12 +117,15 @@ class Node:
                                       fence=self.holding, audit_seal=seal)
         self.store.on_file_lost(self._file_lost)
         await bootstrap_admin(self.store, Path(cfg.state_dir), self.clock, cfg.node_id)
-        self.authn = Authenticator(self.store)
+        self.authn = Authenticator(self.store, held=lambda: self.clock.held)
         try:
             bus = await self._connect_bus()
         except BaseException:
             await self.stop()
             raise
+        # Before any timer is judged, and before this node's first heartbeat replaces the
+        # reading its previous run left: a clock wrong since the start is a step too.
+        self.clock.judge_start([n.info for n in await self._store.nodes()])
         self.switches = Switches()
         self.switches.load(await self._store.switches())
         self._task_supervision()
@@ -330,7 +333,7 @@ class Node:
         # Runs in whatever read the clock first after the step: log only, never raise.
         log.error("wall clock stepped", node=self.config.node_id, seconds=round(step.seconds, 3),
                   held=round(step.held, 3), hold=self.config.clock_step_hold,
-                  steps=self.clock.steps,
+                  steps=self.clock.steps, reference=step.reference,
                   effect="timers and deadlines made due by the step wait until the clock has"
                          " been steady for the hold, or `ratchet admin clock-ack`"
                   if step.held else "nothing held (a backward step: timers fire late)")

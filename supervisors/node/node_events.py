@@ -50,7 +50,7 @@ class NodeEvents:
         whatever read the clock first, the store's writer thread included)."""
         self._emit(EventType.NODE_CLOCK_STEPPED, {
             "node": self.node_id, "seconds": round(step.seconds, 3),
-            "held_s": round(step.held, 3), "wall": step.wall})
+            "held_s": round(step.held, 3), "wall": step.wall, "reference": step.reference})
 
     def audit_tampered(self, report: AuditReport) -> None:
         """Emit ``node.audit_tampered`` with the first problems of the check."""

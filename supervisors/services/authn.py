@@ -7,11 +7,15 @@ service and verb need. A principal field in a payload decides nothing.
 
 Signatures are judged on the host's wall clock (as TLS certificates are), not on the
 node's injected business clock: the window is about the real time between a client and a
-node. Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request
+node. After a forward step of the node's wall clock, the time it still believes (the wall
+clock less the step it holds, protocol/clock_guard.py) is accepted too: an operator must
+still be able to reach a node whose clock jumped, if only to ``clock-ack`` it. Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request
 cannot make the node publish on another tenant's or the runtime's own subjects.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import structlog
 from nats.aio.msg import Msg
@@ -20,6 +24,7 @@ from ratchet.persistence.ports import KeyringStore
 from ratchet.protocol.auth import (
     KEY_HEADER,
     SIG_HEADER,
+    TIME_HEADER,
     Principal,
     ReplayGuard,
     required_role,
@@ -46,10 +51,17 @@ def may_reply(reply: str | None, who: Principal | None) -> bool:
     return who is None or reply.startswith(who.inbox_prefix + ".")
 
 
+def _issued_s(headers: dict[str, str]) -> float | None:
+    issued = headers.get(TIME_HEADER, "")
+    return int(issued) / 1000 if issued.isdigit() and len(issued) <= 16 else None
+
+
 class Authenticator:
-    def __init__(self, store: KeyringStore, clock: Clock | None = None) -> None:
+    def __init__(self, store: KeyringStore, clock: Clock | None = None,
+                 held: Callable[[], float] | None = None) -> None:
         self.store = store
         self.clock = clock or SystemClock()
+        self.held = held or (lambda: 0.0)  # seconds of a forward wall-clock step held
         self.replays = ReplayGuard()
         self._keys: dict[str, Principal] = {}
         self._read_at = float("-inf")
@@ -63,6 +75,14 @@ class Authenticator:
             self._keys = {p.public_key: p for p in await self.store.principals()}
             self._read_at = now
         return self._keys.get(key)
+
+    def _reference(self, headers: dict[str, str], now: float) -> float:
+        """The node's time to judge the signature's by: its wall clock, or the time it
+        believes while it holds a forward step — whichever is nearer the signed time."""
+        issued, held = _issued_s(headers), self.held()
+        if issued is None or not held:
+            return now
+        return min(now, now - held, key=lambda ref: abs(ref - issued))
 
     def forget(self) -> None:
         """Read the keyring again on the next request (after a grant or a revoke)."""
@@ -96,7 +116,7 @@ class Authenticator:
         if who.expires_at is not None and now >= who.expires_at:
             raise Unauthenticated("the key has expired", key=key, principal=who.name)
         subject = f"ratchet.{service}.{tenant}" + (f".{verb}" if verb else "")
-        verify_signature(key, subject, msg.data, headers, now)
+        verify_signature(key, subject, msg.data, headers, self._reference(headers, now))
         if replay:
             self.replays.check(headers[SIG_HEADER], now)
         if not who.acts_in(tenant):
