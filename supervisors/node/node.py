@@ -307,9 +307,9 @@ class Node:
 
     async def _reload_switches(self) -> None:
         # Another node may have flipped a kill switch: each node re-reads them every tick.
-        was_frozen = self.switches.frozen
+        was_frozen = self.switches.frozen_scopes
         self.switches.load(await self._store.switches())
-        if was_frozen and not self.switches.frozen:
+        if was_frozen - self.switches.frozen_scopes:
             self._tasks.wake_all()  # thawed on another node: waiting tasks here go on too
 
     @property
