@@ -5,6 +5,10 @@ the node's own checks hold.
 - A resolution of an external wait must name an open wait of the task it reaches.
 - Kill switches are scoped: a tenant's freeze or disabled tool holds only its tasks; the
   ``_system`` ones hold every tenant's.
+- Mail must carry the cluster's seal: a forged decision, cancel, timer or confirmation
+  published straight onto ``ratchet.mail.…`` is dead-lettered and changes nothing (task
+  state, events, audit), while the runtime's own mail goes on working; so must requests
+  on a node's own subject (``ratchet.node.<node>.…``).
 """
 
 from __future__ import annotations
@@ -16,16 +20,17 @@ from pydantic import BaseModel
 
 import ratchet
 from ratchet.actors.task.actor import DeliverMail
-from ratchet.protocol.codec import encode
+from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.ids import new_id
-from ratchet.protocol.messages import Envelope
-from ratchet.protocol.subjects import external_subject
+from ratchet.protocol.mail_seal import MAC_HEADER
+from ratchet.protocol.messages import Envelope, Reply
+from ratchet.protocol.subjects import STREAM_DLQ, external_subject, mail_subject
 from tests.apps import RUNS, three
 from tests.conftest import NodeFactory, wait_terminal
 from tests.graph_apps import app as graph_app
 from tests.keys import client_as
-from tests.test_admin import admin
-from tests.test_graph_flows import DONE, run_until, submit
+from tests.test_admin import OPERATOR, admin
+from tests.test_graph_flows import DONE, PARKED, decide, run_until, submit, until_settled
 
 # -- a workflow whose write is accepted (202) and waits for its confirmation ---------------
 
@@ -195,3 +200,157 @@ async def test_a_tenants_disabled_tool_is_refused_to_its_tasks_only(
                                                    ("acme", "tool", "lookup")]
     for c in (olga, gus):
         await c.close()
+
+
+# -- the mail seal ---------------------------------------------------------------------------
+
+
+async def forge(client: ratchet.Client, task_id: str, *envs: Envelope) -> None:
+    """Publish ``envs`` as mail to the task the way an intruder can (JetStream, no seal),
+    and wait (bounded) until the mail router has dead-lettered each as UNAUTHENTICATED."""
+    dlq = await client.js.pull_subscribe("ratchet.dlq.mail.>", new_id("dlq"),
+                                         stream=STREAM_DLQ)
+    for env in envs:
+        await client.js.publish(mail_subject(task_id, "task"), encode(env))
+    letters = []
+    while len(letters) < len(envs):
+        letters += await dlq.fetch(len(envs) - len(letters), timeout=10)
+    for msg in letters:
+        assert msg.headers is not None and msg.headers["Ratchet-Error-Code"] == "UNAUTHENTICATED"
+    assert sorted(decode_map(m.data)["message_id"] for m in letters) == \
+        sorted(e.message_id for e in envs)
+
+
+async def test_a_forged_approval_decision_in_mail_changes_nothing_and_a_signed_one_decides(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node(graph_app)
+    task_id, events = await submit(client, "approve", {"amount": 900}, "forge-1", PARKED)
+    asked = events[-1].payload
+    before = await snapshot(node, task_id)
+    await forge(client, task_id, mail("approval.decision", {
+        "task_id": task_id, "approval_id": asked["approval_id"], "decision": "approve",
+        "decided_by": "mallory", "request_hash": asked["request_hash"]}))
+    assert await snapshot(node, task_id) == before
+    assert node.seal.refused == 1
+    await decide(client, task_id, asked["approval_id"], "approve", asked["request_hash"])
+    done = await run_until(client, task_id, DONE, after=events[-1].sequence)
+    decided = next(e for e in done if e.type == "approval.decided")
+    assert decided.payload["decided_by"] == "local-admin"  # the signer, never "mallory"
+    assert done[-1].payload["output"] == {"paid": 900}
+
+
+async def test_a_forged_cancel_in_mail_changes_nothing_and_an_operators_cancel_is_audited(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node(graph_app)
+    task_id, events = await submit(client, "approve", {"amount": 5}, "forge-2", PARKED)
+    before = await snapshot(node, task_id)
+    await forge(client, task_id, mail("task.control", {
+        "action": "cancel", "request": {"by": "mallory", "reason": "forged"}}))
+    assert await snapshot(node, task_id) == before
+    reply = await admin(client, "cancel", command_id="real-cancel", principal=OPERATOR,
+                        task_id=task_id)
+    assert reply.ok, reply.error
+    done = await run_until(client, task_id, DONE, after=events[-1].sequence)
+    assert done[-1].type == "task.cancelled" and done[-1].payload["by"] == "local-admin"
+    assert node.store is not None
+    audited = [(e["command_id"], e["outcome"]) for e in await node.store.audit_log("acme")]
+    assert ("real-cancel", "ok") in audited
+
+
+async def test_a_forged_approval_timeout_does_not_escalate_an_hour_early(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(graph_app, clock=clock)
+    task_id, events = await submit(client, "approve", {"amount": 900}, "forge-3", PARKED)
+    approval_id = events[-1].payload["approval_id"]
+    before = await snapshot(node, task_id)
+    timer_id = f"apr:{approval_id}"
+    await forge(client, task_id, mail("timer.fired", {
+        "kind": "approval_timeout", "timer_id": timer_id,
+        "payload": {"approval_id": approval_id, "node": "manager"}}))
+    assert await snapshot(node, task_id) == before
+    clock.advance(3600.0)  # the real hour: the real timer escalates
+    events = await run_until(client, task_id, PARKED, after=events[-1].sequence)
+    assert events[0].type == "approval.timed_out"
+    assert events[0].payload["escalated_to"] == "director"
+
+
+async def test_a_forged_branch_timeout_does_not_fail_the_fanout(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(graph_app, clock=clock)
+    # a is required and hangs; b (required) and c finish: the join waits for a alone.
+    task_id = await client.submit("fan.budget", {"hang": ["a"]}, key="forge-4")
+    await until_settled(client, task_id, 2)
+    before = await snapshot(node, task_id)
+    await forge(client, task_id, mail("timer.fired", {
+        "kind": "branch_timeout", "timer_id": f"branch:{task_id}:spread#0:a",
+        "payload": {"key": "spread#0", "branch": "a", "node": "spread"}}))
+    assert await snapshot(node, task_id) == before
+    assert (await client.get(task_id)).status == "RUNNING"
+    clock.advance(5.0)  # a's real budget runs out: its real timer and branch.done mail
+    events = await run_until(client, task_id, DONE)
+    assert [e.payload["branch"] for e in events if e.type == "branch.timed_out"] == ["a"]
+    assert events[-1].type == "task.failed"
+
+
+async def test_a_forged_confirmation_in_mail_does_not_complete_a_wait(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node(graph_app)
+    task_id, events = await submit(client, "wait", {"order": 42}, "forge-5", {"wait.started"})
+    before = await snapshot(node, task_id)
+    await forge(client, task_id, mail("external.resolved", {
+        "correlation_id": "order-42", "wait_kind": "node:shipped", "outcome": "completed",
+        "result": {"tracking": "FORGED"}}))
+    assert await snapshot(node, task_id) == before
+    await client.publish_signed(external_subject("acme"), encode(mail("external.resolved", {
+        "correlation_id": "order-42", "outcome": "completed", "result": {"tracking": "TRK-1"}})))
+    done = await run_until(client, task_id, DONE, after=events[-1].sequence)
+    assert done[-1].payload["output"] == {"tracking": "TRK-1"}
+
+
+async def test_mail_sealed_for_another_subject_or_payload_is_refused(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node(graph_app)
+    task_id, _ = await submit(client, "approve", {"amount": 1}, "forge-6", PARKED)
+    before = await snapshot(node, task_id)
+    env = mail("task.control", {"action": "cancel", "request": {"by": "mallory"}})
+    elsewhere = node.seal.headers(mail_subject("tsk_other", "task"), encode(env))
+    dlq = await client.js.pull_subscribe("ratchet.dlq.mail.>", "moved", stream=STREAM_DLQ)
+    await client.js.publish(mail_subject(task_id, "task"), encode(env), headers=elsewhere)
+    [letter] = await dlq.fetch(1, timeout=10)
+    assert letter.headers is not None
+    assert letter.headers["Ratchet-Error-Code"] == "UNAUTHENTICATED"
+    assert await snapshot(node, task_id) == before
+
+
+async def test_a_request_on_a_nodes_own_subject_must_carry_the_seal(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    first = await start_node(node_id="n1")
+    await start_node(node_id="n2")
+    body = {"command_id": new_id("cmd"), "args": {"node": "n2"}}
+    signed_for = "ratchet.admin._system.clock-ack"
+
+    async def ask(headers: dict[str, str]) -> Reply:
+        env = mail("admin.clock-ack", {**body, "command_id": new_id("cmd")})
+        data = encode(env)
+        direct = "ratchet.node.n1.admin._system.clock-ack"
+        msg = await client.nc.request(direct, data, timeout=10, headers={
+            **client.sign(signed_for, data),
+            **{k: v(direct, data) for k, v in headers.items()}})
+        return Reply.model_validate(decode_map(msg.data))
+
+    unsealed = await ask({})
+    assert unsealed.error is not None and unsealed.error.code == "UNAUTHENTICATED"
+    assert first.seal.refused == 1
+    # Sealed as a node's: n1 takes it and passes it on (sealed by itself) to n2.
+    sealed = await ask({MAC_HEADER: lambda s, d: first.seal.mac(s, d)})
+    assert sealed.ok, sealed.error
+    assert sealed.result is not None and sealed.result["node"] == "n2"

@@ -26,6 +26,7 @@ from ratchet.persistence.store import Store  # the composition root: it opens th
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.clock_guard import ClockGuard, ClockStep
 from ratchet.protocol.codec import encode
+from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
 from ratchet.supervisors.node.config import NodeConfig
@@ -109,7 +110,9 @@ class Node:
                                       fence=self.holding)
         self.store.on_file_lost(self._file_lost)
         await bootstrap_admin(self.store, Path(cfg.state_dir), self.clock, cfg.node_id)
-        self.authn = Authenticator(self.store)
+        # Mail between nodes is sealed with the store's shared key (protocol/mail_seal.py).
+        self.seal = MailSeal(await self.store.cluster_secret("mail"))
+        self.authn = Authenticator(self.store, seal=self.seal)
         try:
             bus = await self._connect_bus()
         except BaseException:
@@ -175,7 +178,7 @@ class Node:
         self.work = PartitionWork(
             node_id=cfg.node_id, partitions=cfg.partitions, store=store, tasks=tasks,
             mail_supervisor=lambda: self.system.lookup("node/mail"),
-            make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p),
+            make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p, self.seal),
             flush_outbox=self._flush_outbox, activate=tasks.activate_or_release,
             forget=tasks.forget_partitions)
         self.leases = leases = LeaseManager(
@@ -193,7 +196,7 @@ class Node:
         store, tasks = self._store, self._tasks
 
         def relay(_: int) -> OutboxRelay:
-            self.relay = OutboxRelay(bus, store, self.clock)
+            self.relay = OutboxRelay(bus, store, self.clock, self.seal)
             return self.relay
 
         return [
@@ -284,8 +287,9 @@ class Node:
         # Its own message id for the stream (the original may be in the same stream's
         # duplicate window); the task's inbox still dedupes by the envelope's id.
         assert self.bus is not None
-        await self.bus.js.publish(mail_subject(task_id, "task", self.config.partitions),
-                                  encode(env), headers={"Nats-Msg-Id": f"fwd:{env.message_id}"})
+        subject, data = mail_subject(task_id, "task", self.config.partitions), encode(env)
+        await self.bus.js.publish(subject, data, headers={
+            "Nats-Msg-Id": f"fwd:{env.message_id}", **self.seal.headers(subject, data)})
 
     async def _flush_outbox(self) -> None:
         if self.relay is not None:
@@ -293,7 +297,7 @@ class Node:
 
     def _heartbeat_info(self) -> dict[str, Any]:
         return {"url": self.url, "live_tasks": len(self._tasks.live_actors()),
-                **self.clock.status()}
+                "unsealed_refused": self.seal.refused, **self.clock.status()}
 
     def _clock_stepped(self, step: ClockStep) -> None:
         # Runs in whatever read the clock first after the step: log only, never raise.

@@ -9,6 +9,10 @@ Signatures are judged on the host's wall clock (as TLS certificates are), not on
 node's injected business clock: the window is about the real time between a client and a
 node. Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request
 cannot make the node publish on another tenant's or the runtime's own subjects.
+
+Messages one node passes on to another (``ratchet.node.<node>.…``) carry the cluster's
+mail seal (protocol/mail_seal.py) on top of the requester's signature:
+:meth:`Authenticator.check_sealed`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from ratchet.protocol.auth import (
 )
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.errors import PermissionDenied, Unauthenticated
+from ratchet.protocol.mail_seal import MailSeal
 
 __all__ = ["Authenticator", "may_reply"]
 
@@ -47,8 +52,10 @@ def may_reply(reply: str | None, who: Principal | None) -> bool:
 
 
 class Authenticator:
-    def __init__(self, store: KeyringStore, clock: Clock | None = None) -> None:
+    def __init__(self, store: KeyringStore, clock: Clock | None = None, *,
+                 seal: MailSeal | None = None) -> None:
         self.store = store
+        self.seal = seal
         self.clock = clock or SystemClock()
         self.replays = ReplayGuard()
         self._keys: dict[str, Principal] = {}
@@ -63,6 +70,23 @@ class Authenticator:
             self._keys = {p.public_key: p for p in await self.store.principals()}
             self._read_at = now
         return self._keys.get(key)
+
+    def check_sealed(self, msg: Msg) -> None:
+        """Raises Unauthenticated (logged; counted by the seal) unless ``msg`` carries the
+        cluster's mail seal: a request another node passed on."""
+        try:
+            if self.seal is None:
+                raise Unauthenticated("this node holds no mail key to check the seal with")
+            self.seal.check(msg.subject, msg.data, msg.headers)
+        except Unauthenticated as exc:
+            log.warning("node-internal message refused", subject=msg.subject,
+                        reason=exc.message)
+            raise
+
+    def seal_headers(self, subject: str, data: bytes) -> dict[str, str]:
+        """The seal of a message this node passes on to another (none without a key: the
+        receiver then refuses it)."""
+        return self.seal.headers(subject, data) if self.seal is not None else {}
 
     def forget(self) -> None:
         """Read the keyring again on the next request (after a grant or a revoke)."""
