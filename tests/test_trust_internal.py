@@ -9,6 +9,8 @@ the node's own checks hold.
   published straight onto ``ratchet.mail.…`` is dead-lettered and changes nothing (task
   state, events, audit), while the runtime's own mail goes on working; so must requests
   on a node's own subject (``ratchet.node.<node>.…``).
+- The node publishes nowhere a payload or a reply subject names unless it is an inbox of
+  the right key (no confused deputy).
 """
 
 from __future__ import annotations
@@ -16,14 +18,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import nats
+import pytest
+from nats.errors import TimeoutError as NatsTimeout
 from pydantic import BaseModel
 
 import ratchet
 from ratchet.actors.task.actor import DeliverMail
 from ratchet.protocol.codec import decode_map, encode
-from ratchet.protocol.ids import new_id
+from ratchet.protocol.errors import RemoteError
+from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.mail_seal import MAC_HEADER
-from ratchet.protocol.messages import Envelope, Reply
+from ratchet.protocol.messages import Envelope, Reply, SubmitTask
 from ratchet.protocol.subjects import STREAM_DLQ, external_subject, mail_subject
 from tests.apps import RUNS, three
 from tests.conftest import NodeFactory, wait_terminal
@@ -354,3 +360,77 @@ async def test_a_request_on_a_nodes_own_subject_must_carry_the_seal(
     sealed = await ask({MAC_HEADER: lambda s, d: first.seal.mac(s, d)})
     assert sealed.ok, sealed.error
     assert sealed.result is not None and sealed.result["node"] == "n2"
+
+
+# -- no confused deputy ---------------------------------------------------------------------
+
+
+async def nothing_arrives(sub: Any, bound: float = 0.5) -> None:
+    """Nothing was delivered to ``sub``, and nothing comes within ``bound`` seconds (called
+    after a later marker message has arrived)."""
+    with pytest.raises(NatsTimeout):
+        msg = await sub.next_msg(timeout=bound)
+        raise AssertionError(f"the node published on {msg.subject}")
+
+
+async def test_a_get_replying_into_another_tenants_events_is_not_answered_there(
+    start_node: NodeFactory, client: ratchet.Client, nats_url: str
+) -> None:
+    node = await start_node()
+    victim = await client.submit("three", {}, key="victim")
+    await wait_terminal(client, victim)
+    target = f"ratchet.events.acme.{victim}.task.succeeded"
+    watcher = await nats.connect(nats_url)
+    sub = await watcher.subscribe(target)
+    await watcher.flush()
+    gus = await client_as(node, nats_url, "gus", "globex", ["producer"])
+    subject = "ratchet.api.globex.get"
+    data = encode(mail("task.get", {"task_id": victim}))
+    await gus.nc.publish(subject, data, reply=target, headers=gus.sign(subject, data))
+    with pytest.raises(RemoteError) as marker:  # answered, on gus's own inbox
+        await gus.get(victim)
+    assert marker.value.wire_code == "NOT_FOUND"  # another tenant's task: no existence leak
+    await nothing_arrives(sub)
+    await gus.close()
+    await watcher.close()
+
+
+async def test_a_submits_reply_to_is_answered_only_under_an_inbox_of_its_tenants_keys(
+    start_node: NodeFactory, client: ratchet.Client, nats_url: str
+) -> None:
+    node = await start_node()
+    victim = await client.submit("three", {}, key="victim")
+    await wait_terminal(client, victim)
+    gus = await client_as(node, nats_url, "gus", "globex", ["producer"])
+    alice = await client_as(node, nats_url, "alice", "acme", ["producer"])
+    assert gus.signer is not None and alice.signer is not None
+    refused = [f"ratchet.events.acme.{victim}.task.succeeded",  # a Ratchet subject
+               f"_INBOX.{alice.signer.public_key}.stolen",  # another tenant's key's inbox
+               "_INBOX.nobody.x"]  # not a key of the keyring
+    wildcard = f"_INBOX.{gus.signer.public_key}.>"  # gus's own inbox, but a wildcard
+    own = f"_INBOX.{gus.signer.public_key}.own"
+    watcher = await nats.connect(nats_url)
+    subs = [await watcher.subscribe(s) for s in refused]
+    answered = await watcher.subscribe(own)
+    await watcher.flush()
+    keys = []
+    for i, reply_to in enumerate([*refused, wildcard, own]):
+        key, mid = f"deputy-{i}", new_id("msg")
+        env = Envelope(type="task.submit", message_id=mid, correlation_id=mid,
+                       reply_to=reply_to, body=SubmitTask(
+                           workflow="three", idempotency_key=key, input={}).model_dump())
+        await gus.js.publish("ratchet.submit.globex", encode(env),
+                             headers={"Nats-Msg-Id": f"globex:{key}"})
+        keys.append(key)
+    reply = Reply.model_validate(decode_map((await answered.next_msg(timeout=10)).data))
+    assert reply.ok and reply.result is not None
+    # Every submit was accepted all the same: each task runs to its end (the markers).
+    for key in keys:
+        task_id = task_id_for("globex", key)
+        assert (await wait_terminal(gus, task_id))[-1].type == "task.succeeded"
+    for sub in subs:
+        await nothing_arrives(sub, bound=0.2)
+    assert node.authn.refused["reply_to"] == len(refused) + 1
+    for c in (gus, alice):
+        await c.close()
+    await watcher.close()

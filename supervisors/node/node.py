@@ -221,7 +221,8 @@ class Node:
                                                            self.authn), Restart.PERMANENT),
             ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock,
                                                             self.authn), Restart.PERMANENT),
-            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
+            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor, self.authn),
+                      Restart.PERMANENT),
             ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
 

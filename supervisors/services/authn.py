@@ -8,7 +8,9 @@ service and verb need. A principal field in a payload decides nothing.
 Signatures are judged on the host's wall clock (as TLS certificates are), not on the
 node's injected business clock: the window is about the real time between a client and a
 node. Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request
-cannot make the node publish on another tenant's or the runtime's own subjects.
+cannot make the node publish on another tenant's or the runtime's own subjects; the answer
+to a JetStream submit, which is not signed, only under the inbox of a key of the submit's
+tenant (:meth:`Authenticator.may_answer`).
 
 Messages one node passes on to another (``ratchet.node.<node>.…``) carry the cluster's
 mail seal (protocol/mail_seal.py) on top of the requester's signature:
@@ -16,6 +18,8 @@ mail seal (protocol/mail_seal.py) on top of the requester's signature:
 """
 
 from __future__ import annotations
+
+import re
 
 import structlog
 from nats.aio.msg import Msg
@@ -41,6 +45,11 @@ log = structlog.get_logger("ratchet.auth")
 #: once (at most every ``_MISS_REREAD_S``), so a new grant acts within milliseconds.
 _REFRESH_S = 2.0
 _MISS_REREAD_S = 0.2
+
+
+#: A reply subject a submit may name: ``_INBOX.<user nkey>.<tokens>``; no wildcard,
+#: whitespace or empty token (the subject comes from a payload, not from NATS).
+_SUBMIT_INBOX = re.compile(r"^_INBOX\.(U[A-Z2-7]{55})(\.[A-Za-z0-9_-]+)+$")
 
 
 def may_reply(reply: str | None, who: Principal | None) -> bool:
@@ -70,6 +79,22 @@ class Authenticator:
             self._keys = {p.public_key: p for p in await self.store.principals()}
             self._read_at = now
         return self._keys.get(key)
+
+    async def may_answer(self, reply: str | None, tenant: str) -> bool:
+        """Whether the node may publish the answer to a submit of ``tenant`` on ``reply``,
+        the envelope's ``reply_to``: only under the inbox of a key in the keyring, not
+        expired, acting in ``tenant`` (any role: the answer says no more than ``get``).
+        A submit is not signed, so nothing else tells where its answer may go; a refusal
+        is logged and counted, and the submit stands."""
+        match = _SUBMIT_INBOX.match(reply or "")
+        who = await self._lookup(match.group(1)) if match else None
+        if who is not None and who.acts_in(tenant) \
+                and (who.expires_at is None or self.clock.now() < who.expires_at):
+            return True
+        self.refused["reply_to"] = self.refused.get("reply_to", 0) + 1
+        log.warning("no answer: the submit's reply_to is not an inbox of its tenant's keys",
+                    tenant=tenant, reply_to=(reply or "")[:200])
+        return False
 
     def check_sealed(self, msg: Msg) -> None:
         """Raises Unauthenticated (logged; counted by the seal) unless ``msg`` carries the
