@@ -223,11 +223,13 @@ class AdminStore(Protocol):
         """Finished tasks (of ``tenant``, or any) last updated before ``finished_before``."""
         ...
 
-    async def switches(self) -> list[tuple[str, str]]:
+    async def switches(self) -> list[tuple[str, str, str]]:
+        """Every kill switch that is on: ``(scope, kind, name)``; the scope is a tenant,
+        or ``_system`` for every tenant."""
         ...
 
-    async def set_switch(self, kind: str, name: str, on: bool, by: str, reason: str | None,
-                         now: float) -> None:
+    async def set_switch(self, scope: str, kind: str, name: str, on: bool, by: str,
+                         reason: str | None, now: float) -> None:
         ...
 
     async def list_tasks(self, tenant: str, *, status: str | None = None,

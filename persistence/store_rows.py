@@ -26,11 +26,26 @@ from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
 from ratchet.persistence.writer import Writer
+from ratchet.protocol.admin_verbs import SYSTEM_TENANT
 from ratchet.protocol.states import TERMINAL
 
 __all__ = ["AdminRows", "RowReads"]
 
 T = TypeVar("T")
+
+#: A switch's scope is stored in its name, ``<scope>/<name>``: "/" is in neither a tenant
+#: token nor a tool name, so the table keeps its key (kind, name) and needs no migration,
+#: and a row written before switches had scopes (no "/") keeps its meaning: every tenant.
+_SCOPE_SEP = "/"
+
+
+def _scoped(scope: str, name: str) -> str:
+    return f"{scope}{_SCOPE_SEP}{name}"
+
+
+def _unscoped(stored: str) -> tuple[str, str]:
+    scope, sep, name = stored.partition(_SCOPE_SEP)
+    return (scope, name) if sep else (SYSTEM_TENANT, stored)
 
 
 class _StoreParts:
@@ -259,18 +274,23 @@ class AdminRows(_StoreParts):
                                     (*args, limit))
         return [r[0] for r in rows]
 
-    async def switches(self) -> list[tuple[str, str]]:
+    async def switches(self) -> list[tuple[str, str, str]]:
+        """Every switch that is on: ``(scope, kind, name)``, the scope a tenant or
+        ``_system`` (every tenant)."""
         rows = await self._rows("SELECT kind, name FROM switches")
-        return [(r[0], r[1]) for r in rows]
+        return [(scope, kind, name) for kind, (scope, name)
+                in ((r[0], _unscoped(r[1])) for r in rows)]
 
-    async def set_switch(self, kind: str, name: str, on: bool, by: str, reason: str | None,
-                         now: float) -> None:
+    async def set_switch(self, scope: str, kind: str, name: str, on: bool, by: str,
+                         reason: str | None, now: float) -> None:
+        stored = _scoped(scope, name)
+
         def txn(conn: sqlite3.Connection) -> None:
             if on:
                 conn.execute("INSERT OR REPLACE INTO switches(kind, name, by, reason, at)"
-                             " VALUES (?,?,?,?,?)", (kind, name, by, reason, now))
+                             " VALUES (?,?,?,?,?)", (kind, stored, by, reason, now))
             else:
-                conn.execute("DELETE FROM switches WHERE kind = ? AND name = ?", (kind, name))
+                conn.execute("DELETE FROM switches WHERE kind = ? AND name = ?", (kind, stored))
 
         await self._writer.submit(txn)
 

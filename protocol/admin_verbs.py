@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CLUSTER_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
+__all__ = ["CLUSTER_VERBS", "SWITCH_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
 
 #: The role each verb needs.
 VERB_ROLES: dict[str, str] = {
@@ -18,5 +18,8 @@ VERB_ROLES: dict[str, str] = {
 #: Verbs about the cluster, not about one tenant's tasks (the audit chain is one per
 #: store, across tenants).
 CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack", "verify-audit"})
+#: The kill switches: on a tenant's subject they act on its tasks, on the SYSTEM_TENANT's
+#: on every tenant's (docs/admin.md).
+SWITCH_VERBS = frozenset({"freeze", "thaw", "disable-tool", "enable-tool"})
 #: The tenant token of cluster commands; give it only to the platform's operators.
 SYSTEM_TENANT = "_system"

@@ -26,3 +26,10 @@ async def client_as(node: ratchet.Node, url: str, name: str, tenant: str,
     """A client of ``tenant`` signing as ``name`` (of ``home``, default the same tenant)."""
     signer = await grant(node, name, home or tenant, roles)
     return await ratchet.Client.connect(url, tenant, creds=signer)
+
+
+async def publish_sealed(client: ratchet.Client, node: ratchet.Node, subject: str,
+                         data: bytes) -> None:
+    """Publish mail as a node of ``node``'s cluster would: sealed with its mail key (for
+    tests of what the mail routers and task actors do with mail the runtime sent)."""
+    await client.js.publish(subject, data, headers=node.seal.headers(subject, data))

@@ -288,7 +288,7 @@ async def test_a_disabled_tool_is_refused_and_freeze_holds_new_steps_until_thawe
     disabled = await admin(client, "disable-tool", command_id="z3", principal=OPERATOR,
                            args={"tool": "submit_claim", "reason": "provider incident"})
     assert disabled.result == {"disabled": ["submit_claim"]}
-    assert await node.store.switches() == [("tool", "submit_claim")]
+    assert await node.store.switches() == [("acme", "tool", "submit_claim")]
     log = await node.store.audit_log("acme")
     assert ("z3", "ok") in [(e["command_id"], e["outcome"]) for e in log]
 

@@ -14,6 +14,7 @@ from ratchet.persistence.store import Store
 from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.clock import FakeClock, SystemClock
 from ratchet.protocol.codec import decode_map
+from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT
 from ratchet.supervisors.services.mail_router import RecentIds
 from ratchet.supervisors.services.outbox_relay import OutboxRelay
@@ -80,7 +81,8 @@ async def test_an_outbox_relay_holding_few_rows_still_publishes_every_event_in_o
     bus = await Bus.connect(nats_url)
     store = await Store.open(tmp_path / "r.db")
     system = ActorSystem(SystemClock())
-    relay = OutboxRelay(bus, store, SystemClock(), max_pending=5, linger=0)
+    relay = OutboxRelay(bus, store, SystemClock(), MailSeal(await store.cluster_secret("mail")),
+                        max_pending=5, linger=0)
     try:
         await bus.ensure_streams()
         ref = system.spawn(relay, "outbox")

@@ -29,6 +29,7 @@ from ratchet.protocol.subjects import (
     mail_subject,
 )
 from tests.conftest import NodeFactory, wait_terminal
+from tests.keys import publish_sealed
 
 EXAMPLES = 60
 CODES = {code.value for code in ErrorCode}
@@ -135,6 +136,8 @@ async def test_every_inbound_handler_answers_or_dead_letters_random_input_and_ke
         for payload in payloads(kind):
             if kind in ("decision", "external"):
                 await client.publish_signed(subject, payload)
+            elif kind == "mail":  # sealed, as a node's: the fuzz reaches the handlers
+                await publish_sealed(client, node, subject, payload)
             else:
                 await client.js.publish(subject, payload)
     requests = [("ratchet.api.acme.submit", p) for p in payloads("submit")]

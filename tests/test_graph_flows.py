@@ -13,6 +13,7 @@ from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import decision_subject, external_subject, mail_subject
 from tests.conftest import NodeFactory, assert_contiguous
 from tests.graph_apps import app
+from tests.keys import publish_sealed
 
 PARKED = {"approval.requested", "wait.started"}
 DONE = {"task.succeeded", "task.failed", "task.cancelled"}
@@ -170,7 +171,7 @@ async def test_each_branch_has_its_own_time_budget(
 async def test_duplicate_and_forged_branch_notifications_leave_the_join_correct(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    await start_node(app)
+    node = await start_node(app)
     task_id = await client.submit("fan.k", {"hang": ["c"], "slow": {"b": 0.3}}, key="dup")
     await run_until(client, task_id, {"branch.completed"})  # a is done; b is still working
     for branch, status in (("a", "SUCCEEDED"), ("a", "SUCCEEDED"),  # repeats
@@ -178,7 +179,8 @@ async def test_duplicate_and_forged_branch_notifications_leave_the_join_correct(
         env = Envelope(type="branch.done", message_id=f"fake-{branch}-{status}",
                        correlation_id="x", body={"key": "spread#0", "node": "spread",
                                                  "branch": branch, "status": status})
-        await client.js.publish(mail_subject(task_id, "task"), encode(env))
+        # Sealed as a node's (unsealed mail never reaches the task: test_trust_internal).
+        await publish_sealed(client, node, mail_subject(task_id, "task"), encode(env))
     events = await run_until(client, task_id, DONE)
     joins = [e for e in events if e.type in ("join.completed", "join.failed")]
     assert len(joins) == 1 and joins[0].type == "join.completed"

@@ -247,7 +247,7 @@ async def test_drain_hands_partitions_over_at_safe_points_with_no_task_lost(
         await client.submit("twenty", {"sleep": 0.05}, key=f"d{i}")
     await _until(lambda: _count(tmp_path, "SELECT COUNT(*) FROM events WHERE type ="
                                 " 'step.completed'") >= 100, 60, "tasks to be mid-flight")
-    admin = await ratchet.Client.connect(nats_url, tenant="_system")
+    admin = await ratchet.Client.connect(nats_url, tenant="_system", creds=client.signer)
     try:
         answer = await admin.request_admin("drain", {
             "command_id": new_id("cmd"), "principal": {"name": "ops", "roles": ["operator"]},

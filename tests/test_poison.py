@@ -13,6 +13,7 @@ import pytest
 from nats.aio.msg import Msg
 
 import ratchet
+from ratchet.protocol.auth import inbox_prefix
 from ratchet.protocol.codec import MAX_DEPTH, decode_map, encode, reply_route
 from ratchet.protocol.errors import InvalidMessage
 from ratchet.protocol.messages import Envelope, Reply
@@ -36,9 +37,16 @@ def nested(depth: int) -> bytes:
     return b"\x81\xa1a" * (depth - 1) + b"\x80"
 
 
-def deep_submit(depth: int) -> bytes:
+def own_inbox(client: ratchet.Client, name: str) -> str:
+    """A reply subject under the client's key's own inbox: the only kind the answer to a
+    submit's ``reply_to`` is published on (docs/security.md)."""
+    assert client.signer is not None
+    return f"{inbox_prefix(client.signer.public_key)}.{name}"
+
+
+def deep_submit(depth: int, reply_to: str) -> bytes:
     """A submit envelope whose input nests maps so that the whole is ``depth`` deep."""
-    head = msgpack.packb({k: v for k, v in submit_map("deep", reply_to="_INBOX.deep").items()
+    head = msgpack.packb({k: v for k, v in submit_map("deep", reply_to=reply_to).items()
                           if k != "body"})
     body = msgpack.packb({"workflow": "three", "idempotency_key": "deep"})
     # head is a fixmap of 6 entries: make it 7 and append "body": {.., "input": <deep>}.
@@ -85,15 +93,15 @@ async def test_a_submission_nested_600_deep_is_answered_and_dead_lettered_not_re
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node()
-    inbox = await client.nc.subscribe("_INBOX.deep")
-    await client.js.publish("ratchet.submit.acme", deep_submit(600))
+    inbox = await client.nc.subscribe(own_inbox(client, "deep"))
+    await client.js.publish("ratchet.submit.acme", deep_submit(600, inbox.subject))
     reply = Reply.model_validate(msgpack.unpackb((await inbox.next_msg(timeout=15)).data))
     assert reply.error is not None and reply.error.code == "INVALID_ARGUMENT"
     assert reply.correlation_id == "c-deep"
     msg = await dead_letter(client, "ratchet.dlq.submit.acme")
     assert msg.headers is not None and msg.headers["Ratchet-Error-Code"] == "INVALID_ARGUMENT"
     await nothing_pending(client)
-    api = await reply_of(client, "ratchet.api.acme.submit", deep_submit(600))
+    api = await reply_of(client, "ratchet.api.acme.submit", deep_submit(600, inbox.subject))
     assert api.error is not None and api.error.code == "INVALID_ARGUMENT"
     assert api.correlation_id == "c-deep"
 
@@ -114,9 +122,9 @@ async def test_a_submission_whose_handling_keeps_raising_is_dead_lettered_with_t
     monkeypatch.setattr(Acceptor, "accept", accept)
     monkeypatch.setattr(routing, "GIVE_UP_AFTER", 2)
     node = await start_node()
-    inbox = await client.nc.subscribe("_INBOX.boom")
+    inbox = await client.nc.subscribe(own_inbox(client, "boom"))
     await client.js.publish("ratchet.submit.acme",
-                            msgpack.packb(submit_map("boom", reply_to="_INBOX.boom")))
+                            msgpack.packb(submit_map("boom", reply_to=inbox.subject)))
     reply = Reply.model_validate(msgpack.unpackb((await inbox.next_msg(timeout=15)).data))
     assert reply.error is not None and reply.error.code == "INTERNAL"
     assert "RuntimeError('a bug')" in reply.error.message
@@ -244,8 +252,8 @@ async def test_an_envelope_that_does_not_validate_is_answered_where_it_asks(
     start_node: NodeFactory, client: ratchet.Client, override: dict[str, Any]
 ) -> None:
     await start_node()
-    inbox = await client.nc.subscribe("_INBOX.salvage")
-    raw = msgpack.packb(submit_map("salvage", reply_to="_INBOX.salvage", **override))
+    inbox = await client.nc.subscribe(own_inbox(client, "salvage"))
+    raw = msgpack.packb(submit_map("salvage", reply_to=inbox.subject, **override))
     await client.js.publish("ratchet.submit.acme", raw)
     reply = Reply.model_validate(msgpack.unpackb((await inbox.next_msg(timeout=15)).data))
     assert reply.error is not None and reply.error.code == "INVALID_ARGUMENT"

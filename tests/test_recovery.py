@@ -13,6 +13,7 @@ from ratchet.supervisors.supervision.supervisor import StopChild
 from tests.apps import RUNS
 from tests.conftest import NodeFactory, wait_terminal
 from tests.graph_apps import app as graph_app
+from tests.keys import publish_sealed
 from tests.test_graph_flows import run_until
 
 
@@ -65,10 +66,10 @@ async def test_the_sweeper_leaves_a_task_alone_that_became_live_between_sweeps(
 async def test_mail_for_a_task_that_does_not_exist_is_dead_lettered(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    await start_node()
+    node = await start_node()
     env = Envelope(type="task.start", message_id="m-ghost", correlation_id="c",
                    body=StartTask(task_id="tsk_ghost", tenant="acme").model_dump())
-    await client.js.publish(mail_subject("tsk_ghost", "task"), encode(env))
+    await publish_sealed(client, node, mail_subject("tsk_ghost", "task"), encode(env))
     sub = await client.js.pull_subscribe("ratchet.dlq.mail.>", "ghost", stream=STREAM_DLQ)
     [msg] = await sub.fetch(1, timeout=10)
     assert msg.headers is not None and msg.headers["Ratchet-Error-Code"] == "NOT_FOUND"
@@ -114,12 +115,12 @@ async def test_a_parked_task_stays_passivated_when_its_node_restarts(
 async def test_a_malformed_timer_mail_does_not_hurt_a_running_task(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    await start_node()
+    node = await start_node()
     task_id = await client.submit("ten", {"sleep": 0.02}, key="poison")
     for kind in ("branch_timeout", "join_timeout", "approval_timeout", "wait_timeout"):
         env = Envelope(type="timer.fired", message_id=f"bad-{kind}", correlation_id="x",
                        body={"kind": kind, "payload": {}})
-        await client.js.publish(mail_subject(task_id, "task"), encode(env))
+        await publish_sealed(client, node, mail_subject(task_id, "task"), encode(env))
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert "task.recovered" not in [e.type for e in events]

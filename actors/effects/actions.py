@@ -136,8 +136,8 @@ class ActionRunner:
         if self.env.pause_requested is not None and self.env.pause_requested() \
                 and compensates is None:
             raise PauseRequested(tool.name)  # a safe point: nothing of this call has started
-        if self.env.switches is not None and tool.name in self.env.switches.disabled_tools \
-                and compensates is None:
+        if self.env.switches is not None and compensates is None \
+                and self.env.switches.tool_disabled(self.env.tenant, tool.name):
             failure = ActionFailed(f"tool {tool.name} is disabled (kill switch)", tool=tool.name,
                                    retryable=True)
             failure.code = ErrorCode.UNAVAILABLE

@@ -1,22 +1,74 @@
 """Kill switches for incidents, read on every call and every step (in memory, loaded from
 the store at start and changed by the admin service, which persists them first).
 
-- a disabled tool: no new call of it is made, anywhere — the action fails with
-  UNAVAILABLE ``tool disabled``; calls already in flight finish (or end UNKNOWN);
-- frozen dispatch: no new step starts — running steps finish at their safe point, tasks
-  wait (QUEUED or between steps) until thawed.
+Each switch has a scope: a tenant (set on ``ratchet.admin.<tenant>.…``: that tenant's
+tasks only) or ``_system`` (set on ``ratchet.admin._system.…`` by the platform's
+operators: every tenant's tasks).
+
+- a disabled tool: no new call of it is made by the tasks in scope — the action fails
+  with UNAVAILABLE ``tool disabled``; calls already in flight finish (or end UNKNOWN);
+- frozen dispatch: no new step starts in scope — running steps finish at their safe
+  point, tasks wait (QUEUED or between steps) until thawed.
 """
 
 from __future__ import annotations
+
+from ratchet.protocol.admin_verbs import SYSTEM_TENANT
 
 __all__ = ["Switches"]
 
 
 class Switches:
     def __init__(self) -> None:
-        self.disabled_tools: set[str] = set()
-        self.frozen = False
+        #: Disabled tool names by scope.
+        self._tools: dict[str, set[str]] = {}
+        #: The scopes whose dispatch is frozen.
+        self._frozen: set[str] = set()
 
-    def load(self, rows: list[tuple[str, str]]) -> None:
-        self.disabled_tools = {name for kind, name in rows if kind == "tool"}
-        self.frozen = any(kind == "freeze" for kind, _ in rows)
+    def load(self, rows: list[tuple[str, str, str]]) -> None:
+        """Replace every switch with the store's ``(scope, kind, name)`` rows."""
+        tools: dict[str, set[str]] = {}
+        for scope, kind, name in rows:
+            if kind == "tool":
+                tools.setdefault(scope, set()).add(name)
+        self._tools = tools
+        self._frozen = {scope for scope, kind, _ in rows if kind == "freeze"}
+
+    # -- read on every step and call: a set lookup or two ---------------------------------
+
+    def frozen_for(self, tenant: str) -> bool:
+        """Whether ``tenant``'s tasks may start no new step (its freeze, or the cluster's)."""
+        return bool(self._frozen) and (SYSTEM_TENANT in self._frozen or tenant in self._frozen)
+
+    def tool_disabled(self, tenant: str, tool: str) -> bool:
+        """Whether ``tenant``'s tasks may not call ``tool`` (its switch, or the cluster's)."""
+        if not self._tools:
+            return False
+        return tool in self._tools.get(tenant, ()) or tool in self._tools.get(SYSTEM_TENANT, ())
+
+    # -- changed by the admin service (after the store) ------------------------------------
+
+    @property
+    def frozen_scopes(self) -> frozenset[str]:
+        return frozenset(self._frozen)
+
+    def set_frozen(self, scope: str, on: bool) -> None:
+        if on:
+            self._frozen.add(scope)
+        else:
+            self._frozen.discard(scope)
+
+    def set_tool(self, scope: str, tool: str, disabled: bool) -> None:
+        if disabled:
+            self._tools.setdefault(scope, set()).add(tool)
+        elif scope in self._tools:
+            self._tools[scope].discard(tool)
+            if not self._tools[scope]:
+                del self._tools[scope]
+
+    def disabled(self, scope: str) -> list[str]:
+        """The tools disabled for ``scope``'s tasks: its own and, for a tenant, the
+        cluster's."""
+        own = self._tools.get(scope, set())
+        return sorted(own | (self._tools.get(SYSTEM_TENANT, set())
+                             if scope != SYSTEM_TENANT else set()))

@@ -225,7 +225,8 @@ class TaskActor(Actor):
     # -- execution ----------------------------------------------------------------------
 
     def _frozen(self) -> bool:
-        return self.deps.switches is not None and bool(self.deps.switches.frozen)
+        tenant = self.record.tenant if self.record is not None else ""
+        return self.deps.switches is not None and self.deps.switches.frozen_for(tenant)
 
     async def _advance(self) -> None:
         if is_terminal(self.status) or self.workflow is None:
@@ -248,8 +249,7 @@ class TaskActor(Actor):
         # due_now: a forward step of the wall clock is held, not taken for the deadline passing.
         if self.record.deadline_at is not None \
                 and self.deps.clock.due_now() >= self.record.deadline_at:
-            await fail_with_saga(self, RatchetError("task deadline passed"),
-                                            "deadline passed")
+            await fail_with_saga(self, RatchetError("task deadline passed"), "deadline passed")
             return
         if self.current == END:
             await self._succeed()

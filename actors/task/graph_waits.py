@@ -12,7 +12,7 @@ from __future__ import annotations
 from ratchet.actors.task.decision_audit import APPROVAL, decision_entry
 from ratchet.actors.task.fanout import JoinTimeout, branch_done_change
 from ratchet.actors.task.kernel import TaskKernel
-from ratchet.actors.task.suspension import fail_with_saga
+from ratchet.actors.task.suspension import fail_with_saga, is_open_wait
 from ratchet.actors.workflow.nodes import CANCEL, FAIL, ApprovalNode, WaitNode
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.persistence.ledger import TimerWrite
@@ -121,6 +121,8 @@ async def on_wait_resolved(actor: TaskKernel, env: Envelope) -> str:
     if not isinstance(node, WaitNode) or node.name != name:
         return "ignored"
     cid = str(env.body.get("correlation_id"))
+    if not await is_open_wait(actor, cid, f"node:{node.name}"):
+        return "ignored"  # another wait's (or nobody's) correlation id: never this one's
     if env.body.get("outcome", "completed") != "completed":
         await actor.commit(status_event=TaskEvent.EXTERNAL_RESOLVED, resolve_waits=[cid],
                            cancel_timers=[_wait_timer(actor, node.name)],

@@ -25,10 +25,28 @@ from ratchet.protocol.errors import ActionFailed
 from ratchet.protocol.states import TaskEvent
 
 __all__ = ["suspend", "pause", "handoff_package", "fail_with_saga", "unresolved_actions",
-           "external_timer_id"]
+           "external_timer_id", "is_open_wait"]
 
 def external_timer_id(task_id: str, correlation_id: str) -> str:
     return f"ext:{task_id}:{correlation_id}"
+
+
+async def is_open_wait(actor: TaskKernel, correlation_id: str, kind: str) -> bool:
+    """Whether ``correlation_id`` names an open wait of this task of ``kind``
+    (``node:<name>`` or ``action:<key>``); a resolution that names another is logged and
+    must be ignored.
+
+    The store's row decides, not the mail: the external router looked it up too, but
+    mail may come from elsewhere (docs/security.md), and a resolution must never complete
+    a wait it does not name."""
+    assert actor.record is not None
+    found = await actor.deps.store.find_wait(actor.record.tenant, correlation_id)
+    if found == (actor.task_id, kind):
+        return True
+    actor.log.warning("resolution for no open wait of this task ignored",
+                      correlation_id=correlation_id[:200], kind=kind,
+                      open_wait=found is not None)
+    return False
 
 
 async def suspend(actor: TaskKernel, signal: TaskSuspended) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ratchet.actors.effects.actions import ActionRunner, HandoffRequired
 from ratchet.actors.task.kernel import TaskKernel
-from ratchet.actors.task.suspension import external_timer_id, suspend
+from ratchet.actors.task.suspension import external_timer_id, is_open_wait, suspend
 from ratchet.actors.workflow.tools import Accepted
 from ratchet.persistence.ledger import ActionWrite, TimerWrite
 from ratchet.protocol.catalogue import EventType, MessageType
@@ -40,11 +40,13 @@ async def handle_wait_mail(actor: TaskKernel, env: Envelope) -> str:
             return "ignored"
         return await external_timeout(actor, env, dict(body.get("payload") or {}))
     key = str(body.get("key", ""))
+    cid = str(body.get("correlation_id", key))
+    if not await is_open_wait(actor, cid, f"action:{key}"):
+        return "ignored"
     action = await actor.deps.store.get_action(actor.record.tenant if actor.record else "", key)
     if action is None or not action.accepted or action.status != "IN_FLIGHT":
         return "ignored"
     tool = actor.deps.registry.tool(action.tool)
-    cid = str(body.get("correlation_id", key))
     resolved = {"status_event": TaskEvent.EXTERNAL_RESOLVED, "resolve_waits": [cid],
                 "cancel_timers": [external_timer_id(actor.task_id, cid)],
                 "inbox_message_id": env.message_id}

@@ -28,6 +28,7 @@ from ratchet.persistence.store import Store  # the composition root: it opens th
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.clock_guard import ClockGuard, ClockStep
 from ratchet.protocol.codec import encode
+from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
 from ratchet.supervisors.node.config import NodeConfig
@@ -37,6 +38,7 @@ from ratchet.supervisors.node.held_leases import HeldLeases
 from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
 from ratchet.supervisors.node.node_events import NodeEvents
 from ratchet.supervisors.node.partitions import PartitionWork
+from ratchet.supervisors.node.store_figures import store_figures
 from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.api import ApiActor
 from ratchet.supervisors.services.authn import Authenticator
@@ -117,7 +119,9 @@ class Node:
                                       fence=self.holding, audit_seal=seal)
         self.store.on_file_lost(self._file_lost)
         await bootstrap_admin(self.store, Path(cfg.state_dir), self.clock, cfg.node_id)
-        self.authn = Authenticator(self.store, held=lambda: self.clock.held)
+        # Mail between nodes is sealed with the store's shared key (protocol/mail_seal.py).
+        self.seal = MailSeal(await self.store.cluster_secret("mail"))
+        self.authn = Authenticator(self.store, seal=self.seal, held=lambda: self.clock.held)
         try:
             bus = await self._connect_bus()
         except BaseException:
@@ -209,7 +213,7 @@ class Node:
         self.work = PartitionWork(
             node_id=cfg.node_id, partitions=cfg.partitions, store=store, tasks=tasks,
             mail_supervisor=lambda: self.system.lookup("node/mail"),
-            make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p),
+            make_router=lambda p: MailRouter(bus, tasks, store, self.clock, p, self.seal),
             flush_outbox=self._flush_outbox, activate=tasks.activate_or_release,
             forget=tasks.forget_partitions)
         self.leases = leases = LeaseManager(
@@ -227,7 +231,7 @@ class Node:
         store, tasks = self._store, self._tasks
 
         def relay(_: int) -> OutboxRelay:
-            self.relay = OutboxRelay(bus, store, self.clock)
+            self.relay = OutboxRelay(bus, store, self.clock, self.seal)
             return self.relay
 
         return [
@@ -252,7 +256,8 @@ class Node:
                                                            self.authn), Restart.PERMANENT),
             ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock,
                                                             self.authn), Restart.PERMANENT),
-            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor), Restart.PERMANENT),
+            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor, self.authn),
+                      Restart.PERMANENT),
             ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
 
@@ -269,22 +274,10 @@ class Node:
                 log.warning("request service not ready", service=name, error=repr(exc))
 
     def writer_summary(self) -> dict[str, Any]:
-        """Group-commit figures: batches, transactions, and how long batches took."""
+        """Group-commit and WAL figures (supervisors/node/store_figures.py)."""
         if self.store is None:
             return {}
-        stats = self.store.writer_stats
-        durations = sorted(stats.commit_seconds)
-
-        def pct(p: float) -> float:
-            return round(durations[int(p * (len(durations) - 1))] * 1000, 3) if durations else 0.0
-
-        wal = self.store.wal_stats
-        return {"commit_batches": stats.batches, "commit_transactions": stats.transactions,
-                "largest_batch": stats.largest_batch, "commit_p50_ms": pct(0.5),
-                "commit_p99_ms": pct(0.99), "commit_max_ms": pct(1.0),
-                "wal_peak_mb": round(wal.wal_peak_bytes / 1e6, 2), "wal_restarts": wal.restarts,
-                "wal_restart_failures": wal.restart_failures,
-                "wal_hold_max_ms": round(wal.hold_max_seconds * 1000, 2),
+        return {**store_figures(self.store),
                 **({"db_lost": self.store_lost, "db_rescued_to": self.store.rescued_to}
                    if self.store_lost is not None else {})}
 
@@ -318,8 +311,9 @@ class Node:
         # Its own message id for the stream (the original may be in the same stream's
         # duplicate window); the task's inbox still dedupes by the envelope's id.
         assert self.bus is not None
-        await self.bus.js.publish(mail_subject(task_id, "task", self.config.partitions),
-                                  encode(env), headers={"Nats-Msg-Id": f"fwd:{env.message_id}"})
+        subject, data = mail_subject(task_id, "task", self.config.partitions), encode(env)
+        await self.bus.js.publish(subject, data, headers={
+            "Nats-Msg-Id": f"fwd:{env.message_id}", **self.seal.headers(subject, data)})
 
     async def _flush_outbox(self) -> None:
         if self.relay is not None:
@@ -327,7 +321,7 @@ class Node:
 
     def _heartbeat_info(self) -> dict[str, Any]:
         return {"url": self.url, "live_tasks": len(self._tasks.live_actors()),
-                **self.clock.status()}
+                "unsealed_refused": self.seal.refused, **self.clock.status()}
 
     def _clock_stepped(self, step: ClockStep) -> None:
         # Runs in whatever read the clock first after the step: log only, never raise.
@@ -341,9 +335,9 @@ class Node:
 
     async def _reload_switches(self) -> None:
         # Another node may have flipped a kill switch: each node re-reads them every tick.
-        was_frozen = self.switches.frozen
+        was_frozen = self.switches.frozen_scopes
         self.switches.load(await self._store.switches())
-        if was_frozen and not self.switches.frozen:
+        if was_frozen - self.switches.frozen_scopes:
             self._tasks.wake_all()  # thawed on another node: waiting tasks here go on too
 
     @property

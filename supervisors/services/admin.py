@@ -2,7 +2,8 @@
 
 Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``,
 ``resume`` (actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill
-switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw``; and ``purge``. Each with
+switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw`` (for the subject's tenant,
+or on ``_system`` for every tenant); and ``purge``. Each with
 the contract every verb follows: a typed reply; a signed command whose key holds the role
 the verb needs (supervisors/services/authn.py: UNAUTHENTICATED or PERMISSION_DENIED
 otherwise; the payload's ``principal`` decides nothing); the tenant of the subject (a task of
@@ -29,7 +30,7 @@ from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.ports import StorePort
 from ratchet.persistence.txns import NewTask, TaskChange
-from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SWITCH_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.clock import Clock
@@ -90,7 +91,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if verb not in VERB_ROLES or env.type != admin_type(verb):
             raise InvalidMessage(f"unknown admin verb {verb!r} (type {env.type!r})", verb=verb)
         cmd = parse_body(env, AdminCommand)
-        if (verb in CLUSTER_VERBS) != (tenant == SYSTEM_TENANT):
+        if (verb in CLUSTER_VERBS) != (tenant == SYSTEM_TENANT) and verb not in SWITCH_VERBS:
             raise PermissionDenied(f"{verb} is not a command of tenant {tenant!r}", verb=verb)
         if cmd.task_id:
             await self._forward_if_elsewhere(tenant, verb, cmd.task_id, msg)
@@ -227,37 +228,40 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
             raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
         return {"task_id": rec.task_id, "approval_id": approval_id, "decision": decision}
 
-    # Kill switches act on the whole node ("anywhere"), are persisted before they take
-    # effect and, like every command, audited.
+    # Kill switches act on the subject's tenant's tasks (``_system``: every tenant's), on
+    # every node of the store; persisted before they take effect and, like every command,
+    # audited. Other nodes see the change at their next lease tick (node.py).
 
     async def _disable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        tool = self._str_arg(cmd, "tool", required=True, max_length=200)
-        assert tool is not None
-        await self.store.set_switch("tool", tool, True, self._who(cmd),
-                                    self._str_arg(cmd, "reason"), self.clock.now())
-        self.switches.disabled_tools.add(tool)
-        return {"disabled": sorted(self.switches.disabled_tools)}
+        return await self._switch_tool(tenant, cmd, True)
 
     async def _enable_tool(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        return await self._switch_tool(tenant, cmd, False)
+
+    async def _switch_tool(self, scope: str, cmd: AdminCommand, off: bool) -> dict[str, Any]:
         tool = self._str_arg(cmd, "tool", required=True, max_length=200)
         assert tool is not None
-        await self.store.set_switch("tool", tool, False, self._who(cmd), None,
+        await self.store.set_switch(scope, "tool", tool, off, self._who(cmd),
+                                    self._str_arg(cmd, "reason") if off else None,
                                     self.clock.now())
-        self.switches.disabled_tools.discard(tool)
-        return {"disabled": sorted(self.switches.disabled_tools)}
+        self.switches.set_tool(scope, tool, off)
+        return {"disabled": self.switches.disabled(scope)}
 
     async def _freeze(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        await self.store.set_switch("freeze", "dispatch", True, self._who(cmd),
+        await self.store.set_switch(tenant, "freeze", "dispatch", True, self._who(cmd),
                                     self._str_arg(cmd, "reason"), self.clock.now())
-        self.switches.frozen = True
-        return {"frozen": True, "effect": "running steps finish; no new step starts"}
+        self.switches.set_frozen(tenant, True)
+        return {"frozen": True, "scope": tenant,
+                "effect": "running steps finish; no new step starts"}
 
     async def _thaw(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
-        await self.store.set_switch("freeze", "dispatch", False, self._who(cmd), None,
+        await self.store.set_switch(tenant, "freeze", "dispatch", False, self._who(cmd), None,
                                     self.clock.now())
-        self.switches.frozen = False
-        # Tasks waiting at their safe point go on.
-        return {"frozen": False, "woken": self.tasks.wake_all()}
+        self.switches.set_frozen(tenant, False)
+        # Tasks waiting at their safe point go on (those still frozen by the cluster's
+        # freeze wait on: they check again). Still frozen: the cluster froze it too.
+        return {"frozen": self.switches.frozen_for(tenant), "scope": tenant,
+                "woken": self.tasks.wake_all()}
 
     async def _purge(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Remove one finished task (events, checkpoints, unreferenced blobs) on demand."""

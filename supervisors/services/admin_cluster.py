@@ -15,6 +15,7 @@ from ratchet.protocol.clock import Clock
 from ratchet.protocol.clock_guard import ClockGuard
 from ratchet.protocol.errors import InvalidMessage, NotFound, Unavailable
 from ratchet.protocol.messages import AdminCommand
+from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.request_service import Forwarded
 
 __all__ = ["ClusterVerbs", "FORWARDED_HEADER", "READ_VERBS"]
@@ -27,6 +28,7 @@ FORWARDED_HEADER = "Ratchet-Forwarded-By"
 
 class ClusterVerbs:
     bus: Bus
+    authn: Authenticator
     store: StorePort  # the leases and nodes; the audit chain
     clock: Clock
     node_id: str
@@ -47,10 +49,7 @@ class ClusterVerbs:
         owner_alive = lease is not None and lease.owner is not None and lease.ttl_left > 0
         if owner_alive and lease is not None and lease.owner != self.node_id \
                 and forwarded_by is None:
-            await self.bus.nc.publish(
-                f"ratchet.node.{lease.owner}.admin.{tenant}.{verb}", msg.data,
-                reply=msg.reply, headers={**(msg.headers or {}), FORWARDED_HEADER: self.node_id})
-            raise Forwarded()
+            await self._pass_on(lease.owner, tenant, verb, msg)
         if verb in READ_VERBS:
             return  # a read: the store has the truth; only "live" is unknown here
         raise Unavailable("the task's partition is changing owners; retry shortly",
@@ -107,9 +106,15 @@ class ClusterVerbs:
             return
         if not any(row.node_id == node for row in await self.store.nodes()):
             raise NotFound("no such node", node=node)
-        await self.bus.nc.publish(f"ratchet.node.{node}.admin.{tenant}.{verb}", msg.data,
-                                  reply=msg.reply,
-                                  headers={**(msg.headers or {}), FORWARDED_HEADER: self.node_id})
+        await self._pass_on(node, tenant, verb, msg)
+
+    async def _pass_on(self, node: str, tenant: str, verb: str, msg: Msg) -> None:
+        """Publish the request, as signed by its sender, on ``node``'s own subject, sealed
+        by this node (the receiver takes only sealed ones there); raises Forwarded."""
+        subject = f"ratchet.node.{node}.admin.{tenant}.{verb}"
+        await self.bus.nc.publish(subject, msg.data, reply=msg.reply, headers={
+            **(msg.headers or {}), FORWARDED_HEADER: self.node_id,
+            **self.authn.seal_headers(subject, msg.data)})
         raise Forwarded()
 
     async def _clock_ack(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:

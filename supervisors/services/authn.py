@@ -9,12 +9,21 @@ Signatures are judged on the host's wall clock (as TLS certificates are), not on
 node's injected business clock: the window is about the real time between a client and a
 node. After a forward step of the node's wall clock, the time it still believes (the wall
 clock less the step it holds, protocol/clock_guard.py) is accepted too: an operator must
-still be able to reach a node whose clock jumped, if only to ``clock-ack`` it. Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request
-cannot make the node publish on another tenant's or the runtime's own subjects.
+still be able to reach a node whose clock jumped, if only to ``clock-ack`` it.
+
+Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request cannot make
+the node publish on another tenant's or the runtime's own subjects; the answer to a
+JetStream submit, which is not signed, only under the inbox of a key of the submit's
+tenant (:meth:`Authenticator.may_answer`).
+
+Messages one node passes on to another (``ratchet.node.<node>.…``) carry the cluster's
+mail seal (protocol/mail_seal.py) on top of the requester's signature:
+:meth:`Authenticator.check_sealed`.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import structlog
@@ -32,6 +41,7 @@ from ratchet.protocol.auth import (
 )
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.errors import PermissionDenied, Unauthenticated
+from ratchet.protocol.mail_seal import MailSeal
 
 __all__ = ["Authenticator", "may_reply"]
 
@@ -41,6 +51,11 @@ log = structlog.get_logger("ratchet.auth")
 #: once (at most every ``_MISS_REREAD_S``), so a new grant acts within milliseconds.
 _REFRESH_S = 2.0
 _MISS_REREAD_S = 0.2
+
+
+#: A reply subject a submit may name: ``_INBOX.<user nkey>.<tokens>``; no wildcard,
+#: whitespace or empty token (the subject comes from a payload, not from NATS).
+_SUBMIT_INBOX = re.compile(r"^_INBOX\.(U[A-Z2-7]{55})(\.[A-Za-z0-9_-]+)+$")
 
 
 def may_reply(reply: str | None, who: Principal | None) -> bool:
@@ -57,9 +72,10 @@ def _issued_s(headers: dict[str, str]) -> float | None:
 
 
 class Authenticator:
-    def __init__(self, store: KeyringStore, clock: Clock | None = None,
-                 held: Callable[[], float] | None = None) -> None:
+    def __init__(self, store: KeyringStore, clock: Clock | None = None, *,
+                 seal: MailSeal | None = None, held: Callable[[], float] | None = None) -> None:
         self.store = store
+        self.seal = seal
         self.clock = clock or SystemClock()
         self.held = held or (lambda: 0.0)  # seconds of a forward wall-clock step held
         self.replays = ReplayGuard()
@@ -83,6 +99,39 @@ class Authenticator:
         if issued is None or not held:
             return now
         return min(now, now - held, key=lambda ref: abs(ref - issued))
+
+    async def may_answer(self, reply: str | None, tenant: str) -> bool:
+        """Whether the node may publish the answer to a submit of ``tenant`` on ``reply``,
+        the envelope's ``reply_to``: only under the inbox of a key in the keyring, not
+        expired, acting in ``tenant`` (any role: the answer says no more than ``get``).
+        A submit is not signed, so nothing else tells where its answer may go; a refusal
+        is logged and counted, and the submit stands."""
+        match = _SUBMIT_INBOX.match(reply or "")
+        who = await self._lookup(match.group(1)) if match else None
+        if who is not None and who.acts_in(tenant) \
+                and (who.expires_at is None or self.clock.now() < who.expires_at):
+            return True
+        self.refused["reply_to"] = self.refused.get("reply_to", 0) + 1
+        log.warning("no answer: the submit's reply_to is not an inbox of its tenant's keys",
+                    tenant=tenant, reply_to=(reply or "")[:200])
+        return False
+
+    def check_sealed(self, msg: Msg) -> None:
+        """Raises Unauthenticated (logged; counted by the seal) unless ``msg`` carries the
+        cluster's mail seal: a request another node passed on."""
+        try:
+            if self.seal is None:
+                raise Unauthenticated("this node holds no mail key to check the seal with")
+            self.seal.check(msg.subject, msg.data, msg.headers)
+        except Unauthenticated as exc:
+            log.warning("node-internal message refused", subject=msg.subject,
+                        reason=exc.message)
+            raise
+
+    def seal_headers(self, subject: str, data: bytes) -> dict[str, str]:
+        """The seal of a message this node passes on to another (none without a key: the
+        receiver then refuses it)."""
+        return self.seal.headers(subject, data) if self.seal is not None else {}
 
     def forget(self) -> None:
         """Read the keyring again on the next request (after a grant or a revoke)."""

@@ -5,11 +5,12 @@ Producers publish an :class:`~protocol.messages.Envelope` of type ``task.submit`
 so JetStream drops repeats within its window; the tenant prefix because that window is per
 stream and two tenants may use the same key). The Store's ``requests`` table is the lasting
 guard: same key and same request → the same task; same key and a different request → a
-typed CONFLICT, recorded and answered, no second task. A message that cannot be decoded or
-validated is dead-lettered with its error and acked (its sender answered if a reply subject
-can be read from it); one whose handling keeps raising something unexpected is retried up
-to ``GIVE_UP_AFTER`` deliveries, then dead-lettered with the exception: it never stops the
-node, nor comes back for ever.
+typed CONFLICT, recorded and answered, no second task. The answer goes to the envelope's
+``reply_to`` only if that is an inbox of a key of the submit's tenant (docs/security.md).
+A message that cannot be decoded or validated is dead-lettered with its error and acked
+(its sender answered if a reply subject can be read from it); one whose handling keeps
+raising something unexpected is retried up to ``GIVE_UP_AFTER`` deliveries, then
+dead-lettered with the exception: it never stops the node, nor comes back for ever.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from ratchet.protocol.subjects import (
     mail_subject,
     tenant_of,
 )
+from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.request_service import error_reply
 from ratchet.supervisors.services.routing import given_up
 
@@ -137,10 +139,11 @@ class IntakeActor(ServiceActor):
     loop whose subject stays empty for ``idle_after`` seconds ends until messages come back.
     """
 
-    def __init__(self, bus: Bus, acceptor: Acceptor, batch: int = 128,
+    def __init__(self, bus: Bus, acceptor: Acceptor, authn: Authenticator, batch: int = 128,
                  discover_interval: float = 0.5, idle_after: float = 60.0) -> None:
         self.bus = bus
         self.acceptor = acceptor
+        self.authn = authn
         self.batch = batch
         self.discover_interval = discover_interval
         self.idle_after = idle_after
@@ -216,7 +219,10 @@ class IntakeActor(ServiceActor):
         # subject (and correlation id) can be read from the raw map.
         reply_to, correlation_id = ((env.reply_to, env.correlation_id) if env is not None
                                     else reply_route(msg.data))
-        if reply_to:
+        # The reply subject comes from the payload: answered only under an inbox of a key
+        # of this tenant, never on a subject the node would otherwise write (a confused
+        # deputy). The task stands either way.
+        if reply_to and await self.authn.may_answer(reply_to, tenant):
             await self._respond(reply_to, error_reply(result, correlation_id)
                                 if isinstance(result, RatchetError) else
                                 Reply(ok=True, correlation_id=correlation_id,

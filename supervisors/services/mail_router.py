@@ -7,6 +7,11 @@ task's actor if needed, asks it to handle the message, and acks only after the a
 answered, that is after its effects committed. Repeats are dropped twice over: a small
 in-memory window of recent message ids here, and the Store's inbox (in the effect's own
 transaction) at the actor. Undeliverable mail is nak'ed with a delay and retried.
+
+Mail must carry the cluster's seal (protocol/mail_seal.py), which only nodes can make:
+mail without it — a forged decision, cancel, timer or confirmation published straight
+onto the stream — is dead-lettered as UNAUTHENTICATED, logged and counted, and reaches no
+task.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import NotFound
+from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import STREAM_MAIL, dlq_subject, mail_route
 from ratchet.supervisors.services.routing import Target, TaskRouter
@@ -70,8 +76,9 @@ class MailRouter(TaskRouter):
     batch = 512
 
     def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock,
-                 partition: int) -> None:
+                 partition: int, seal: MailSeal) -> None:
         super().__init__(bus, tasks, store, clock)
+        self.seal = seal
         self.partition = partition
         self.durable = mail_durable(partition)
         self.filter_subject = f"ratchet.mail.{partition}.>"

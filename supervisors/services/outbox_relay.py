@@ -10,6 +10,9 @@ Deleting published rows is batched (every ``delete_interval`` or ``delete_batch`
 it keeps a second write off every step's path; a crash before the delete only republishes
 rows JetStream (within its window) or subscribers (by sequence) drop.
 
+Actor mail (``ratchet.mail.…``) leaves sealed with the cluster's mail key
+(protocol/mail_seal.py): the mail routers drop mail without the seal.
+
 Memory is bounded: at most ``max_pending`` rows wait here (NATS slow or down). Beyond that
 announced rows are left in the table and ignored until the relay has caught up; it then
 reads them back in id order, so no task's events are ever published out of order.
@@ -28,6 +31,7 @@ from ratchet.actors.transport.bus import STREAM_GONE, Bus
 from ratchet.persistence.ports import OutboxStore
 from ratchet.persistence.txns import OutboxRow
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.mail_seal import MailSeal, is_sealed_subject
 
 __all__ = ["OutboxRelay"]
 
@@ -35,13 +39,14 @@ log = structlog.get_logger("ratchet.outbox")
 
 
 class OutboxRelay(ServiceActor):
-    def __init__(self, bus: Bus, store: OutboxStore, clock: Clock, *, batch: int = 1000,
-                 sweep_interval: float = 5.0, publish_timeout: float = 10.0,
+    def __init__(self, bus: Bus, store: OutboxStore, clock: Clock, seal: MailSeal, *,
+                 batch: int = 1000, sweep_interval: float = 5.0, publish_timeout: float = 10.0,
                  delete_interval: float = 0.2, delete_batch: int = 2000,
                  linger: float = 0.002, max_pending: int = 20_000) -> None:
         self.bus = bus
         self.store = store
         self.clock = clock
+        self.seal = seal
         self.batch = batch
         self.sweep_interval = sweep_interval
         self.publish_timeout = publish_timeout
@@ -137,6 +142,8 @@ class OutboxRelay(ServiceActor):
             futures = []
             for row in list(rows):
                 headers = {"Nats-Msg-Id": row.msg_id, **(row.headers or {})}
+                if is_sealed_subject(row.subject):
+                    headers.update(self.seal.headers(row.subject, row.payload))
                 try:
                     futures.append(await self.bus.js.publish_async(row.subject, row.payload,
                                                                    headers=headers))

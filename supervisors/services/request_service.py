@@ -23,6 +23,7 @@ from ratchet.actors.transport.bus import Bus
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.codec import decode_envelope, encode, reply_route
 from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.mail_seal import is_sealed_subject
 from ratchet.protocol.messages import Envelope, Reply
 from ratchet.protocol.subjects import check_token, request_route
 from ratchet.supervisors.services.authn import Authenticator, may_reply
@@ -132,6 +133,8 @@ class RequestService(ServiceActor):
         try:
             check_token(tenant, "tenant")
             check_token(verb, "verb")
+            if is_sealed_subject(msg.subject):  # passed on by another node: sealed by it
+                self.authn.check_sealed(msg)
             who = await self.authn.check(msg, self.service, tenant, verb)
             if not may_reply(msg.reply, who):
                 # Only to the signer's own inbox: never on another tenant's or the

@@ -34,6 +34,7 @@ from ratchet.protocol.errors import (
     TaskFinished,
     Unauthenticated,
 )
+from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import tenant_of
 from ratchet.supervisors.services.authn import Authenticator
@@ -77,6 +78,9 @@ class TaskRouter(ServiceActor):
     #: Messages from people and the outside world are signed (docs/security.md): the
     #: service whose role the signer must hold (None: mail between the runtime's actors).
     signed_service: str | None = None
+    #: Mail between the runtime's actors is sealed instead: the cluster's mail key, whose
+    #: MAC each message must carry (protocol/mail_seal.py; None: not a mail consumer).
+    seal: MailSeal | None = None
 
     def __init__(self, bus: Bus, tasks: TaskSupervision, store: TaskStore, clock: Clock,
                  authn: Authenticator | None = None) -> None:
@@ -97,6 +101,8 @@ class TaskRouter(ServiceActor):
 
     async def route(self, msg: Msg) -> None:
         try:
+            if self.seal is not None:  # dead-lettered (UNAUTHENTICATED) below if not sealed
+                self.seal.check(msg.subject, msg.data, msg.headers)
             who = await self._signer(msg)
             env = decode_envelope(msg.data)
             if self.expects is not None and env.type != self.expects:
