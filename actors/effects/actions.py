@@ -25,6 +25,12 @@ from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.core.backoff import backoff_delay
+from ratchet.actors.effects.signals import (
+    AwaitExternal,
+    HandoffRequired,
+    PauseRequested,
+    TaskSuspended,
+)
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.effects.tool_session import Invoke
 from ratchet.actors.workflow.tools import Accepted, Decision, Tool, classify
@@ -45,39 +51,6 @@ from ratchet.protocol.ids import request_hash
 
 __all__ = ["ActionRunner", "PauseRequested", "AwaitExternal", "CallEnv", "HandoffRequired",
            "TaskSuspended"]
-
-
-class TaskSuspended(BaseException):
-    """Control signal, not an error (so not in protocol/errors.py): the task cannot go on
-    now. A BaseException so that step code's ``except Exception`` cannot swallow it."""
-
-
-class HandoffRequired(TaskSuspended):
-    """A human must decide. ``approval`` is False for an undecidable outcome (the task goes
-    UNKNOWN) and True for a decision the runtime cannot take (WAITING_APPROVAL), such as a
-    compensation that failed for good."""
-
-    def __init__(self, reason: str, package: dict[str, Any], *, approval: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.package = package
-        self.approval = approval
-
-
-class AwaitExternal(TaskSuspended):
-    def __init__(self, correlation_id: str, key: str, timeout: float) -> None:
-        super().__init__(correlation_id)
-        self.correlation_id = correlation_id
-        self.key = key
-        self.timeout = timeout
-
-
-class PauseRequested(TaskSuspended):
-    """An operator's pause, taken at the safe point before a tool call."""
-
-    def __init__(self, tool: str) -> None:
-        super().__init__(tool)
-        self.tool = tool
 
 
 Commit = Callable[..., Awaitable[None]]

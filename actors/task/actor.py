@@ -269,13 +269,6 @@ class TaskActor(Actor):
         if await graph_runtime.run_node(self, node):
             self.ref.tell(Advance())
 
-    def _counts_visits(self, name: str) -> bool:
-        assert self.workflow is not None
-        node = self.workflow.nodes.get(name)
-        return node is not None and (node.max_visits is not None
-                                     or node.kind in ("fanout", "join", "wait", "approval",
-                                                      "agent"))
-
     async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
                    count_visit: bool = True, delta: StateDelta | None = None,
                    **kwargs: Any) -> None:
@@ -285,10 +278,8 @@ class TaskActor(Actor):
         for _, payload in events:
             if "changed" in payload and payload["changed"] is None:
                 payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
-        # Visits are counted only where something reads them (loop bounds, per-visit keys of
-        # fan-outs and waits): a 1,000-step sequence must not rewrite a 1,000-entry map
-        # at every step.
-        counted = count_visit and self._counts_visits(node)  # an agent's turns are one visit
+        left = self.workflow.nodes.get(node) if self.workflow is not None else None
+        counted = count_visit and left is not None and left.counts_visits  # not agent turns
         visits = {**self.visits, node: self.visits.get(node, 0) + 1} if counted else None
         now = self.deps.clock.now()
         heartbeat = self._progress.due(now)

@@ -19,11 +19,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
 
+from ratchet.actors.workflow.cycles import cycles
 from ratchet.actors.workflow.nodes import (
     CANCEL,
     END,
@@ -276,7 +277,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: unreachable nodes {unreachable}")
 
     def _check_cycles(self, where: str) -> None:
-        for cycle in _cycles(self.nodes):
+        for cycle in cycles(self.nodes):
             if not any(self.nodes[n].max_visits for n in cycle):
                 path = " -> ".join([*cycle, cycle[0]])
                 raise WorkflowDefinitionError(
@@ -338,57 +339,3 @@ def _edges(node: Node) -> list[tuple[str, str]]:
         timeout_to = "FAILED" if node.on_timeout == FAIL else str(node.on_timeout)
         return [("message arrived", node.next), (f"no message in {node.timeout:g}s", timeout_to)]
     return []
-
-
-def _cycles(nodes: Mapping[str, Node]) -> list[list[str]]:
-    """Strongly connected components with a cycle (Tarjan, iterative: a long sequence of
-    thousands of steps must not hit Python's recursion limit)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[list[str]] = []
-    counter = 0
-
-    def successors(v: str) -> list[str]:
-        return [w for w in nodes[v].successors() if w != END and w in nodes]
-
-    for root in nodes:
-        if root in index:
-            continue
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        work: list[tuple[str, Iterator[str]]] = [(root, iter(successors(root)))]
-        while work:
-            v, pending = work[-1]
-            advanced = False
-            for w in pending:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(successors(w))))
-                    advanced = True
-                    break
-                if w in on_stack:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-            if low[v] == index[v]:
-                component = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    component.append(w)
-                    if w == v:
-                        break
-                if len(component) > 1 or v in nodes[v].successors():
-                    out.append(list(reversed(component)))
-    return out
