@@ -10,11 +10,17 @@ Values are bounded: one value's encoding by ``max_value_bytes`` (default 16 MiB)
 values one checkpoint writes by ``max_checkpoint_bytes`` (default 64 MiB). A value over
 its limit, or one msgpack cannot encode, is refused with :class:`InvalidStateValue`
 naming the key — for a str or bytes value before it is encoded at all.
+
+A value holding secrets (``SecretStr``) is encoded with them sealed: the tracker is given
+the store's ``Sealer.default`` as msgpack's hook. Sealing is deterministic
+(protocol/secrets.py), so an unchanged secret encodes to the same bytes and is not
+written again; its blob digest is of the sealed bytes, never of the clear value.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,8 +72,12 @@ class StateTracker:
 
     def __init__(self, encoded: dict[str, bytes] | None = None, *,
                  max_value_bytes: int = MAX_VALUE_BYTES,
-                 max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES) -> None:
+                 max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES,
+                 default: Callable[[Any], Any] | None = None) -> None:
+        """``default``: msgpack's hook for other objects (a store's ``secrets.default``
+        seals secrets; without it a secret in the state is not plain data)."""
         self._encoded: dict[str, bytes] = dict(encoded or {})
+        self._default = default
         self._known_blobs: set[str] = set()
         self.max_value_bytes = max_value_bytes
         self.max_checkpoint_bytes = max_checkpoint_bytes
@@ -122,7 +132,7 @@ class StateTracker:
         if isinstance(value, str | bytes | bytearray) and len(value) > self.max_value_bytes:
             raise self._too_large(key, len(value))
         try:
-            encoded: bytes = msgpack.packb(value, use_bin_type=True)
+            encoded: bytes = msgpack.packb(value, use_bin_type=True, default=self._default)
         except (TypeError, ValueError, OverflowError) as exc:  # a type, depth or int range
             raise InvalidStateValue(
                 f"state[{key!r}] is not plain data msgpack can encode: a"

@@ -352,6 +352,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
         );
         """,
     ),
+    (12, "secret_keys: the keys this store's secrets are sealed under (protocol/secrets.py)",
+     "CREATE TABLE secret_keys (key_id TEXT PRIMARY KEY, created_at REAL NOT NULL)"),
 ]
 
 

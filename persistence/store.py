@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -12,7 +13,6 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from ratchet.persistence.checkpoints import decode_optional as _unpack
-from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
 from ratchet.persistence.file_watch import put_back
 from ratchet.persistence.leases import (
@@ -39,8 +39,9 @@ from ratchet.persistence.txns import (
 )
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
 from ratchet.persistence.writer import WriterStats, make_writer
-from ratchet.protocol.errors import NotFound
+from ratchet.protocol.errors import NotFound, SecretUnreadable
 from ratchet.protocol.messages import TaskSnapshot
+from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.states import TERMINAL
 
 __all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord", "action_record"]
@@ -56,10 +57,10 @@ _TASK_COLUMNS = (
 )
 
 
-def _record(row: tuple[Any, ...]) -> TaskRecord:
+def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
     return TaskRecord(
         task_id=row[0], tenant=row[1], workflow=row[2], workflow_version=row[3],
-        status=row[4], version=row[5], input=_unpack(row[6]), next_step=row[7],
+        status=row[4], version=row[5], input=secrets.unpack(row[6]), next_step=row[7],
         steps_total=row[8], last_checkpoint=row[9], last_event_seq=row[10],
         deadline_at=row[11], created_at=row[12], updated_at=row[13],
         error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
@@ -97,6 +98,9 @@ class Store(RowReads, AdminRows, LeaseRows):
         #: a store used without leases, e.g. by tools and tests, checks nothing).
         self.fence: Fence | None = fence
         self.lease_clock: LeaseClock = lease_clock or HostLeaseClock()
+        #: Seals the secrets of task inputs, state values, ledger rows and tool sessions
+        #: (protocol/secrets.py); without a key (:meth:`use_secrets`) none can be stored.
+        self.secrets = Sealer()
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
@@ -183,6 +187,35 @@ class Store(RowReads, AdminRows, LeaseRows):
             for listener in self._outbox_listeners:
                 listener(rows)
 
+    async def use_secrets(self, sealer: Sealer) -> None:
+        """Seal and open secrets with ``sealer`` from now on. The first key a store is used
+        with is recorded (``secret_keys``); another key is refused, before anything is read
+        with it: what it would seal could not be read with the first, nor the reverse.
+
+        Raises:
+            SecretUnreadable: the store's secrets are sealed under another key.
+        """
+        key_id = sealer.key_id
+
+        def txn(conn: sqlite3.Connection) -> None:
+            known = [r[0] for r in conn.execute("SELECT key_id FROM secret_keys")]
+            if known and key_id not in known:
+                raise SecretUnreadable(
+                    f"this store's secrets are sealed under key {known[0]}, and the key given"
+                    f" is {key_id}: start with the store's key (RATCHET_SECRET_KEY, or"
+                    " <state_dir>/keys/secrets.key)", key_id=key_id, store_key_ids=known)
+            if not known:
+                conn.execute("INSERT INTO secret_keys(key_id, created_at) VALUES (?,?)",
+                             (key_id, time.time()))
+
+        if key_id is not None:
+            await self._writer.submit(txn)
+        self.secrets = sealer
+
+    async def secret_key_ids(self) -> list[str]:
+        """The keys this store's secrets are sealed under (none before its first key)."""
+        return [r[0] for r in await self._rows("SELECT key_id FROM secret_keys")]
+
     # -- writes ----------------------------------------------------------------------
 
     def _fenced(self, task_id: str, fn: Callable[[sqlite3.Connection], T]
@@ -256,7 +289,7 @@ class Store(RowReads, AdminRows, LeaseRows):
         )
         if row is None:
             raise NotFound("no such task", task_id=task_id)
-        return _record(tuple(row))
+        return _record(tuple(row), self.secrets)
 
     async def snapshot(self, tenant: str, task_id: str) -> TaskSnapshot:
         """The task as ``status`` shows it. A task of another tenant is NOT_FOUND."""
@@ -296,7 +329,7 @@ class Store(RowReads, AdminRows, LeaseRows):
             if blob_row is None:
                 raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
             encoded[key] = blob_row[0]
-        values = {k: decode_value(v) for k, v in encoded.items()}
+        values = {k: self.secrets.unpack(v) for k, v in encoded.items()}
         return LoadedState(values, encoded, set(blob_refs.values()))
 
     async def active_tasks(self) -> list[tuple[str, str, str]]:

@@ -8,8 +8,6 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import msgpack
-
 from ratchet.persistence.admin_rows import (
     AuditEntry,
     append_audit_txn,
@@ -24,6 +22,7 @@ from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
 from ratchet.persistence.writer import Writer
+from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.states import TERMINAL
 
 __all__ = ["AdminRows", "RowReads"]
@@ -35,6 +34,7 @@ class _StoreParts:
     """What the mixins use of :class:`Store` (which provides it)."""
 
     _writer: Writer
+    secrets: Sealer
 
     async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
         raise NotImplementedError
@@ -50,8 +50,9 @@ class _StoreParts:
         raise NotImplementedError
 
 
-def _branch(status: str, result: bytes | None, error: bytes | None) -> dict[str, Any]:
-    return {"status": status, "result": _unpack(result), "error": _unpack(error)}
+def _branch(status: str, result: bytes | None, error: bytes | None,
+            secrets: Sealer) -> dict[str, Any]:
+    return {"status": status, "result": secrets.unpack_optional(result), "error": _unpack(error)}
 
 
 class RowReads(_StoreParts):
@@ -63,24 +64,24 @@ class RowReads(_StoreParts):
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key = ?",
             (tenant, key),
         )
-        return None if row is None else action_record(row)
+        return None if row is None else action_record(row, self.secrets.unpack_optional)
 
     async def task_actions(self, task_id: str) -> list[ActionRecord]:
         """The task's actions in the order they were first recorded."""
         rows = await self._rows(
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
         )
-        return [action_record(r) for r in rows]
+        return [action_record(r, self.secrets.unpack_optional) for r in rows]
 
     async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
         row = await self._row(
             "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)
         )
-        return {} if row is None else dict(_unpack(row[0]))
+        return {} if row is None else dict(self.secrets.unpack(row[0]))
 
     async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
                                  now: float) -> None:
-        packed = msgpack.packb(state, use_bin_type=True)
+        packed = self.secrets.pack(state)  # a token kept as SecretStr is sealed
 
         def txn(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -142,7 +143,7 @@ class RowReads(_StoreParts):
 
         def txn(conn: sqlite3.Connection) -> tuple[bool, ChangeResult | None]:
             if not finish_branch_txn(conn, change.task_id, node, branch, status, result, error,
-                                     change.now):
+                                     change.now, self.secrets.default):
                 return (False, None)
             return (True, apply_change_txn(conn, change))
 
@@ -155,13 +156,13 @@ class RowReads(_StoreParts):
         rows = await self._rows(
             "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
             (task_id, node))
-        return {r[0]: _branch(r[1], r[2], r[3]) for r in rows}
+        return {r[0]: _branch(r[1], r[2], r[3], self.secrets) for r in rows}
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
         r = await self._row(
             "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"
             " AND branch = ?", (task_id, node, branch))
-        return None if r is None else _branch(r[0], r[1], r[2])
+        return None if r is None else _branch(r[0], r[1], r[2], self.secrets)
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
         r = await self._row(

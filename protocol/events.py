@@ -16,6 +16,7 @@ import msgpack
 
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.messages import SCHEMA_VERSION, Event
+from ratchet.protocol.redaction import redacting
 
 __all__ = ["MAX_EVENT_PAYLOAD", "decode_event", "encode_event", "pack_payload"]
 
@@ -24,8 +25,10 @@ MAX_EVENT_PAYLOAD = 256 * 1024
 
 
 def pack_payload(payload: Mapping[str, Any]) -> bytes:
-    """A payload's msgpack bytes, as the events table stores them."""
-    return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+    """A payload's msgpack bytes, as the events table stores them: a secret object left in
+    it is redacted (protocol/redaction.py), here and on the stream."""
+    return msgpack.packb(payload, use_bin_type=True,  # type: ignore[no-any-return]
+                         default=redacting)
 
 
 def encode_event(
@@ -65,6 +68,7 @@ def encode_event(
             "payload": published,
         },
         use_bin_type=True,
+        default=redacting,
     )
 
 

@@ -34,6 +34,7 @@ from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
+from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import END, StepContext, StepNode
 from ratchet.actors.workflow.registry import Workflow, bind_step_logger
 from ratchet.persistence import CheckpointWrite, StateDelta, StateTracker, TaskChange, TaskRecord
@@ -68,6 +69,7 @@ class TaskActor(Actor):
         self.workflow: Workflow | None = None
         self.state: dict[str, Any] = {}
         self.tracker = StateTracker()
+        self.secrets = TaskSecrets(task_id)  # actors/task/task_secrets.py
         self.version = 0
         self.status = TaskStatus.QUEUED
         self.next_step = 0  # nodes completed so far (progress)
@@ -88,6 +90,7 @@ class TaskActor(Actor):
 
     async def on_start(self) -> None:
         """Load the task and its last checkpoint; queue an Advance if it can run."""
+        opened = self.deps.store.secrets.opened
         rec = await self.deps.store.load_task(self.task_id)
         self.record = rec
         self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
@@ -115,8 +118,10 @@ class TaskActor(Actor):
         self.current = rec.current_node or self.workflow.start
         loaded = await self.deps.store.load_state(self.task_id)
         self.state = loaded.values
+        self.secrets.loaded(self.deps.store.secrets, opened, rec.input, loaded.values)
         self.tracker = StateTracker(loaded.encoded, max_value_bytes=self.deps.max_value_bytes,
-                                    max_checkpoint_bytes=self.deps.max_checkpoint_bytes)
+                                    max_checkpoint_bytes=self.deps.max_checkpoint_bytes,
+                                    default=self.deps.store.secrets.default)
         for digest in loaded.blobs:
             self.tracker.note_stored_blob(digest)
         if self.status is TaskStatus.RUNNING:
@@ -145,6 +150,7 @@ class TaskActor(Actor):
         return True
 
     async def on_stop(self) -> None:
+        self.secrets.release(running=self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING))
         try:
             await graph_runtime.stop_fanout_children(self)
         finally:
@@ -205,7 +211,8 @@ class TaskActor(Actor):
 
     def _change(self, **kwargs: Any) -> TaskChange:
         return TaskChange(task_id=self.task_id, expected_version=self.version,
-                          producer=self.deps.producer, now=self.deps.clock.now(), **kwargs)
+                          producer=self.deps.producer, now=self.deps.clock.now(),
+                          **self.secrets.scrub(kwargs))  # what it shows quotes no secret
 
     async def commit(self, **kwargs: Any) -> None:
         """Commit a change under this actor's version (the action runner's callback)."""
@@ -318,7 +325,7 @@ class TaskActor(Actor):
             deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
             # Counting costs a read-modify-write per call: only for tasks with such a budget.
             count_tool_calls=count_tool_calls and "tool_calls" in self.record.budget,
-            switches=self.deps.switches,
+            switches=self.deps.switches, note_secrets=self.secrets.note,
             pause_requested=lambda: self.pause_requested))
 
     async def run_step(self, step: StepNode) -> bool:

@@ -1,6 +1,6 @@
 """The node: the root supervisor of one Ratchet process.
 
-Start order: store → NATS (embedded or joined) → streams → root supervisor with
+Start order: store (and its secret key, supervisors/node/secret_key.py) → NATS (embedded or joined) → streams → root supervisor with
 {outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
 every unfinished task.
 Stop order (idempotent): stop intake, the routers and timers (no new work) → stop the tasks
@@ -27,13 +27,16 @@ from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.clock_guard import ClockGuard, ClockStep
 from ratchet.protocol.codec import encode
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
 from ratchet.supervisors.node.config import NodeConfig
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.node.held_leases import HeldLeases
 from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
+from ratchet.supervisors.node.log_output import install_log_redaction
 from ratchet.supervisors.node.node_events import NodeEvents
 from ratchet.supervisors.node.partitions import PartitionWork
+from ratchet.supervisors.node.secret_key import load_secret_key
 from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.api import ApiActor
 from ratchet.supervisors.services.decisions import DecisionRouter
@@ -106,7 +109,11 @@ class Node:
                                       wal_limit=int(cfg.wal_limit_mb * 1024 * 1024),
                                       fence=self.holding)
         self.store.on_file_lost(self._file_lost)
+        install_log_redaction()  # a secret of a live task never reaches a log line
         try:
+            key = load_secret_key(cfg.state_dir,
+                                  sealed_under=await self.store.secret_key_ids())
+            await self.store.use_secrets(Sealer(key))  # SecretUnreadable: not this store's
             bus = await self._connect_bus()
         except BaseException:
             await self.stop()
