@@ -176,11 +176,12 @@ class RowReads(_StoreParts):
                 "reason": r[8], "expires_at": r[9], "created_at": r[10], "decided_at": r[11]}
 
     async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
-        """An agent node's log entries ``(kind, body)`` in order (messages and turns)."""
+        """An agent node's log entries ``(kind, body)`` in order (messages and turns), their
+        sealed secrets opened."""
         rows = await self._rows(
             "SELECT kind, body FROM agent_log WHERE task_id = ? AND node = ? ORDER BY seq",
             (task_id, node))
-        return [(r[0], dict(_unpack(r[1]))) for r in rows]
+        return [(r[0], dict(self.secrets.unpack(r[1]))) for r in rows]
 
     async def checkpoint_names(self, task_id: str) -> list[str]:
         """The names of the nodes completed, in checkpoint order."""

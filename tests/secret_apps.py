@@ -7,18 +7,23 @@ What the tools saw in clear is appended to :data:`SEEN` (tool name, clear token)
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import structlog
 from pydantic import BaseModel
 
 import ratchet
+from ratchet.actors.agents.models import ModelRequest
+from ratchet.actors.agents.scripted_model import Reply, ScriptedModel, reply
 from ratchet.protocol.errors import ToolInvalidArgument, ToolOutcomeUnknown, ToolTransient
 
 #: (tool, the clear token it was called with), in call order.
 SEEN: list[tuple[str, str]] = []
 #: Tokens whose first call fails with a transient error quoting them.
 FLAKY: set[str] = set()
+#: The first user message (the prompt) of every model call.
+PROMPTS: list[str] = []
 
 log = structlog.get_logger("tests.secret_apps")
 
@@ -120,4 +125,25 @@ async def use(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"paid": result.provider_id}}
 
 
-app = ratchet.Registry([signup, signup_lost, signup_refused, held])
+
+
+class Paid(BaseModel):
+    paid: str
+
+
+def _clerk(request: ModelRequest) -> Reply:
+    """A model that reads the key from its prompt and echoes it in a tool call."""
+    prompt = next(m.content or "" for m in request.messages if m.role == "user")
+    PROMPTS.append(prompt)
+    if not any(m.role == "tool" for m in request.messages):
+        return reply(tool_calls=[("charge", {"customer": "c8", "token": prompt.split()[-1]})])
+    return reply(json.dumps({"paid": "ch-c8"}))
+
+
+#: An agent whose prompt holds the clear key (the model must have it to use it).
+agent = ratchet.Workflow("signup.agent", version=1, input_model=SignupInput)
+agent.agent("clerk", model=ScriptedModel(_clerk), tools=[charge], output=Paid,
+            prompt=lambda state, input: f"Charge {input['customer']} with the key"
+                                        f" {input['api_key'].get_secret_value()}")
+
+app = ratchet.Registry([signup, signup_lost, signup_refused, held, agent])

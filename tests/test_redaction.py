@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import logging
 import os
 import secrets
@@ -41,6 +42,7 @@ OPERATOR = {"name": "olga", "roles": ["operator"]}
 def _reset_tools() -> None:
     SEEN.clear()
     secret_apps.FLAKY.clear()
+    secret_apps.PROMPTS.clear()
 
 
 @pytest.fixture
@@ -143,6 +145,27 @@ async def test_a_secret_input_reaches_the_tool_in_clear_and_no_stored_or_shown_b
     for where, data in places.items():
         assert secret.encode() not in data, where
     assert REDACTED in places["logs"] and REDACTED in places["events stream"]
+
+
+async def test_an_agent_prompt_quoting_a_secret_reaches_the_model_and_is_kept_sealed(
+    start_node: NodeFactory, client: ratchet.Client, tmp_path: Path, log_file: Path,
+) -> None:
+    secret = new_secret()
+    node = await start_node(secret_apps.app)
+    task_id = await client.submit("signup.agent", signup_input(secret, "c8"), key="k8")
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded", events[-1]
+    assert secret_apps.PROMPTS[0] == f"Charge c8 with the key {secret}"  # the model's is clear
+    assert SEEN == [("charge", secret)]  # the model passed it on to the tool
+    assert node.store is not None
+    log = await node.store.agent_log(task_id, "clerk#0")
+    kind, body = log[0]  # the prompt's message, sealed whole, opened with the node's key
+    assert kind == "message" and json.loads(body["sealed"].get_secret_value()) == {
+        "role": "user", "content": f"Charge c8 with the key {secret}"}
+    places = {"sqlite": db_bytes(tmp_path / "node"), "logs": log_file.read_bytes(),
+              "events stream": await stream_bytes(client, STREAM_EVENTS)}
+    for where, data in places.items():
+        assert secret.encode() not in data, where
 
 
 async def test_a_handoff_package_shows_the_input_and_requests_redacted(
