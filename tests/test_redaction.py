@@ -290,6 +290,36 @@ async def test_a_dead_lettered_submit_keeps_its_input_redacted(
     assert secret.encode() not in await stream_bytes(client, STREAM_DLQ)
 
 
+async def test_an_input_model_refuses_a_bad_submission_up_front_and_steps_see_a_map(
+    start_node: NodeFactory, client: ratchet.Client,
+) -> None:
+    class Order(BaseModel):
+        item: str
+        quantity: int = 1
+        card: ratchet.SecretStr
+
+    seen: list[dict[str, Any]] = []
+    wf = ratchet.Workflow("order", version=1, input_model=Order)
+
+    @wf.step
+    async def look(ctx: ratchet.StepContext) -> dict[str, Any]:
+        seen.append(dict(ctx.input))
+        return {"output": {"quantity": Order.model_validate(ctx.input).quantity}}
+
+    await start_node(ratchet.Registry([wf]))
+    with pytest.raises(ratchet.RemoteError) as refused:
+        await client.submit_sync("order", {"item": "pen", "card": 1234567}, key="o1")
+    assert refused.value.wire_code == "INVALID_ARGUMENT"
+    assert refused.value.details["problems"] == [{"field": "card",
+                                                  "problem": "Input should be a valid string"}]
+    accepted = await client.submit_sync("order", {"item": "pen", "card": "4111-1111"}, key="o2")
+    events = await wait_terminal(client, accepted["task_id"])
+    assert events[-1].payload["output"] == {"quantity": 1}
+    assert seen == [{"item": "pen", "quantity": 1, "card": ratchet.SecretStr("4111-1111")}]
+    with pytest.raises(ratchet.WorkflowDefinitionError, match="input_model must be a pydantic"):
+        ratchet.Workflow("bad", input_model=dict)  # type: ignore[arg-type]
+
+
 def test_a_sealed_secret_opens_only_with_its_key_and_only_unaltered() -> None:
     key = os.urandom(32)
     sealed = Sealer(key).pack({"token": ratchet.SecretStr("sk-123456"), "n": 1})
