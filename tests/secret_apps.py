@@ -146,4 +146,17 @@ agent.agent("clerk", model=ScriptedModel(_clerk), tools=[charge], output=Paid,
             prompt=lambda state, input: f"Charge {input['customer']} with the key"
                                         f" {input['api_key'].get_secret_value()}")
 
-app = ratchet.Registry([signup, signup_lost, signup_refused, held, agent])
+#: Asks a human, showing the key (redacted) in the approval request.
+approved = ratchet.Workflow("signup.approved", version=1, input_model=SignupInput)
+
+
+@approved.step
+async def ask(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"customer": ctx.input["customer"], "key": ctx.input["api_key"]}
+
+
+approved.approval("check", on_approve=ratchet.END, on_reject=ratchet.END, timeout=3600,
+                  on_timeout="cancel", request=lambda s: {"customer": s["customer"],
+                                                          "key": s["key"]})
+
+app = ratchet.Registry([signup, signup_lost, signup_refused, held, agent, approved])

@@ -35,7 +35,7 @@ from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, wait_terminal
 from tests.secret_apps import SEEN, SignupInput
 
 REDACTED = ratchet.REDACTED.encode()
-OPERATOR = {"name": "olga", "roles": ["operator"]}
+OPERATOR = {"name": "olga", "roles": ["operator", "approver"]}
 
 
 @pytest.fixture(autouse=True)
@@ -188,6 +188,26 @@ async def test_a_handoff_package_shows_the_input_and_requests_redacted(
     assert node.store is not None
     assert secret.encode() not in msgpack.packb(await node.store.handoffs(task_id))
     assert secret.encode() not in db_bytes(tmp_path / "node")
+
+
+async def test_an_approval_request_shows_the_secret_redacted_to_its_approver(
+    start_node: NodeFactory, client: ratchet.Client, tmp_path: Path,
+) -> None:
+    secret = new_secret()
+    await start_node(secret_apps.app)
+    task_id = await client.submit("signup.approved", signup_input(secret, "c9"), key="k9")
+    events = await until(client, task_id, {"approval.requested"})
+    requested = events[-1].payload
+    assert requested["request"] == {"customer": "c9", "key": ratchet.REDACTED}
+    decided, _ = await admin_raw(client, "approve", task_id=task_id,
+                                 args={"approval_id": requested["approval_id"],
+                                       "request_hash": requested["request_hash"]})
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    history, _ = await admin_raw(client, "history", task_id=task_id)
+    for where, data in {"approve": decided, "history": history,
+                        "sqlite": db_bytes(tmp_path / "node")}.items():
+        assert secret.encode() not in data, where
 
 
 async def test_admin_replies_and_the_audit_of_a_fork_show_no_secret(
