@@ -29,7 +29,7 @@ log = structlog.get_logger("ratchet.node")
 #: The environment variable a key is read from first.
 KEY_ENV = "RATCHET_SECRET_KEY"
 #: The key file, under the state directory.
-KEY_FILE = Path("keys") / "secrets.key"
+KEY_FILE = Path("keys/secrets.key")
 
 
 def parse_key(text: str) -> bytes:
