@@ -56,6 +56,7 @@ def _called(name: str, args: ChargeArgs) -> str:
 async def charge(ctx: ratchet.ToolContext, args: ChargeArgs) -> ChargeResult:
     """Charge a customer with their API key; flaky once for the tokens in FLAKY."""
     clear = _called("charge", args)
+    ctx.session["token"] = args.token  # a session keeps it (sealed in tool_sessions)
     if clear in FLAKY:
         FLAKY.discard(clear)
         raise ToolTransient(f"HTTP 503 for Authorization: Bearer {clear}")

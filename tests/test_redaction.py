@@ -133,6 +133,9 @@ async def test_a_secret_input_reaches_the_tool_in_clear_and_no_stored_or_shown_b
     assert state["receipt"].get_secret_value() == f"rcpt-{secret}"
     [action] = await node.store.task_actions(task_id)
     assert action.args["token"].get_secret_value() == secret
+    assert action.result["receipt"].get_secret_value() == f"rcpt-{secret}"
+    session = await node.store.session_state(task_id, "default")
+    assert session["token"].get_secret_value() == secret
     get, _ = await admin_raw(client, "get", task_id=task_id)
     history, shown = await admin_raw(client, "history", task_id=task_id)
     assert len(shown["events"]) == len(events)
