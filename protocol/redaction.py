@@ -211,8 +211,9 @@ LIVE = LiveSecrets()
 def redact_log_event(logger: Any, method: str,
                      event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """A structlog processor: secret objects in a log line become :data:`REDACTED`, and the
-    clear values of live tasks are cut out of its strings. Put it first in the chain (before
-    any renderer); ``ratchet serve`` does, and a node adds it to the chain it finds."""
+    clear values of live tasks are cut out of its strings. Put it just before the renderer
+    (after ``format_exc_info``, if any, so that a rendered traceback is scrubbed too);
+    ``ratchet serve`` does, and a node adds it to the chain it finds."""
     secrets = LIVE.values()
     for key, value in event.items():
         if isinstance(value, str):

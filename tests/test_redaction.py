@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import secrets
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,11 @@ async def test_a_secret_input_reaches_the_tool_in_clear_and_no_stored_or_shown_b
     assert action.result["receipt"].get_secret_value() == f"rcpt-{secret}"
     session = await node.store.session_state(task_id, "default")
     assert session["token"].get_secret_value() == secret
+    # Sealing is deterministic: the unchanged secret is written at one checkpoint, not three.
+    with sqlite3.connect(f"file:{tmp_path / 'node' / 'ratchet.db'}?mode=ro", uri=True) as db:
+        writes = db.execute("SELECT COUNT(*) FROM checkpoint_values WHERE task_id = ?"
+                            " AND key = 'key'", (task_id,)).fetchone()[0]
+    assert writes == 1
     get, _ = await admin_raw(client, "get", task_id=task_id)
     history, shown = await admin_raw(client, "history", task_id=task_id)
     assert len(shown["events"]) == len(events)
