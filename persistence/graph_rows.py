@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
+
+from ratchet.protocol.redaction import pack_redacted
 
 __all__ = [
     "ApprovalWrite",
@@ -54,14 +57,17 @@ def write_branches(conn: sqlite3.Connection, task_id: str, b: BranchWrites, now:
 
 
 def finish_branch_txn(conn: sqlite3.Connection, task_id: str, node: str, branch: str,
-                      status: str, result: Any, error: dict[str, Any] | None, now: float) -> bool:
+                      status: str, result: Any, error: dict[str, Any] | None, now: float,
+                      default: Callable[[Any], Any] | None = None) -> bool:
     """Settle one RUNNING branch; False when it was already settled (a repeat, or a
-    timeout that got there first), in which case nothing is written."""
+    timeout that got there first), in which case nothing is written. ``default``: msgpack's
+    hook for the result (a store's ``secrets.default`` seals its secrets)."""
     cur = conn.execute(
         "UPDATE branches SET status = ?, result = ?, error = ?, finished_at = ?"
         " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
-        (status, None if result is None else msgpack.packb(result, use_bin_type=True),
-         None if error is None else msgpack.packb(error, use_bin_type=True), now,
+        (status, None if result is None else msgpack.packb(result, use_bin_type=True,
+                                                           default=default),
+         None if error is None else pack_redacted(error), now,
          task_id, node, branch))
     return cur.rowcount == 1
 
@@ -71,7 +77,7 @@ def write_approval(conn: sqlite3.Connection, task_id: str, a: ApprovalWrite, now
         conn.execute(
             "INSERT INTO approvals(approval_id, task_id, node, request, request_hash, approvers,"
             " status, expires_at, created_at) VALUES (?,?,?,?,?,?,?,?,?)",
-            (a.approval_id, task_id, a.node, msgpack.packb(a.request, use_bin_type=True),
+            (a.approval_id, task_id, a.node, pack_redacted(a.request),
              a.request_hash, a.approvers, a.status, a.expires_at, now))
         return
     cur = conn.execute(

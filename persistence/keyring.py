@@ -1,5 +1,5 @@
-"""The keyring: which public keys act as whom (docs/security.md), and the cluster's own
-secrets. Changed only through audited admin verbs (grant, revoke) and a node's bootstrap
+"""The keyring: which public keys act as whom (docs/security.md), the cluster's own
+secrets, and the key the store's sealed secrets need (docs/security-secrets.md). Changed only through audited admin verbs (grant, revoke) and a node's bootstrap
 of its local operator key; every change writes its audit entry in the same transaction.
 A mixin of :class:`~ratchet.persistence.store.Store`."""
 
@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from typing import Any
 
 from ratchet.persistence.admin_rows import AuditEntry, append_audit_txn
 from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.store_rows import _StoreParts
 from ratchet.protocol.auth import Principal
+from ratchet.protocol.errors import SecretUnreadable
+from ratchet.protocol.secrets import Sealer
 
 __all__ = ["KeyringRows"]
 
@@ -84,3 +87,32 @@ class KeyringRows(_StoreParts):
         """A random 32-byte secret shared by every node of this store (created once)."""
         value: bytes = await self._writer.submit(lambda c: _secret_txn(c, name))
         return value
+
+    async def use_secrets(self, sealer: Sealer) -> None:
+        """Seal and open secrets with ``sealer`` from now on. The first key a store is used
+        with is recorded (``secret_keys``); another key is refused, before anything is read
+        with it: what it would seal could not be read with the first, nor the reverse.
+
+        Raises:
+            SecretUnreadable: the store's secrets are sealed under another key.
+        """
+        key_id = sealer.key_id
+
+        def txn(conn: sqlite3.Connection) -> None:
+            known = [r[0] for r in conn.execute("SELECT key_id FROM secret_keys")]
+            if known and key_id not in known:
+                raise SecretUnreadable(
+                    f"this store's secrets are sealed under key {known[0]}, and the key given"
+                    f" is {key_id}: start with the store's key (RATCHET_SECRET_KEY, or"
+                    " <state_dir>/keys/secrets.key)", key_id=key_id, store_key_ids=known)
+            if not known:
+                conn.execute("INSERT INTO secret_keys(key_id, created_at) VALUES (?,?)",
+                             (key_id, time.time()))
+
+        if key_id is not None:
+            await self._writer.submit(txn)
+        self.secrets = sealer
+
+    async def secret_key_ids(self) -> list[str]:
+        """The keys this store's secrets are sealed under (none before its first key)."""
+        return [r[0] for r in await self._rows("SELECT key_id FROM secret_keys")]

@@ -7,6 +7,7 @@ The action ledger is how every external write takes effect once: a row per busin
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import msgpack
 
 from ratchet.persistence.checkpoints import decode_optional
 from ratchet.protocol.errors import ActionKeyTaken, NotFound
+from ratchet.protocol.redaction import pack_redacted
 
 __all__ = ["ACTION_COLUMNS", "ActionRecord", "ActionWrite", "TimerWrite",
            "action_record", "write_action", "write_timers_waits_handoff"]
@@ -51,12 +53,14 @@ class ActionRecord:
     next_attempt_at: float | None = None
 
 
-def action_record(row: Any) -> ActionRecord:
-    """An ActionRecord from a row of :data:`ACTION_COLUMNS`."""
+def action_record(row: Any, unpack: Callable[[bytes | None], Any] = decode_optional
+                  ) -> ActionRecord:
+    """An ActionRecord from a row of :data:`ACTION_COLUMNS`; ``unpack`` decodes the
+    arguments and result (a store's ``secrets.unpack_optional`` opens their secrets)."""
     return ActionRecord(
         tenant=row[0], key=row[1], task_id=row[2], step_index=row[3], tool=row[4], kind=row[5],
-        request_hash=row[6], args=decode_optional(row[7]), status=row[8], attempts=row[9],
-        accepted=bool(row[10]), result=decode_optional(row[11]),
+        request_hash=row[6], args=unpack(row[7]), status=row[8], attempts=row[9],
+        accepted=bool(row[10]), result=unpack(row[11]),
         error=decode_optional(row[12]), provider_id=row[13], compensates=row[14], seq=row[15],
         created_at=row[16], updated_at=row[17], next_attempt_at=row[18],
     )
@@ -66,7 +70,9 @@ def action_record(row: Any) -> ActionRecord:
 class ActionWrite:
     """Insert (``insert=True``) or update one row of the action ledger.
 
-    On update, only ``status`` and the fields that are not None are changed.
+    On update, only ``status`` and the fields that are not None are changed. ``args`` are
+    packed by the caller and ``result`` holds plain data: both with their secrets sealed
+    (``Sealer.pack``, ``Sealer.seal_leaves``); an ``error`` is shown, so redacted.
     """
 
     key: str
@@ -98,7 +104,7 @@ def write_action(conn: sqlite3.Connection, a: ActionWrite, task_id: str, tenant:
                  now: float) -> None:
     """Insert or update one ledger row inside the task change's transaction."""
     packed_result = None if a.result is None else msgpack.packb(a.result, use_bin_type=True)
-    packed_error = None if a.error is None else msgpack.packb(a.error, use_bin_type=True)
+    packed_error = None if a.error is None else pack_redacted(a.error)
     if a.insert:
         seq_row = conn.execute(
             "SELECT COALESCE(MAX(seq), 0) + 1 FROM actions WHERE task_id = ?", (task_id,)
@@ -164,5 +170,5 @@ def write_timers_waits_handoff(conn: sqlite3.Connection, change: Any, tenant: st
         reason, package = change.handoff
         conn.execute(
             "INSERT INTO handoffs(task_id, reason, package, created_at) VALUES (?,?,?,?)",
-            (change.task_id, reason, msgpack.packb(package, use_bin_type=True), change.now),
+            (change.task_id, reason, pack_redacted(package), change.now),
         )

@@ -41,6 +41,7 @@ from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.messages import TaskSnapshot
+from ratchet.protocol.secrets import Sealer
 
 __all__ = [
     "AdminStore",
@@ -69,6 +70,9 @@ class TaskStore(Protocol):
     #: whose token is no longer the partition's current one is refused (``Fenced``).
     #: None: a store used without leases (tools, tests) checks nothing.
     fence: Fence | None
+    #: Seals the secrets of what task execution stores (inputs, state values, ledger
+    #: arguments and results, tool sessions) and opens them as it reads them back.
+    secrets: Sealer
 
     # -- tasks and their state ---------------------------------------------------------
 
@@ -332,6 +336,15 @@ class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, Pr
 
     async def close(self) -> None:
         """Idempotent."""
+        ...
+
+    async def use_secrets(self, sealer: Sealer) -> None:
+        """Seal and open secrets with ``sealer``; the first key is recorded, another refused
+        (``SecretUnreadable``)."""
+        ...
+
+    async def secret_key_ids(self) -> list[str]:
+        """The keys the store's secrets are sealed under (none before its first key)."""
         ...
 
     @property

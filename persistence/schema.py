@@ -380,4 +380,6 @@ MIGRATIONS: list[tuple[int, str, str]] = [
                                   data BLOB NOT NULL, PRIMARY KEY (digest, idx));
         """,
     ),
+    (14, "secret_keys: the keys this store's secrets are sealed under (protocol/secrets.py)",
+     "CREATE TABLE secret_keys (key_id TEXT PRIMARY KEY, created_at REAL NOT NULL)"),
 ]

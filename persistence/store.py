@@ -15,7 +15,6 @@ from ratchet.persistence.admin_rows import append_audit_txn
 from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.blobs import read_blob
 from ratchet.persistence.checkpoints import decode_optional as _unpack
-from ratchet.persistence.checkpoints import decode_value
 from ratchet.persistence.connection import open_connection
 from ratchet.persistence.file_watch import put_back
 from ratchet.persistence.keyring import KeyringRows
@@ -45,6 +44,7 @@ from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
 from ratchet.persistence.writer import WriterStats, make_writer
 from ratchet.protocol.errors import NotFound
 from ratchet.protocol.messages import TaskSnapshot
+from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.states import TERMINAL
 
 __all__ = ["Store", "TaskRecord", "LoadedState", "ActionRecord", "action_record"]
@@ -60,10 +60,10 @@ _TASK_COLUMNS = (
 )
 
 
-def _record(row: tuple[Any, ...]) -> TaskRecord:
+def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
     return TaskRecord(
         task_id=row[0], tenant=row[1], workflow=row[2], workflow_version=row[3],
-        status=row[4], version=row[5], input=_unpack(row[6]), next_step=row[7],
+        status=row[4], version=row[5], input=secrets.unpack(row[6]), next_step=row[7],
         steps_total=row[8], last_checkpoint=row[9], last_event_seq=row[10],
         deadline_at=row[11], created_at=row[12], updated_at=row[13],
         error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
@@ -105,6 +105,9 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         self.fence: Fence | None = fence
         self.lease_clock: LeaseClock = lease_clock or HostLeaseClock()
         self.audit_seal = audit_seal
+        #: Seals the secrets of task inputs, state values, ledger rows and tool sessions
+        #: (protocol/secrets.py); without a key (:meth:`use_secrets`) none can be stored.
+        self.secrets = Sealer()
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
@@ -283,7 +286,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         )
         if row is None:
             raise NotFound("no such task", task_id=task_id)
-        return _record(tuple(row))
+        return _record(tuple(row), self.secrets)
 
     async def snapshot(self, tenant: str, task_id: str) -> TaskSnapshot:
         """The task as ``status`` shows it. A task of another tenant is NOT_FOUND."""
@@ -318,12 +321,12 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
                 blob_refs[key] = blob
             else:
                 encoded[key] = inline
-        values = {k: decode_value(v) for k, v in encoded.items()}
+        values = {k: self.secrets.unpack(v) for k, v in encoded.items()}
         for key, digest in blob_refs.items():  # one at a time: its encoding, then its value
             data = await read_blob(self._row, digest)
             if data is None:
                 raise NotFound("checkpoint references a missing blob", task_id=task_id, blob=digest)
-            values[key] = decode_value(data)
+            values[key] = self.secrets.unpack(data)
             del data
         return LoadedState(values, encoded, blob_refs)
 

@@ -9,8 +9,6 @@ import sqlite3
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import msgpack
-
 from ratchet.persistence.admin_rows import (
     AuditEntry,
     append_audit_txn,
@@ -27,6 +25,7 @@ from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_reco
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
 from ratchet.persistence.writer import Writer
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT
+from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.states import TERMINAL
 
 __all__ = ["AdminRows", "RowReads"]
@@ -53,6 +52,7 @@ class _StoreParts:
 
     _writer: Writer
     audit_seal: AuditSeal | None
+    secrets: Sealer
 
     async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
         raise NotImplementedError
@@ -71,8 +71,9 @@ class _StoreParts:
         raise NotImplementedError
 
 
-def _branch(status: str, result: bytes | None, error: bytes | None) -> dict[str, Any]:
-    return {"status": status, "result": _unpack(result), "error": _unpack(error)}
+def _branch(status: str, result: bytes | None, error: bytes | None,
+            secrets: Sealer) -> dict[str, Any]:
+    return {"status": status, "result": secrets.unpack_optional(result), "error": _unpack(error)}
 
 
 class RowReads(_StoreParts):
@@ -84,24 +85,24 @@ class RowReads(_StoreParts):
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key = ?",
             (tenant, key),
         )
-        return None if row is None else action_record(row)
+        return None if row is None else action_record(row, self.secrets.unpack_optional)
 
     async def task_actions(self, task_id: str) -> list[ActionRecord]:
         """The task's actions in the order they were first recorded."""
         rows = await self._rows(
             f"SELECT {ACTION_COLUMNS} FROM actions WHERE task_id = ? ORDER BY seq", (task_id,)
         )
-        return [action_record(r) for r in rows]
+        return [action_record(r, self.secrets.unpack_optional) for r in rows]
 
     async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
         row = await self._row(
             "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)
         )
-        return {} if row is None else dict(_unpack(row[0]))
+        return {} if row is None else dict(self.secrets.unpack(row[0]))
 
     async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
                                  now: float) -> None:
-        packed = msgpack.packb(state, use_bin_type=True)
+        packed = self.secrets.pack(state)  # a token kept as SecretStr is sealed
 
         def txn(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -163,7 +164,7 @@ class RowReads(_StoreParts):
 
         def txn(conn: sqlite3.Connection) -> tuple[bool, ChangeResult | None]:
             if not finish_branch_txn(conn, change.task_id, node, branch, status, result, error,
-                                     change.now):
+                                     change.now, self.secrets.default):
                 return (False, None)
             return (True, apply_change_txn(conn, change))
 
@@ -176,13 +177,13 @@ class RowReads(_StoreParts):
         rows = await self._rows(
             "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
             (task_id, node))
-        return {r[0]: _branch(r[1], r[2], r[3]) for r in rows}
+        return {r[0]: _branch(r[1], r[2], r[3], self.secrets) for r in rows}
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
         r = await self._row(
             "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"
             " AND branch = ?", (task_id, node, branch))
-        return None if r is None else _branch(r[0], r[1], r[2])
+        return None if r is None else _branch(r[0], r[1], r[2], self.secrets)
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
         r = await self._row(
@@ -196,11 +197,12 @@ class RowReads(_StoreParts):
                 "reason": r[8], "expires_at": r[9], "created_at": r[10], "decided_at": r[11]}
 
     async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
-        """An agent node's log entries ``(kind, body)`` in order (messages and turns)."""
+        """An agent node's log entries ``(kind, body)`` in order (messages and turns), their
+        sealed secrets opened."""
         rows = await self._rows(
             "SELECT kind, body FROM agent_log WHERE task_id = ? AND node = ? ORDER BY seq",
             (task_id, node))
-        return [(r[0], dict(_unpack(r[1]))) for r in rows]
+        return [(r[0], dict(self.secrets.unpack(r[1]))) for r in rows]
 
     async def checkpoint_names(self, task_id: str) -> list[str]:
         """The names of the nodes completed, in checkpoint order."""

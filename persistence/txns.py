@@ -37,6 +37,7 @@ from ratchet.persistence.txn_events import (
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import BudgetExhausted, DuplicateMessage, NotFound, VersionConflict
 from ratchet.protocol.ids import new_id
+from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
 
 __all__ = [
@@ -260,14 +261,15 @@ def _spent_after(change: TaskChange, spend: dict[str, float], spent_blob: bytes 
 
 
 def _set_packed_columns(change: TaskChange, update: _TaskUpdate) -> None:
-    """The control requests (an empty map clears them), the error and the output."""
+    """The control requests (an empty map clears them), the error and the output (both
+    shown to clients, so with their secrets redacted)."""
     if change.control is not None:
         update.add("control = ?",
                    msgpack.packb(change.control, use_bin_type=True) if change.control else None)
     if change.error is not None:
-        update.add("error = ?", msgpack.packb(change.error, use_bin_type=True))
+        update.add("error = ?", pack_redacted(change.error))
     if change.output is not None:
-        update.add("output = ?", msgpack.packb(change.output, use_bin_type=True))
+        update.add("output = ?", pack_redacted(change.output))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import msgpack
@@ -123,6 +124,8 @@ def _sorted(value: Any) -> Any:
     return value
 
 
-def canonical(value: Any) -> bytes:
-    """msgpack with map keys sorted at every depth: equal values give equal bytes."""
-    return msgpack.packb(_sorted(value), use_bin_type=True)  # type: ignore[no-any-return]
+def canonical(value: Any, default: Callable[[Any], Any] | None = None) -> bytes:
+    """msgpack with map keys sorted at every depth: equal values give equal bytes.
+    ``default``: msgpack's hook for other objects (protocol/secrets.py seals secrets)."""
+    return msgpack.packb(_sorted(value), use_bin_type=True,  # type: ignore[no-any-return]
+                         default=default)

@@ -24,7 +24,7 @@ __all__ = [
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
     "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
-    "HandlingFailed",
+    "HandlingFailed", "SecretUnreadable",
 ]
 
 
@@ -99,6 +99,13 @@ class InvalidStateValue(RatchetError):
     step again would return it again: the step fails for good."""
 
     code = ErrorCode.INVALID_STATE_VALUE
+
+
+class SecretUnreadable(RatchetError):
+    """A sealed secret cannot be read or written: no secret key, or not the key it was
+    sealed under (protocol/secrets.py). Restarting cannot help; fixing the key does."""
+
+    code = ErrorCode.UNAVAILABLE
 
 
 class HandlingFailed(RatchetError):

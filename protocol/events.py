@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import msgpack
-
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.messages import SCHEMA_VERSION, Event
+from ratchet.protocol.redaction import pack_redacted
 
 __all__ = ["MAX_EVENT_PAYLOAD", "decode_event", "encode_event", "pack_payload"]
 
@@ -24,8 +23,9 @@ MAX_EVENT_PAYLOAD = 256 * 1024
 
 
 def pack_payload(payload: Mapping[str, Any]) -> bytes:
-    """A payload's msgpack bytes, as the events table stores them."""
-    return msgpack.packb(payload, use_bin_type=True)  # type: ignore[no-any-return]
+    """A payload's msgpack bytes, as the events table stores them: a secret object left in
+    it is redacted (protocol/redaction.py), here and on the stream."""
+    return pack_redacted(payload)
 
 
 def encode_event(
@@ -51,7 +51,7 @@ def encode_event(
     published = payload if size <= MAX_EVENT_PAYLOAD else {"truncated": True, "bytes": size}
     # A plain dict built by hand, not Event(...).model_dump(): this runs for every event in
     # the writer's transaction, and the test pins it to the model's keys and order.
-    return msgpack.packb(  # type: ignore[no-any-return]
+    return pack_redacted(
         {
             "schema_version": SCHEMA_VERSION,
             "event_id": event_id,
@@ -64,7 +64,6 @@ def encode_event(
             "producer": producer,
             "payload": published,
         },
-        use_bin_type=True,
     )
 
 

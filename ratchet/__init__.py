@@ -10,10 +10,16 @@
 
     app = ratchet.Registry([expense])      # ratchet serve --app mymodule:app
 
+Secrets: type a field of a workflow's ``input_model`` or of a tool's argument or result
+model as ``ratchet.SecretStr`` (pydantic's) and its value is sealed at rest and shown as
+``ratchet.REDACTED`` everywhere else (docs/security-secrets.md).
+
 The layers below are importable as ``ratchet.protocol``, ``ratchet.persistence``,
 ``ratchet.actors`` and ``ratchet.supervisors``; test components (a fake clock, the
 finance and model simulators, the demo) as ``ratchet.testing``.
 """
+
+from pydantic import SecretStr
 
 from ratchet.actors.transport.client import Client
 from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
@@ -36,10 +42,12 @@ from ratchet.protocol.errors import (
     RatchetError,
     RemoteError,
     RequestConflict,
+    SecretUnreadable,
     UnknownWorkflow,
     WorkflowDefinitionError,
 )
 from ratchet.protocol.messages import Event, TaskSnapshot
+from ratchet.protocol.redaction import REDACTED, redact_log_event
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
 from ratchet.supervisors.node.node import Node, NodeConfig
 
@@ -81,4 +89,8 @@ __all__ = [
     "transition",
     "Node",
     "NodeConfig",
+    "REDACTED",
+    "SecretStr",
+    "SecretUnreadable",
+    "redact_log_event",
 ]

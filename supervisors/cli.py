@@ -29,6 +29,7 @@ from ratchet.protocol.errors import (
     WorkflowDefinitionError,
 )
 from ratchet.protocol.ids import new_id
+from ratchet.protocol.redaction import redact_log_event
 from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.log_output import BestEffortLoggerFactory, log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
@@ -91,6 +92,7 @@ def configure_logging(level: str) -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso"),
+            redact_log_event,  # a live task's secrets never reach the log
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),

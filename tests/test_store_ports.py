@@ -89,7 +89,8 @@ def test_each_member_belongs_to_one_concern_and_the_whole_store_has_them_all() -
     whole = _declared(StorePort)
     assert set(seen) <= set(whole)
     assert set(whole) - set(seen) == {"close", "writer_stats", "wal_stats",  # lifecycle
-                                      "file_lost", "rescued_to", "on_file_lost"}
+                                      "file_lost", "rescued_to", "on_file_lost",
+                                      "use_secrets", "secret_key_ids"}
 
 
 async def test_an_opened_sqlite_store_is_each_port(tmp_path: Path) -> None:

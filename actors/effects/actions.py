@@ -12,6 +12,10 @@ the task goes UNKNOWN with a handoff package for a human.
 Every retry is recorded as an event (reason, delay, attempt) before its delay, with the
 action PENDING and its ``next_attempt_at`` stored: a retry delay survives a restart (a
 resumed task waits out the rest of it, then records IN_FLIGHT again before the call).
+
+A ``SecretStr`` field of a tool's argument or result model is a secret: the ledger keeps it
+sealed (the store's ``Sealer``) and opens it for a resumed call or a compensation; the
+request hash is of the sealed form; a handoff package shows it redacted.
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.core.backoff import backoff_delay
+from ratchet.actors.effects.signals import (
+    AwaitExternal,
+    HandoffRequired,
+    PauseRequested,
+    TaskSuspended,
+)
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.effects.tool_session import Invoke
 from ratchet.actors.workflow.tools import Accepted, Decision, Tool, classify
@@ -32,7 +42,6 @@ from ratchet.persistence.ledger import ActionRecord, ActionWrite, action_record
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.codec import canonical, encode
 from ratchet.protocol.errors import (
     ActionFailed,
     ActionKeyTaken,
@@ -42,42 +51,10 @@ from ratchet.protocol.errors import (
     ToolRateLimited,
 )
 from ratchet.protocol.ids import request_hash
+from ratchet.protocol.redaction import dump_model, has_secrets, secret_values
 
 __all__ = ["ActionRunner", "PauseRequested", "AwaitExternal", "CallEnv", "HandoffRequired",
            "TaskSuspended"]
-
-
-class TaskSuspended(BaseException):
-    """Control signal, not an error (so not in protocol/errors.py): the task cannot go on
-    now. A BaseException so that step code's ``except Exception`` cannot swallow it."""
-
-
-class HandoffRequired(TaskSuspended):
-    """A human must decide. ``approval`` is False for an undecidable outcome (the task goes
-    UNKNOWN) and True for a decision the runtime cannot take (WAITING_APPROVAL), such as a
-    compensation that failed for good."""
-
-    def __init__(self, reason: str, package: dict[str, Any], *, approval: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.package = package
-        self.approval = approval
-
-
-class AwaitExternal(TaskSuspended):
-    def __init__(self, correlation_id: str, key: str, timeout: float) -> None:
-        super().__init__(correlation_id)
-        self.correlation_id = correlation_id
-        self.key = key
-        self.timeout = timeout
-
-
-class PauseRequested(TaskSuspended):
-    """An operator's pause, taken at the safe point before a tool call."""
-
-    def __init__(self, tool: str) -> None:
-        super().__init__(tool)
-        self.tool = tool
 
 
 Commit = Callable[..., Awaitable[None]]
@@ -103,10 +80,9 @@ class CallEnv:
     count_tool_calls: bool = True
     switches: Switches | None = None  # disabled tools are refused
     pause_requested: Callable[[], bool] | None = None  # checked before every call
-
-
-def _hash(tool: Tool[Any, Any], args: BaseModel) -> str:
-    return request_hash(canonical({"tool": tool.name, "args": args.model_dump(mode="json")}))
+    #: Told the clear values of a call's secret arguments before the call, so that the
+    #: task cuts them out of what it shows (an error message may quote them).
+    note_secrets: Callable[[set[str]], None] | None = None
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -133,6 +109,8 @@ class ActionRunner:
             except ValidationError as exc:
                 raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
                                    tool=tool.name) from None
+        if self.env.note_secrets is not None and has_secrets(tool.args):
+            self.env.note_secrets(secret_values(dump_model(args)))
         if self.env.pause_requested is not None and self.env.pause_requested() \
                 and compensates is None:
             raise PauseRequested(tool.name)  # a safe point: nothing of this call has started
@@ -169,14 +147,16 @@ class ActionRunner:
 
     async def _write(self, tool: Tool[Any, Any], args: BaseModel, key: str,
                      compensates: str | None) -> Any:
-        digest = _hash(tool, args)
+        data = dump_model(args)
+        sealer = self.env.store.secrets
+        digest = request_hash(sealer.canonical({"tool": tool.name, "args": data}))
         # No read first: the insert is the check. A key already in the ledger makes the
         # whole change roll back and comes back with its row (one round trip, not two).
         try:
             await self.env.commit(
                 action=ActionWrite(key, "IN_FLIGHT", insert=True, tool=tool.name,
                                    kind=tool.kind, request_hash=digest,
-                                   args=encode(args.model_dump(mode="json")),
+                                   args=sealer.pack(data),
                                    step_index=self.env.step_index, attempts=1,
                                    compensates=compensates),
                 events=[(EventType.ACTION_STARTED, {"key": key, "tool": tool.name, "attempt": 1,
@@ -186,7 +166,8 @@ class ActionRunner:
             )
         except ActionKeyTaken as taken:
             assert taken.existing is not None
-            return await self._resume(tool, args, key, digest, action_record(taken.existing))
+            return await self._resume(tool, args, key, digest, action_record(
+                taken.existing, sealer.unpack_optional))
         return await self._attempts(tool, args, key, 1)
 
     async def _resume(self, tool: Tool[Any, Any], args: BaseModel, key: str, digest: str,
@@ -314,7 +295,7 @@ class ActionRunner:
         if event == EventType.ACTION_RECONCILED:
             payload["found"] = True
         await self.env.commit(
-            action=ActionWrite(key, "SUCCEEDED", result=result.model_dump(mode="json"),
+            action=ActionWrite(key, "SUCCEEDED", result=self._kept(result),
                                provider_id=provider_id),
             events=[(event, payload)])
         return result
@@ -331,6 +312,12 @@ class ActionRunner:
         if isinstance(exc, RatchetError):
             failure.code = exc.code  # a 403 stays PERMISSION_DENIED on the wire
         raise failure
+
+    def _kept(self, result: BaseModel) -> Any:
+        """A result as the ledger keeps it: plain data with its secrets sealed (pydantic's
+        JSON dump would mask them, and a reused result must give them back)."""
+        data = dump_model(result)
+        return self.env.store.secrets.seal_leaves(data) if has_secrets(type(result)) else data
 
     def _coerce(self, tool: Tool[Any, Any], value: Any) -> Any:
         if isinstance(value, tool.result):
@@ -390,7 +377,7 @@ class ActionRunner:
     def _package(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int,
                  why: str) -> dict[str, Any]:
         return {"why": why, "tool": tool.name, "key": key, "attempts": attempt,
-                "request": args.model_dump(mode="json"),
+                "request": dump_model(args),  # its secrets redacted with the package
                 "options": ["confirm the action happened (mark SUCCEEDED with the provider's"
                             " result)", "confirm it did not happen (resend with the same key)",
                             "fail the task (compensations run)"]}

@@ -34,6 +34,7 @@ from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
+from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import END, StepContext, StepNode
 from ratchet.actors.workflow.registry import Workflow, bind_step_logger
 from ratchet.persistence import CheckpointWrite, StateDelta, StateTracker, TaskChange, TaskRecord
@@ -68,6 +69,7 @@ class TaskActor(Actor):
         self.workflow: Workflow | None = None
         self.state: dict[str, Any] = {}
         self.tracker = StateTracker()
+        self.secrets = TaskSecrets(task_id)  # actors/task/task_secrets.py
         self.version = 0
         self.status = TaskStatus.QUEUED
         self.next_step = 0  # nodes completed so far (progress)
@@ -88,6 +90,7 @@ class TaskActor(Actor):
 
     async def on_start(self) -> None:
         """Load the task and its last checkpoint; queue an Advance if it can run."""
+        opened = self.deps.store.secrets.opened
         rec = await self.deps.store.load_task(self.task_id)
         self.record = rec
         self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
@@ -115,9 +118,11 @@ class TaskActor(Actor):
         self.current = rec.current_node or self.workflow.start
         loaded = await self.deps.store.load_state(self.task_id)
         self.state = loaded.values
+        self.secrets.loaded(self.deps.store.secrets, opened, rec.input, loaded.values)
         self.tracker = StateTracker(loaded.encoded, blobs=loaded.blobs, values=loaded.values,
                                     max_value_bytes=self.deps.max_value_bytes,
-                                    max_checkpoint_bytes=self.deps.max_checkpoint_bytes)
+                                    max_checkpoint_bytes=self.deps.max_checkpoint_bytes,
+                                    default=self.deps.store.secrets.default)
         if self.status is TaskStatus.RUNNING:
             # Either our supervisor restarted us or a node is recovering the task.
             self._recovered_from = "actor_restart" if self.restarts else "node_recovery"
@@ -144,6 +149,7 @@ class TaskActor(Actor):
         return True
 
     async def on_stop(self) -> None:
+        self.secrets.release(running=self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING))
         try:
             await graph_runtime.stop_fanout_children(self)
         finally:
@@ -204,7 +210,8 @@ class TaskActor(Actor):
 
     def _change(self, **kwargs: Any) -> TaskChange:
         return TaskChange(task_id=self.task_id, expected_version=self.version,
-                          producer=self.deps.producer, now=self.deps.clock.now(), **kwargs)
+                          producer=self.deps.producer, now=self.deps.clock.now(),
+                          **self.secrets.scrub(kwargs))  # what it shows quotes no secret
 
     async def commit(self, **kwargs: Any) -> None:
         """Commit a change under this actor's version (the action runner's callback)."""
@@ -268,13 +275,6 @@ class TaskActor(Actor):
         if await graph_runtime.run_node(self, node):
             self.ref.tell(Advance())
 
-    def _counts_visits(self, name: str) -> bool:
-        assert self.workflow is not None
-        node = self.workflow.nodes.get(name)
-        return node is not None and (node.max_visits is not None
-                                     or node.kind in ("fanout", "join", "wait", "approval",
-                                                      "agent"))
-
     async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
                    count_visit: bool = True, delta: StateDelta | None = None,
                    **kwargs: Any) -> None:
@@ -284,10 +284,8 @@ class TaskActor(Actor):
         for _, payload in events:
             if "changed" in payload and payload["changed"] is None:
                 payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
-        # Visits are counted only where something reads them (loop bounds, per-visit keys of
-        # fan-outs and waits): a 1,000-step sequence must not rewrite a 1,000-entry map
-        # at every step.
-        counted = count_visit and self._counts_visits(node)  # an agent's turns are one visit
+        left = self.workflow.nodes.get(node) if self.workflow is not None else None
+        counted = count_visit and left is not None and left.counts_visits  # not agent turns
         visits = {**self.visits, node: self.visits.get(node, 0) + 1} if counted else None
         now = self.deps.clock.now()
         heartbeat = self._progress.due(now)
@@ -326,7 +324,7 @@ class TaskActor(Actor):
             deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
             # Counting costs a read-modify-write per call: only for tasks with such a budget.
             count_tool_calls=count_tool_calls and "tool_calls" in self.record.budget,
-            switches=self.deps.switches,
+            switches=self.deps.switches, note_secrets=self.secrets.note,
             pause_requested=lambda: self.pause_requested))
 
     async def run_step(self, step: StepNode) -> bool:

@@ -2,7 +2,10 @@
 and the tool results it has seen, kept in memory by the task actor, appended to the agent
 log in each turn's own transaction, and read back from the log after a restart.
 
-Used by ``actors/task/agent_node.py``, which runs the turns.
+A message that quotes one of the task's secrets (a prompt built with ``get_secret_value()``,
+a model echoing it) is kept sealed in the agent log — the whole message, as one sealed
+``{"sealed": SecretStr(json)}`` — and opened when the log is read back; the model itself
+gets it as it was. Used by ``actors/task/agent_node.py``, which runs the turns.
 """
 
 from __future__ import annotations
@@ -10,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 from typing import Any
+
+from pydantic import SecretStr
 
 from ratchet.actors.agents.loop_detect import TurnRecord
 from ratchet.actors.agents.models import Message
@@ -29,11 +34,13 @@ class Conversation:
 
     def __init__(self, actor: TaskKernel, scope: str, log: list[tuple[str, dict[str, Any]]]):
         self.state = actor.state
+        self.secrets, self.sealer = actor.secrets, actor.deps.store.secrets
         self.p = f"agent.{scope}."
         self.node = scope
         # Kept as Message objects, so a turn does not rebuild the whole conversation.
         self.messages: list[Message] = []
         self.hash = ""
+        log = [(k, _opened(b)) for k, b in log]
         for k, b in log:
             if k == "message":
                 self.messages.append(Message.from_dict(b))
@@ -44,8 +51,18 @@ class Conversation:
         self.pending: list[tuple[str, int, str, dict[str, Any]]] = []
 
     def _log(self, kind: str, body: dict[str, Any]) -> None:
-        self.pending.append((self.node, self.seq, kind, body))
+        self.pending.append((self.node, self.seq, kind, self.kept(body)))
         self.seq += 1
+
+    def kept(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` as it may be stored: sealed whole when it quotes a secret of the task."""
+        if not self.secrets.values:
+            return body
+        text = json.dumps(body, default=str)
+        if not any(secret in text for secret in self.secrets.values):
+            return body
+        sealed: dict[str, Any] = self.sealer.seal_leaves({"sealed": SecretStr(text)})
+        return sealed
 
     def add(self, message: dict[str, Any]) -> None:
         self.messages.append(Message.from_dict(message))
@@ -73,3 +90,12 @@ class Conversation:
 
     def set(self, what: str, value: Any) -> None:
         self.state[f"{self.p}{what}"] = value
+
+
+def _opened(body: dict[str, Any]) -> dict[str, Any]:
+    """A stored agent-log body as it was written (see :meth:`Conversation.kept`)."""
+    sealed = body.get("sealed")
+    if isinstance(sealed, SecretStr):
+        opened: dict[str, Any] = json.loads(sealed.get_secret_value())
+        return opened
+    return body

@@ -192,6 +192,7 @@ async def _propose(actor: TaskKernel, node: AgentNode, model: Model, runner: Act
         model=f"{model.name}:{model.version}")
     answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
     record = _record(asked, answer, node, actor.next_step)
+    record.result = conv.kept(record.result)  # an answer quoting a secret: sealed
     spend: dict[str, float] = {"tokens": answer.prompt_tokens + answer.completion_tokens,
                                "model_calls": 1, "money": answer.cost}
     conv.add(answer.message)

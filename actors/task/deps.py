@@ -28,6 +28,7 @@ from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.redaction import LIVE, redact
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS
 
@@ -175,8 +176,10 @@ def error_of(cause: BaseException | None, reason: str) -> dict[str, Any]:
 async def fail_task(deps: TaskDeps, task_id: str, cause: BaseException | None, reason: str) -> None:
     """End a task whose supervisor gave up. With side effects left to compensate it goes to
     a human (WAITING_APPROVAL with a handoff package) instead of FAILED: compensation needs
-    a live actor, and the actor is what keeps crashing. No-op if already terminal."""
-    error = error_of(cause, reason)
+    a live actor, and the actor is what keeps crashing. No-op if already terminal. The
+    error is cut free of the secrets the task's last actor knew (a trace may quote them)."""
+    error = redact(error_of(cause, reason), LIVE.of(task_id))
+    LIVE.discard(task_id)
     for _ in range(5):
         rec = await deps.store.load_task(task_id)
         if is_terminal(TaskStatus(rec.status)):

@@ -32,6 +32,7 @@ import structlog
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.effects.switches import Switches
+from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.join_policy import JoinVerdict, decide
 from ratchet.actors.workflow.nodes import (
     END,
@@ -50,6 +51,7 @@ from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import encode
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.redaction import redact, secret_values
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS, mail_subject
 
 __all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "JoinActor", "JoinDone",
@@ -167,6 +169,9 @@ class BranchActor(Actor):
         self.switches = switches
         self.max_concurrency, self.arm_timeout = max_concurrency, arm_timeout
         self.partitions = partitions
+        # Its task's secrets: what its commits show is cut free of them, as the task's is.
+        self.secrets = TaskSecrets(task_id)
+        self.secrets.note(secret_values(task_input))
 
     async def on_start(self) -> None:
         self.ref.tell("run")
@@ -193,6 +198,7 @@ class BranchActor(Actor):
                          "trace": "".join(traceback.format_exception(exc))[-2000:]}
         payload: dict[str, Any] = {"key": self.key}
         if error is not None:
+            error = redact(error, self.secrets.values)
             payload["error"] = {k: v for k, v in error.items() if k != "trace"}
         change = branch_done_change(self.task_id, self.key, self.node, self.branch, status,
                                     payload, self.producer, self.clock.now(), self.partitions)
@@ -205,7 +211,7 @@ class BranchActor(Actor):
         runner = ActionRunner(CallEnv(
             task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
             clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
-            rng=random.Random(), switches=self.switches))
+            rng=random.Random(), switches=self.switches, note_secrets=self.secrets.note))
         while current != END:
             node = self.graph.node(current)
             visits[current] = visits.get(current, 0) + 1
@@ -237,7 +243,8 @@ class BranchActor(Actor):
 
     async def _side_commit(self, **kwargs: Any) -> None:
         await self.store.apply(TaskChange(task_id=self.task_id, expected_version=None,
-                                          producer=self.producer, now=self.clock.now(), **kwargs))
+                                          producer=self.producer, now=self.clock.now(),
+                                          **self.secrets.scrub(kwargs)))
 
 
 class JoinActor(Actor):

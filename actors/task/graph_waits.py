@@ -17,7 +17,6 @@ from ratchet.actors.workflow.nodes import CANCEL, FAIL, ApprovalNode, WaitNode
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol.catalogue import EventType
-from ratchet.protocol.codec import canonical
 from ratchet.protocol.errors import InvalidMessage, RatchetError
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import Envelope
@@ -38,7 +37,8 @@ async def request_approval(actor: TaskKernel, node: ApprovalNode) -> None:
         await fail_with_saga(actor, exc, f"approval request of {node.name} raised")
         return
     approval_id = new_id("apr")
-    digest = request_hash(canonical(request))
+    # A secret in the request is shown redacted; its hash is of the sealed form.
+    digest = request_hash(actor.deps.store.secrets.canonical(request))
     assert node.timeout is not None
     expires = actor.deps.clock.now() + node.timeout
     await actor.commit(

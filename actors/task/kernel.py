@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.effects.actions import ActionRunner
 from ratchet.actors.task.deps import TaskDeps
+from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import StepNode
 from ratchet.actors.workflow.registry import Workflow
 from ratchet.persistence.records import TaskRecord
@@ -48,6 +49,9 @@ class TaskKernel(Protocol):
     joins: dict[str, ActorRef[Any]]
     conversations: dict[str, Any]
     pause_requested: bool
+    #: The clear values of the task's secrets (cut out of what it shows; agent_conversation
+    #: seals the messages that quote them).
+    secrets: TaskSecrets
 
     async def commit(self, **change: Any) -> None:
         """Commit one change (``TaskChange`` fields) under the task's current version."""

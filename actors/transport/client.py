@@ -15,6 +15,7 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
+from pydantic import BaseModel
 
 from ratchet.protocol.auth import Signer, inbox_prefix
 from ratchet.protocol.catalogue import EventType, MessageType, admin_type
@@ -32,6 +33,7 @@ from ratchet.protocol.messages import (
     SubmitTask,
     TaskSnapshot,
 )
+from ratchet.protocol.redaction import reveal
 from ratchet.protocol.subjects import (
     api_subject,
     decision_subject,
@@ -74,11 +76,15 @@ class Client:
         return Envelope(type=type_, message_id=mid, correlation_id=mid, reply_to=reply_to,
                         body=body)
 
-    async def submit(self, workflow: str, input: dict[str, Any], key: str, *,
+    async def submit(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                      version: int | None = None, deadline_s: float | None = None,
                      budget: dict[str, Any] | None = None) -> str:
-        """Publish a task request on JetStream; returns the task id (known up front)."""
-        body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
+        """Publish a task request on JetStream; returns the task id (known up front).
+
+        ``input``: a map, or the workflow's ``input_model`` instance. Its secrets
+        (``SecretStr``) travel in clear to the node, which seals them: use TLS to NATS.
+        """
+        body = SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
                           idempotency_key=key, deadline_s=deadline_s,
                           budget=Budget.model_validate(budget) if budget else None)
         env = self._envelope(MessageType.TASK_SUBMIT, body.model_dump())
@@ -116,10 +122,10 @@ class Client:
             raise RemoteError(err.code, err.message, err.retryable, err.details)
         return reply.result or {}
 
-    async def submit_sync(self, workflow: str, input: dict[str, Any], key: str, *,
+    async def submit_sync(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                           version: int | None = None) -> dict[str, Any]:
         """Validated synchronous accept over request/reply; raises RemoteError."""
-        body = SubmitTask(workflow=workflow, workflow_version=version, input=input,
+        body = SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
                           idempotency_key=key)
         return await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump())
 

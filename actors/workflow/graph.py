@@ -12,6 +12,10 @@ transition table and a Mermaid diagram.
                 on_timeout="director")         # suspension with escalation
 
 A guard returning an undeclared target is an error at run time, never a jump.
+
+``Workflow(..., input_model=Model)`` declares the input a task is submitted with: intake
+validates it (a bad submission is refused up front) and a ``SecretStr`` field of it is a
+secret — sealed at rest, redacted wherever shown (docs/security-secrets.md).
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
+from ratchet.actors.workflow.cycles import cycles
 from ratchet.actors.workflow.nodes import (
     CANCEL,
     END,
@@ -40,7 +45,8 @@ from ratchet.actors.workflow.nodes import (
     StepNode,
     WaitNode,
 )
-from ratchet.protocol.errors import WorkflowDefinitionError
+from ratchet.protocol.errors import InvalidMessage, WorkflowDefinitionError
+from ratchet.protocol.redaction import dump_model, has_secrets
 
 __all__ = ["Workflow"]
 
@@ -53,7 +59,8 @@ class Workflow:
     """A named, versioned graph of nodes; the first node declared is where a task starts."""
 
     def __init__(self, name: str, version: int = 1, description: str = "", *,
-                 compensate_on_cancel: bool = False) -> None:
+                 compensate_on_cancel: bool = False,
+                 input_model: type[BaseModel] | None = None) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(f"workflow name {name!r} must match {_NAME.pattern}")
         if not isinstance(version, int) or version < 1:
@@ -63,6 +70,14 @@ class Workflow:
         self.description = description
         #: Run the saga (undo completed side effects) when an operator cancels the task.
         self.compensate_on_cancel = compensate_on_cancel
+        if input_model is not None and not (isinstance(input_model, type)
+                                            and issubclass(input_model, BaseModel)):
+            raise WorkflowDefinitionError(
+                f"workflow {name}: input_model must be a pydantic model class")
+        #: What a task's input must validate as (None: any map, taken as it is).
+        self.input_model = input_model
+        #: Whether that input declares secrets (``SecretStr`` fields, at any depth).
+        self.has_secret_input = input_model is not None and has_secrets(input_model)
         self.nodes: dict[str, Node] = {}
         self._implicit_next: set[str] = set()
 
@@ -157,6 +172,26 @@ class Workflow:
                             repair_attempts, loop, dict(params or {}), model_timeout,
                             next or END, on_budget_exhausted, on_loop, max_visits=max_visits),
                   implicit_next=next is None)
+
+    def parse_input(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        """A submitted input as a task keeps it: validated as ``input_model`` and dumped as
+        plain data whose secret fields stay ``SecretStr`` (``ctx.input["api_key"]``); the
+        map as it is without a model.
+
+        Raises:
+            InvalidMessage: the input does not validate (its values are not quoted).
+        """
+        if self.input_model is None:
+            return dict(raw)
+        try:
+            model = self.input_model.model_validate(raw)
+        except ValidationError as exc:
+            problems = [{"field": ".".join(str(p) for p in err["loc"]), "problem": err["msg"]}
+                        for err in exc.errors()[:10]]
+            raise InvalidMessage(f"input of workflow {self.name} failed validation",
+                                 problems=problems) from None
+        data: dict[str, Any] = dump_model(model)
+        return data
 
     # -- reading -------------------------------------------------------------------------
 
@@ -276,7 +311,7 @@ class Workflow:
             raise WorkflowDefinitionError(f"{where}: unreachable nodes {unreachable}")
 
     def _check_cycles(self, where: str) -> None:
-        for cycle in _cycles(self.nodes):
+        for cycle in cycles(self.nodes):
             if not any(self.nodes[n].max_visits for n in cycle):
                 path = " -> ".join([*cycle, cycle[0]])
                 raise WorkflowDefinitionError(
@@ -338,57 +373,3 @@ def _edges(node: Node) -> list[tuple[str, str]]:
         timeout_to = "FAILED" if node.on_timeout == FAIL else str(node.on_timeout)
         return [("message arrived", node.next), (f"no message in {node.timeout:g}s", timeout_to)]
     return []
-
-
-def _cycles(nodes: Mapping[str, Node]) -> list[list[str]]:
-    """Strongly connected components with a cycle (Tarjan, iterative: a long sequence of
-    thousands of steps must not hit Python's recursion limit)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[list[str]] = []
-    counter = 0
-
-    def successors(v: str) -> list[str]:
-        return [w for w in nodes[v].successors() if w != END and w in nodes]
-
-    for root in nodes:
-        if root in index:
-            continue
-        index[root] = low[root] = counter
-        counter += 1
-        stack.append(root)
-        on_stack.add(root)
-        work: list[tuple[str, Iterator[str]]] = [(root, iter(successors(root)))]
-        while work:
-            v, pending = work[-1]
-            advanced = False
-            for w in pending:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(successors(w))))
-                    advanced = True
-                    break
-                if w in on_stack:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                parent = work[-1][0]
-                low[parent] = min(low[parent], low[v])
-            if low[v] == index[v]:
-                component = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    component.append(w)
-                    if w == v:
-                        break
-                if len(component) > 1 or v in nodes[v].successors():
-                    out.append(list(reversed(component)))
-    return out

@@ -110,6 +110,14 @@ class Node:
     def successors(self) -> list[str]:
         raise NotImplementedError
 
+    @property
+    def counts_visits(self) -> bool:
+        """Whether leaving the node counts a visit (``tasks.visits``): only where the count
+        is read — a loop bound, the per-visit keys of fan-outs, joins, waits, approvals and
+        agents (a 1,000-step sequence must not rewrite a 1,000-entry map at every step)."""
+        return self.max_visits is not None or self.kind in ("fanout", "join", "wait",
+                                                            "approval", "agent")
+
 
 @dataclass(frozen=True)
 class StepNode(Node):

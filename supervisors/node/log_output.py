@@ -8,6 +8,9 @@ again, and the root supervisor gave up (measured: no responders for ~60 s, then 
 although the store was fine). Losing a log line is better than losing the node: a failed
 write is swallowed and counted (:func:`log_write_failures`, in the ``stopped`` line of
 ``ratchet serve``), and writing resumes by itself once the file accepts bytes again.
+
+Log lines never carry a live task's secret: :func:`install_log_redaction` puts
+``protocol.redaction.redact_log_event`` before the renderer of whatever chain is configured.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["BestEffortLogger", "BestEffortLoggerFactory", "log_write_failures"]
+from ratchet.protocol.redaction import redact_log_event
+
+__all__ = ["BestEffortLogger", "BestEffortLoggerFactory", "install_log_redaction",
+           "log_write_failures"]
 
 _failures = 0
 _count_lock = threading.Lock()
@@ -52,3 +58,15 @@ class BestEffortLoggerFactory:
 
     def __call__(self, *args: Any) -> BestEffortLogger:
         return BestEffortLogger(self._file)
+
+
+def install_log_redaction() -> None:
+    """Add the redacting processor to structlog's chain, just before its last processor
+    (the renderer: what it renders is then already redacted), unless it is there. A node
+    calls it as it starts, so an application's own logging configuration is covered too;
+    loggers cached before (``cache_logger_on_first_use``) keep their chain."""
+    processors = list(structlog.get_config()["processors"])
+    if redact_log_event in processors:
+        return
+    processors.insert(max(0, len(processors) - 1), redact_log_event)
+    structlog.configure(processors=processors)

@@ -1,8 +1,9 @@
 """The node: the root supervisor of one Ratchet process.
 
-Start order: audit seal → store → NATS (embedded or joined) → streams → root supervisor
-with {outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
-every unfinished task; then, in the background, the check of the audit chain.
+Start order: audit seal → store (and its secret key, supervisors/node/secret_key.py) → NATS
+(embedded or joined) → streams → root supervisor with {outbox relay, tasks, api, mail
+router, timers, external router, intake} → recovery of every unfinished task; then, in the
+background, the check of the audit chain.
 Stop order (idempotent): stop intake, the routers and timers (no new work) → stop the tasks
 supervisor (each task stops at its next step boundary, its safe point) → flush the outbox
 → stop the rest → close NATS → close the store → stop the embedded server.
@@ -30,14 +31,17 @@ from ratchet.protocol.clock_guard import ClockGuard, ClockStep
 from ratchet.protocol.codec import encode
 from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
 from ratchet.supervisors.node.config import NodeConfig
 from ratchet.supervisors.node.credentials import bootstrap_admin, secure_state_dir
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.node.held_leases import HeldLeases
 from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
+from ratchet.supervisors.node.log_output import install_log_redaction
 from ratchet.supervisors.node.node_events import NodeEvents
 from ratchet.supervisors.node.partitions import PartitionWork
+from ratchet.supervisors.node.secret_key import load_secret_key
 from ratchet.supervisors.node.store_figures import store_figures
 from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.api import ApiActor
@@ -122,7 +126,11 @@ class Node:
         # Mail between nodes is sealed with the store's shared key (protocol/mail_seal.py).
         self.seal = MailSeal(await self.store.cluster_secret("mail"))
         self.authn = Authenticator(self.store, seal=self.seal, held=lambda: self.clock.held)
+        install_log_redaction()  # a secret of a live task never reaches a log line
         try:
+            key = load_secret_key(cfg.state_dir,
+                                  sealed_under=await self.store.secret_key_ids())
+            await self.store.use_secrets(Sealer(key))  # SecretUnreadable: not this store's
             bus = await self._connect_bus()
         except BaseException:
             await self.stop()

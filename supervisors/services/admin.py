@@ -49,6 +49,7 @@ from ratchet.protocol.errors import (
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import AdminCommand, Envelope, StartTask
 from ratchet.protocol.messages import Principal as WirePrincipal
+from ratchet.protocol.redaction import REDACTED, redact
 from ratchet.protocol.states import TaskStatus, is_terminal
 from ratchet.protocol.subjects import mail_subject
 from ratchet.supervisors.services.admin_cluster import ClusterVerbs
@@ -113,7 +114,8 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         if state == "repeat":
             raise Unavailable("a request with this command id is still running; retry",
                               command_id=cmd.command_id)
-        await self._audit(tenant, who.name, verb, cmd, "requested", {"args": cmd.args})
+        await self._audit(tenant, who.name, verb, cmd, "requested",
+                          {"args": await self._shown_args(tenant, cmd)})
         try:
             result: dict[str, Any] = await getattr(self, f"_{verb.replace('-', '_')}")(tenant,
                                                                                        cmd)
@@ -154,6 +156,20 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
                      detail: dict[str, Any]) -> None:
         await self.store.audit(AuditEntry(tenant, self.clock.now(), who, verb, cmd.command_id,
                                           cmd.task_id, outcome, detail))
+
+    async def _shown_args(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """A command's arguments as the audit keeps them: a new input (``fork``) has the
+        secret fields of its workflow's ``input_model`` redacted — all of it when it cannot
+        be told apart (an unknown task or workflow, an input that does not validate)."""
+        if "input" not in cmd.args:
+            return cmd.args
+        try:
+            rec = await self._task(tenant, cmd)
+            workflow = self.tasks.deps.registry.get(rec.workflow, rec.workflow_version)
+            shown = redact(workflow.parse_input(cmd.args["input"]))
+        except (RatchetError, TypeError):
+            shown = REDACTED
+        return {**cmd.args, "input": shown}
 
     def _check_version(self, rec: Any, cmd: AdminCommand) -> None:
         if cmd.expected_version is not None and cmd.expected_version != rec.version:
@@ -278,6 +294,10 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         new_input = cmd.args.get("input", rec.input)
         if not isinstance(new_input, dict):
             raise InvalidMessage("args.input must be a map")
+        if "input" in cmd.args:  # validated as a submission's (its secrets become SecretStr)
+            workflow = self.tasks.deps.registry.get(rec.workflow, rec.workflow_version)
+            new_input = workflow.parse_input(new_input)
+        sealed = self.store.secrets.canonical  # the stored input keeps its secrets sealed
         task_id, now = new_id("tsk"), self.clock.now()
         start = Envelope(type=MessageType.TASK_START, message_id=new_id("msg"),
                          correlation_id=cmd.command_id, sent_at=now,
@@ -287,9 +307,9 @@ class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
         new = NewTask(
             task_id=task_id, tenant=tenant, workflow=rec.workflow,
             workflow_version=rec.workflow_version, idempotency_key=f"fork:{task_id}",
-            request_hash=request_hash(canonical({"fork_of": rec.task_id, "input": new_input,
-                                                 "checkpoint": checkpoint})),
-            input=canonical(new_input), steps_total=rec.steps_total, deadline_at=None,
+            request_hash=request_hash(sealed({"fork_of": rec.task_id, "input": new_input,
+                                              "checkpoint": checkpoint})),
+            input=sealed(new_input), steps_total=rec.steps_total, deadline_at=None,
             now=now, producer=self.node_id, message_id=cmd.command_id,
             start_mail=(mail_subject(task_id, "task", self.tasks.deps.partitions),
                         start.message_id, encode(start)))

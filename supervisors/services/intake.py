@@ -11,6 +11,10 @@ A message that cannot be decoded or validated is dead-lettered with its error an
 (its sender answered if a reply subject can be read from it); one whose handling keeps
 raising something unexpected is retried up to ``GIVE_UP_AFTER`` deliveries, then
 dead-lettered with the exception: it never stops the node, nor comes back for ever.
+
+A workflow with an ``input_model`` has its input validated here (INVALID_ARGUMENT when it
+does not) and stored with its secrets sealed (protocol/secrets.py); a dead-lettered submit
+of such a workflow is kept with its input redacted, since it may hold them in clear.
 """
 
 from __future__ import annotations
@@ -30,10 +34,11 @@ from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import NewTask
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.codec import canonical, decode_envelope, encode, parse_body, reply_route
+from ratchet.protocol.codec import decode_envelope, decode_map, encode, parse_body, reply_route
 from ratchet.protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
 from ratchet.protocol.ids import new_id, request_hash, task_id_for
 from ratchet.protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
+from ratchet.protocol.redaction import REDACTED
 from ratchet.protocol.subjects import (
     STREAM_SUBMIT,
     check_token,
@@ -81,10 +86,14 @@ class Acceptor:
             raise InvalidMessage(f"expected type task.submit, got {env.type!r}", type=env.type)
         body = parse_body(env, SubmitTask)
         workflow = self.registry.get(body.workflow, body.workflow_version)
-        digest = request_hash(canonical({"workflow": workflow.name, "version": workflow.version,
-                                         "input": body.input, "deadline_s": body.deadline_s,
-                                         "budget": body.budget.model_dump() if body.budget
-                                         else None}))
+        task_input = workflow.parse_input(body.input) if workflow.input_model else body.input
+        # Secrets sealed in the hash too: deterministic, so a resubmission still matches,
+        # and a digest of the clear value would be an oracle for guessing it.
+        sealed = self.store.secrets.canonical
+        digest = request_hash(sealed({"workflow": workflow.name, "version": workflow.version,
+                                      "input": task_input, "deadline_s": body.deadline_s,
+                                      "budget": body.budget.model_dump() if body.budget
+                                      else None}))
         task_id = task_id_for(tenant, body.idempotency_key)
         now = self.clock.now()
         start = Envelope(
@@ -95,7 +104,7 @@ class Acceptor:
         result = await self.store.accept_submission(NewTask(
             task_id=task_id, tenant=tenant, workflow=workflow.name,
             workflow_version=workflow.version, idempotency_key=body.idempotency_key,
-            request_hash=digest, input=canonical(body.input), steps_total=workflow.step_count,
+            request_hash=digest, input=sealed(task_input), steps_total=workflow.step_count,
             deadline_at=now + body.deadline_s if body.deadline_s else None, now=now,
             budget=body.budget.model_dump(exclude_none=True) if body.budget else None,
             producer=self.producer, message_id=env.message_id,
@@ -115,9 +124,24 @@ class Acceptor:
         log.warning("message dead-lettered", subject=subject, code=exc.code.value,
                     error=exc.message, details=exc.details)
         await self.store.record_dead_letter(
-            subject=subject, raw=raw, error=exc.to_wire(),
+            subject=subject, raw=self._without_secret_input(raw), error=exc.to_wire(),
             dlq_subject=dlq_subject("submit", tenant), now=self.clock.now(),
         )
+
+
+    def _without_secret_input(self, raw: bytes) -> bytes:
+        """``raw`` as a dead letter keeps it: the submit of a workflow whose input declares
+        secrets has its input replaced by REDACTED (it failed, perhaps validation, so its
+        secrets were never sealed). Anything that cannot be read as such a submit is kept."""
+        try:
+            env = decode_map(raw)
+            body = env["body"]
+            workflow = self.registry.get(body["workflow"], body.get("workflow_version"))
+        except (RatchetError, KeyError, TypeError, AttributeError):  # not a submit of a workflow known here
+            return raw
+        if not workflow.has_secret_input or "input" not in body:
+            return raw
+        return encode({**env, "body": {**body, "input": REDACTED}})
 
 
 def intake_durable(subject: str) -> str:
