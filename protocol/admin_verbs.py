@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CLUSTER_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
+__all__ = ["CLUSTER_VERBS", "KEY_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
 
 #: The role each verb needs.
 VERB_ROLES: dict[str, str] = {
@@ -13,8 +13,12 @@ VERB_ROLES: dict[str, str] = {
     "thaw": "operator", "purge": "operator",
     # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
     "nodes": "viewer", "drain": "operator", "undrain": "operator", "clock-ack": "operator",
+    # The keyring (docs/security.md): who acts as whom, in which tenant, with which roles.
+    "grant": "operator", "revoke": "operator", "keys": "operator",
 }
+#: The keyring's verbs: cluster verbs too (only a _system operator changes the keyring).
+KEY_VERBS = frozenset({"grant", "revoke", "keys"})
 #: Verbs about the cluster, not about one tenant's tasks.
-CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack"})
+CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack"}) | KEY_VERBS
 #: The tenant token of cluster commands; give it only to the platform's operators.
 SYSTEM_TENANT = "_system"

@@ -26,3 +26,14 @@ async def client_as(node: ratchet.Node, url: str, name: str, tenant: str,
     """A client of ``tenant`` signing as ``name`` (of ``home``, default the same tenant)."""
     signer = await grant(node, name, home or tenant, roles)
     return await ratchet.Client.connect(url, tenant, creds=signer)
+
+
+async def issued(admin: ratchet.Client, name: str, tenant: str, roles: list[str],
+                 **args: object) -> Signer:
+    """A key made here and granted through the ``grant`` verb (``admin``: a client of
+    ``_system`` signing as its operator), as ``ratchet creds`` does."""
+    signer = Signer(new_seed())
+    await admin.request_admin("grant", {"command_id": new_id("cmd"), "args": {
+        "public_key": signer.public_key, "name": name, "tenant": tenant, "roles": roles,
+        **args}})
+    return signer

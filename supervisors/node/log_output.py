@@ -12,13 +12,15 @@ write is swallowed and counted (:func:`log_write_failures`, in the ``stopped`` l
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from typing import Any, TextIO
 
 import structlog
 
-__all__ = ["BestEffortLogger", "BestEffortLoggerFactory", "log_write_failures"]
+__all__ = ["BestEffortLogger", "BestEffortLoggerFactory", "configure_logging",
+           "log_write_failures"]
 
 _failures = 0
 _count_lock = threading.Lock()
@@ -52,3 +54,19 @@ class BestEffortLoggerFactory:
 
     def __call__(self, *args: Any) -> BestEffortLogger:
         return BestEffortLogger(self._file)
+
+
+def configure_logging(level: str) -> None:
+    """JSON lines on stderr at ``level`` and above, written best effort."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        # A failed log write (a full disk under the log file) is counted, never raised.
+        logger_factory=BestEffortLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )
