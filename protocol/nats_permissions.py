@@ -72,19 +72,23 @@ def node_permissions() -> Permissions:
     return [">"], [">"]
 
 
-def _quoted(subjects: list[str]) -> str:
-    return "[" + ", ".join(f'"{s}"' for s in subjects) + "]"
+def _allow(subjects: list[str]) -> str:
+    one_line = "allow: [" + ", ".join(f'"{s}"' for s in subjects) + "]"
+    if len(one_line) <= 72:
+        return one_line
+    # One subject a line: the file is read (and diffed) by people too.
+    return "allow: [\n" + "".join(f'          "{s}"\n' for s in subjects) + "        ]"
 
 
 def _user(key: str, perms: Permissions, comment: str) -> list[str]:
     pub, sub = perms
     # An empty allow list would mean "no restriction" to nats-server: nothing to publish
     # is said with a deny of everything.
-    publish = f"allow: {_quoted(pub)}" if pub else 'deny: [">"]'
+    publish = _allow(pub) if pub else 'deny: [">"]'
     return [f"    # {comment}",
             f'    {{ nkey: "{key}", permissions: {{',
             f"        publish: {{ {publish} }}",
-            f"        subscribe: {{ allow: {_quoted(sub)} }} }} }}"]
+            f"        subscribe: {{ {_allow(sub)} }} }} }}"]
 
 
 def _comment(who: Principal) -> str:

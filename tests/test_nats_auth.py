@@ -12,8 +12,6 @@ import sqlite3
 import stat
 import subprocess
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ import msgpack
 import nats
 import nats.errors
 import pytest
-from nats.aio.client import Client as NATS
+import structlog.testing
 
 import ratchet
 from ratchet.protocol.auth import Signer, inbox_prefix, new_seed
@@ -32,9 +30,10 @@ from ratchet.protocol.ids import new_id
 from ratchet.protocol.messages import Envelope, GetTask
 from ratchet.protocol.subjects import STREAM_EVENTS, STREAM_SUBMIT
 from ratchet.supervisors.node.credentials import admin_key_path, node_key_path
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from tests.apps import app
 from tests.conftest import RATCHET_BIN, ROOT, assert_contiguous, wait_terminal
-from tests.keys import issued
+from tests.keys import Secured, Spy, issued
 
 
 def _ratchet(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -46,80 +45,6 @@ def _ratchet(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
 async def ratchet_cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """The CLI in a thread: the node under test runs on this event loop."""
     return await asyncio.to_thread(_ratchet, state, *args)
-
-
-@dataclass
-class Secured:
-    node: ratchet.Node
-    admin: ratchet.Client  # the state dir's local admin: _system, every role
-    state: Path
-
-    @property
-    def url(self) -> str:
-        assert self.node.url is not None
-        return self.node.url
-
-    def as_tenant(self, tenant: str) -> ratchet.Client:
-        """The local admin acting in ``tenant`` (same connection and key)."""
-        return ratchet.Client(self.admin.nc, tenant, self.admin.signer)
-
-
-@pytest.fixture
-async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
-    state = tmp_path / "node"
-    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), app)
-    await node.start()
-    try:
-        assert node.url is not None
-        admin = await ratchet.Client.connect(node.url, "_system", creds=admin_key_path(state))
-        try:
-            yield Secured(node, admin, state)
-        finally:
-            await admin.close()
-    finally:
-        await node.stop()
-
-
-class Spy:
-    """A raw NATS connection holding a key, as an attacker would use it; it records the
-    server's refusals."""
-
-    def __init__(self, nc: NATS, errors: list[str], new: asyncio.Event,
-                 closed: asyncio.Event) -> None:
-        self.nc, self.errors, self._new, self.closed = nc, errors, new, closed
-
-    @classmethod
-    async def connect(cls, url: str, signer: Signer) -> Spy:
-        errors: list[str] = []
-        new, closed = asyncio.Event(), asyncio.Event()
-
-        async def on_error(exc: Exception) -> None:
-            errors.append(str(exc).lower())
-            new.set()
-
-        async def on_closed() -> None:
-            closed.set()
-
-        nc = await nats.connect(url, nkeys_seed_str=signer.seed.decode(), error_cb=on_error,
-                                inbox_prefix=inbox_prefix(signer.public_key),
-                                allow_reconnect=False, closed_cb=on_closed)
-        return cls(nc, errors, new, closed)
-
-    async def refused(self, subject: str, timeout: float = 5.0) -> None:
-        """Wait (bounded) for the server's permissions violation naming ``subject``."""
-        quoted = f'"{subject.lower()}"'
-
-        async def seen() -> None:
-            while True:
-                self._new.clear()
-                if any("permissions violation" in e and quoted in e for e in self.errors):
-                    return
-                await self._new.wait()
-
-        await asyncio.wait_for(seen(), timeout)
-
-    async def close(self) -> None:
-        await self.nc.close()
 
 
 async def _messages(node: ratchet.Node, stream: str) -> int:
@@ -328,3 +253,54 @@ async def test_the_keys_verb_lists_the_keyring_and_grant_validates_its_arguments
             await secured.admin.request_admin("grant", {"command_id": new_id("cmd"),
                                                         "args": {**good, **bad}})
         assert info.value.wire_code == "INVALID_ARGUMENT", bad
+
+
+async def test_a_node_joins_an_external_nats_configured_with_the_block_nats_config_prints(
+        tmp_path: Path) -> None:
+    state = tmp_path / "node"
+    printed = await ratchet_cli(state, "nats-config")
+    assert printed.returncode == 0, printed.stderr
+    assert "authorization {" in printed.stdout and "local-admin of _system" in printed.stdout
+    conf = tmp_path / "server.conf"
+    conf.write_text(printed.stdout)
+    server = EmbeddedNats(tmp_path / "external", config_file=conf)
+    url = await server.start()
+    try:
+        with pytest.raises(Unauthenticated):
+            await ratchet.Client.connect(url, "acme")
+        node = ratchet.Node(ratchet.NodeConfig(state_dir=state, nats_url=url,
+                                               nats_creds=node_key_path(state)), app)
+        await node.start()
+        try:
+            client = await ratchet.Client.connect(url, "acme", creds=admin_key_path(state))
+            task_id = (await client.submit_sync("three", {}, "ext"))["task_id"]
+            assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+            await client.close()
+        finally:
+            await node.stop()
+    finally:
+        await server.stop()
+
+
+async def test_a_nats_password_never_reaches_the_logs_or_admin_nodes(tmp_path: Path) -> None:
+    conf = tmp_path / "password.conf"
+    conf.write_text('authorization { users = [ { user: ratchet, password: "s3cret-pw" } ] }\n')
+    server = EmbeddedNats(tmp_path / "external", config_file=conf)
+    host = (await server.start()).removeprefix("nats://")
+    url = f"nats://ratchet:s3cret-pw@{host}"
+    state = tmp_path / "node"
+    try:
+        node = ratchet.Node(ratchet.NodeConfig(state_dir=state, nats_url=url), app)
+        with structlog.testing.capture_logs() as logs:
+            await node.start()
+        try:
+            admin = await ratchet.Client.connect(url, "_system", creds=admin_key_path(state))
+            nodes = await admin.request_admin("nodes", {"command_id": new_id("cmd")})
+            await admin.close()
+        finally:
+            await node.stop()
+        assert nodes["nodes"][0]["info"]["url"] == f"nats://ratchet:***@{host}"
+        assert "s3cret-pw" not in json.dumps(nodes) and "s3cret-pw" not in repr(logs)
+        assert any(e.get("url") == f"nats://ratchet:***@{host}" for e in logs)
+    finally:
+        await server.stop()
