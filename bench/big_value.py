@@ -53,7 +53,7 @@ async def run(mb: float, limit_mb: float | None) -> dict[str, Any]:
         try:
             assert node.url is not None
             rss_before = node.status("VmRSS") / 1024
-            client = await ratchet.Client.connect(node.url, tenant="bench")
+            client = await ratchet.Client.connect(node.url, tenant="bench", creds=node.creds)
             started = time.perf_counter()
             task_id = await client.submit("big", {"mb": mb}, key=f"big-{time.time_ns()}")
             events = [e async for e in client.watch(task_id, idle_timeout=120)]
