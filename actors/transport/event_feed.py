@@ -45,6 +45,17 @@ _RETRY_S = 0.5
 _STALLED = "Nats-Consumer-Stalled"
 
 
+def _within(subject: str, pattern: str) -> bool:
+    """NATS subject matching: ``*`` one token, ``>`` the rest (one token or more)."""
+    want, got = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(got) > i
+        if i >= len(got) or token not in ("*", got[i]):
+            return False
+    return len(want) == len(got)
+
+
 class EventFeed:
     """The messages of ``filter_subject`` in RATCHET_EVENTS, in stream order, live."""
 
@@ -108,6 +119,10 @@ class EventFeed:
                 reply = msg.reply or headers.get(_STALLED)
                 if reply:
                     await self.nc.publish(reply)
+                continue
+            if not _within(msg.subject, self.filter_subject):
+                # Another key's consumer update could redirect foreign events here (it would
+                # have to guess the consumer's random name): never yield them.
                 continue
             meta = msg.metadata
             if meta.sequence.consumer != self._consumer_seq + 1:
