@@ -61,7 +61,7 @@ class Secured:
 
     def as_tenant(self, tenant: str) -> ratchet.Client:
         """The local admin acting in ``tenant`` (same connection and key)."""
-        return ratchet.Client(self.admin.nc, tenant, self.admin.signer)
+        return ratchet.Client(self.admin.nc, tenant, self.admin.signer, self.admin.refusals)
 
 
 class Spy:

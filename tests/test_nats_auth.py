@@ -140,9 +140,9 @@ async def test_a_subscriber_follows_its_own_tenants_task_and_no_other_tenants(
         globex = secured.as_tenant("globex")
         theirs = await globex.submit("three", {}, "theirs")
         await wait_terminal(globex, theirs)
-        nosy = ratchet.Client(client.nc, "globex", reader)
+        nosy = ratchet.Client(client.nc, "globex", reader, client.refusals)
         with pytest.raises(PermissionDenied):
-            await asyncio.wait_for(anext(nosy.watch(theirs)), 20)
+            await asyncio.wait_for(anext(nosy.watch(theirs)), 3)  # told at once
         # A consumer whose config names globex's events through acme's subject: refused by
         # the server, which checks the filter against the subject's.
         for config in ({"filter_subject": "ratchet.events.globex.>"},

@@ -17,7 +17,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
-from ratchet.actors.transport.event_feed import EventFeed
+from ratchet.actors.transport.event_feed import EventFeed, Refusals
 from ratchet.protocol.auth import Signer, inbox_prefix
 from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.codec import decode_map, encode
@@ -57,11 +57,15 @@ def _refused(exc: BaseException) -> bool:
 
 
 class Client:
-    def __init__(self, nc: NATS, tenant: str = "default", signer: Signer | None = None) -> None:
+    def __init__(self, nc: NATS, tenant: str = "default", signer: Signer | None = None,
+                 refusals: Refusals | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.tenant = tenant
         self.signer = signer
+        #: The server's permissions violations on this connection (fed by connect's
+        #: error callback; None for a connection made elsewhere).
+        self.refusals = refusals
 
     @classmethod
     async def connect(cls, url: str, tenant: str = "default",
@@ -78,9 +82,11 @@ class Client:
         nc = NATS()
         closing: set[asyncio.Task[None]] = set()
         connected = False
+        refusals = Refusals()
 
         async def on_error(exc: Exception) -> None:
             log.warning("nats error", error=str(exc) or type(exc).__name__)
+            refusals.report(exc)
             if not _refused(exc):
                 return
             # A key the server refuses (unknown, revoked) stays refused: stop trying instead
@@ -102,7 +108,7 @@ class Client:
             raise Unauthenticated("the NATS server refused the connection: no key, or a key"
                                   " it does not know (docs/security.md)",
                                   key=signer.public_key if signer else None) from None
-        return cls(nc, tenant, signer)
+        return cls(nc, tenant, signer, refusals)
 
     async def close(self) -> None:
         await self.nc.drain()
@@ -178,7 +184,7 @@ class Client:
         Stops after a terminal event unless ``follow_terminal``; repeats are skipped by
         sequence. ``idle_timeout`` bounds the wait for each next event.
         """
-        feed = EventFeed(self.nc, task_events_filter(self.tenant, task_id))
+        feed = EventFeed(self.nc, task_events_filter(self.tenant, task_id), self.refusals)
         last = after
         try:
             while True:
