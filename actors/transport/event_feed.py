@@ -122,10 +122,12 @@ class EventFeed:
         try:
             either: set[asyncio.Future[Any]] = {create, refused}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        finally:  # refused, or this wait cancelled: the request is not waited for
             self.refusals.forget(refused)
-        if not create.done():
-            create.cancel()
+            answered = create.done()
+            if not answered:
+                create.cancel()
+        if not answered:
             raise self._denied()
         create.result()
 
