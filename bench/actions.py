@@ -24,6 +24,7 @@ import ratchet
 from bench.steps import percentile
 from ratchet.actors.workflow.tools import ToolContext
 from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceSimulatorProcess
 from ratchet.testing.expense import ClaimArgs, _submit_claim, refund_claim, submit_claim
@@ -69,7 +70,8 @@ async def main() -> None:
                                                max_running=128),
                             registry)
         await node.start()
-        client = await ratchet.Client.connect(url, "bench")
+        client = await ratchet.Client.connect(url, "bench",
+                                              creds=admin_key_path(node.config.state_dir))
         try:
             direct = await asyncio.to_thread(_direct_calls, sim.url, n)
             task_id = await client.submit("bench.calls", {"n": n, "report": "seq", "timed": True},

@@ -28,11 +28,9 @@ from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.supervisors.cli import configure_logging
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
-OPERATOR = {"name": "bench", "roles": ["operator"]}
-
 
 async def admin(client: ratchet.Client, verb: str, task_id: str) -> dict[str, Any]:
-    return await client.request_admin(verb, {"command_id": new_id("cmd"), "principal": OPERATOR,
+    return await client.request_admin(verb, {"command_id": new_id("cmd"),
                                              "task_id": task_id})
 
 
@@ -43,7 +41,7 @@ async def main() -> None:
         url = await server.start()
         node = NodeProc(Path(tmp) / "node", url, app="bench.graph_app:app")
         node.start()
-        client = await ratchet.Client.connect(url, "bench")
+        client = await ratchet.Client.connect(url, "bench", creds=node.creds)
         try:
             started_tasks: set[str] = set()
             all_started = asyncio.Event()

@@ -33,6 +33,7 @@ from ratchet.actors.agents.models import ModelRequest, ModelResponse
 from ratchet.actors.agents.scripted_model import ScriptedModel, reply
 from ratchet.protocol.events import decode_event
 from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 TURNS = 200
@@ -115,7 +116,8 @@ async def main() -> None:
                                                max_running=LIVE + 8),
                             registry)
         await node.start()
-        client = await ratchet.Client.connect(url, "bench")
+        client = await ratchet.Client.connect(url, "bench",
+                                              creds=admin_key_path(node.config.state_dir))
         try:
             task_id = await client.submit("fast", {}, key="fast")
             events = [e async for e in client.watch(task_id, idle_timeout=120)]

@@ -52,6 +52,7 @@ from bench.steps import NodeProc
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 
@@ -298,7 +299,8 @@ class _Harness:
             self.node.start()
         if self.cluster is not None:
             await self.cluster.start()
-        self.client = await ratchet.Client.connect(self.url, "default")
+        self.client = await ratchet.Client.connect(self.url, "default",
+                                                   creds=admin_key_path(self.db.parent))
         return self.client
 
     def striker(self, client: ratchet.Client, finance: FinanceClient) -> Strike:

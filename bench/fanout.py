@@ -79,8 +79,10 @@ async def park_and_approve(client: ratchet.Client, node: NodeProc) -> dict[str, 
                        body={"task_id": task_id, "approval_id": payload["approval_id"],
                              "decision": "approve", "decided_by": "bench",
                              "request_hash": payload["request_hash"]})
-        futures.append(await client.js.publish_async(decision_subject(client.tenant),
-                                                     encode(env)))
+        subject, data = decision_subject(client.tenant), encode(env)
+        # Signed as the approver that the local admin key is (docs/security.md).
+        futures.append(await client.js.publish_async(subject, data,
+                                                     headers=client.sign(subject, data)))
     await asyncio.gather(*futures)
     await asyncio.wait_for(all_done.wait(), 600)
     approve_all = time.perf_counter() - started
@@ -98,7 +100,7 @@ async def main() -> None:
         url = await server.start()
         node = NodeProc(Path(tmp) / "node", url, app="bench.graph_app:app")
         node.start()
-        client = await ratchet.Client.connect(url, "bench")
+        client = await ratchet.Client.connect(url, "bench", creds=node.creds)
         results: dict[str, Any] = {}
         try:
             results["fanout_join_s"] = round(await fanout(client), 3)

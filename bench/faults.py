@@ -43,7 +43,6 @@ from ratchet.testing import FinanceClient
 FAULT_KINDS = ("clock_forward", "clock_back", "db_deleted", "disk_full", "purge_mail",
                "purge_submit")
 SETTLED = ("SUCCEEDED", "FAILED", "UNKNOWN", "WAITING_APPROVAL")
-OPERATOR = {"name": "chaos", "roles": ["operator"]}
 # libfaketime 0.9.10 answers EINVAL to Python's time.sleep (clock_nanosleep on
 # CLOCK_MONOTONIC, TIMER_ABSTIME) when the monotonic clock is not faked; the expense tools
 # sleep after each call (RATCHET_CHAOS_POST_CALL_PAUSE). The node under the fake clock gets
@@ -213,7 +212,7 @@ class Fault:
         self.kind = kind
         self.bed = bed
         self.client = client
-        self.system = ratchet.Client(client.nc, "_system")
+        self.system = ratchet.Client(client.nc, "_system", client.signer)
         self.finance = finance
         self.probes = Probes(client, run)
         self.burst: SubmitBurst | None = None
@@ -252,7 +251,7 @@ class Fault:
 
     async def _admin(self, verb: str, args: dict[str, Any]) -> dict[str, Any]:
         return await self.system.request_admin(verb, {
-            "command_id": new_id("cmd"), "principal": OPERATOR, "args": args})
+            "command_id": new_id("cmd"), "args": args})
 
     async def _node_id(self) -> str:
         nodes = (await self._admin("nodes", {}))["nodes"]

@@ -94,7 +94,7 @@ async def run(mb: float, kind: str, limit_mb: float | None, restart: bool) -> di
         node.start()
         try:
             assert node.url is not None
-            client = await ratchet.Client.connect(node.url, tenant="bench")
+            client = await ratchet.Client.connect(node.url, tenant="bench", creds=node.creds)
             hold = Path(tmp) / "hold"
             if restart:
                 hold.touch()
@@ -112,7 +112,7 @@ async def run(mb: float, kind: str, limit_mb: float | None, restart: bool) -> di
                 hold.unlink()
                 node.start()  # the same state dir; its embedded server starts again
                 assert node.url is not None
-                client = await ratchet.Client.connect(node.url, tenant="bench")
+                client = await ratchet.Client.connect(node.url, tenant="bench", creds=node.creds)
                 rss_before = reset_peak(node)  # before the recovery has loaded much
             events = [e async for e in client.watch(task_id, idle_timeout=120)]
             elapsed = time.perf_counter() - started

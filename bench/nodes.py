@@ -57,6 +57,7 @@ from ratchet.protocol.codec import decode_map
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS, partition_of
 from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 LONG_STEPS = 60
@@ -202,6 +203,11 @@ class Cluster:
     def db(self) -> Path:
         return self.base / "store" / "ratchet.db"
 
+    @property
+    def creds(self) -> Path:
+        """The store's local admin key (every node of the store shares its state dir)."""
+        return admin_key_path(self.base / "store")
+
     def start(self, node_id: str) -> None:
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
         node = NodeProc(self.base / "store", self.url, app=self.app, log_level=self.log_level,
@@ -321,7 +327,7 @@ async def _wait(cond: Callable[[], bool], timeout: float, what: str,
 async def throughput(base: Path, nodes: int, tasks: int, writer: str) -> dict[str, Any]:
     async with cluster(base, nodes, ("--writer", writer)) as c:
         view = StoreView(c.db)
-        client = await ratchet.Client.connect(c.url, "bench")
+        client = await ratchet.Client.connect(c.url, "bench", creds=c.creds)
         try:
             with LockProbe(c.db) as probe, cpu_meter(c) as cpu:
                 t0 = time.time()
@@ -417,7 +423,7 @@ async def failover(base: Path, kills: int, concurrent: int, seed: int) -> dict[s
     stranded = 0
     async with cluster(base, 3, ()) as c:
         view = StoreView(c.db)
-        client = await ratchet.Client.connect(c.url, "bench")
+        client = await ratchet.Client.connect(c.url, "bench", creds=c.creds)
         submitted = 0
         try:
             for k in range(kills):
@@ -488,8 +494,8 @@ async def tenants(base: Path, nodes: int, flood: int, b_tasks: int, b_spread: fl
                   flags: tuple[str, ...]) -> dict[str, Any]:
     async with cluster(base, nodes, flags) as c:
         view = StoreView(c.db)
-        a = await ratchet.Client.connect(c.url, "tenant_a")
-        b = await ratchet.Client.connect(c.url, "tenant_b")
+        a = await ratchet.Client.connect(c.url, "tenant_a", creds=c.creds)
+        b = await ratchet.Client.connect(c.url, "tenant_b", creds=c.creds)
         seen: dict[str, float] = {}
 
         async def on_b_success(msg: Any) -> None:

@@ -146,7 +146,7 @@ async def run_soak(rate: float = 150.0, seconds: float = 600.0, synchronous: str
         tally = Tally()
         try:
             assert node.url is not None
-            client = await ratchet.Client.connect(node.url, TENANT)
+            client = await ratchet.Client.connect(node.url, TENANT, creds=node.creds)
             await _follow(client, tally)
             t0 = time.time()
             await _drive(client, node, tally, rate, seconds, sample_every)

@@ -40,6 +40,7 @@ from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import Envelope, SubmitTask
 from ratchet.protocol.subjects import submit_subject
 from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "NORMAL")
@@ -101,6 +102,11 @@ class NodeProc:
         if b"serving" not in line:
             raise RuntimeError(f"node did not start: {line!r}")
         self.url = json.loads(line)["nats_url"]
+
+    @property
+    def creds(self) -> Path:
+        """The node's local admin key (made at its first start): what clients sign with."""
+        return admin_key_path(self.state_dir)
 
     def status(self, field: str) -> int:
         assert self.proc is not None
@@ -205,7 +211,7 @@ async def big_document(nats_url: str, base: Path) -> dict[str, Any]:
         db = base / "big" / "ratchet.db"
         before = _store_bytes(db)
         io_before = node.io_write_bytes()
-        client = await ratchet.Client.connect(nats_url, "bench")
+        client = await ratchet.Client.connect(nats_url, "bench", creds=node.creds)
         task_id = await client.submit("big_document", {}, key=f"big-{time.time_ns()}")
         events = await _until_terminal(client, task_id)
         assert events[-1].type == "task.succeeded"
@@ -221,7 +227,7 @@ async def big_document(nats_url: str, base: Path) -> dict[str, Any]:
 async def resume_after_kill(nats_url: str, base: Path) -> dict[str, Any]:
     node = NodeProc(base / "kill", nats_url)
     node.start()
-    client = await ratchet.Client.connect(nats_url, "bench")
+    client = await ratchet.Client.connect(nats_url, "bench", creds=node.creds)
     task_id = await client.submit("sleepy", {}, key=f"sleepy-{time.time_ns()}")
     async for event in client.watch(task_id, idle_timeout=60):
         if event.type == "step.completed" and event.payload["index"] == 9:
@@ -251,7 +257,7 @@ async def main() -> None:
         try:
             node = NodeProc(base / "main", url, args=tuple(os.environ.get("RATCHET_BENCH_SERVE_ARGS", "").split()))
             node.start()
-            client = await ratchet.Client.connect(url, "bench")
+            client = await ratchet.Client.connect(url, "bench", creds=node.creds)
             try:
                 results.update(await sequential(client))
                 results.update(await concurrent(client))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CLUSTER_VERBS", "SWITCH_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
+__all__ = ["CLUSTER_VERBS", "KEY_VERBS", "SWITCH_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
 
 #: The role each verb needs.
 VERB_ROLES: dict[str, str] = {
@@ -14,10 +14,14 @@ VERB_ROLES: dict[str, str] = {
     # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
     "nodes": "viewer", "drain": "operator", "undrain": "operator", "clock-ack": "operator",
     "verify-audit": "operator",
+    # The keyring (docs/security.md): who acts as whom, in which tenant, with which roles.
+    "grant": "operator", "revoke": "operator", "keys": "operator",
 }
+#: The keyring's verbs: cluster verbs too (only a _system operator changes the keyring).
+KEY_VERBS = frozenset({"grant", "revoke", "keys"})
 #: Verbs about the cluster, not about one tenant's tasks (the audit chain is one per
 #: store, across tenants).
-CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack", "verify-audit"})
+CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack", "verify-audit"}) | KEY_VERBS
 #: The kill switches: on a tenant's subject they act on its tasks, on the SYSTEM_TENANT's
 #: on every tenant's (docs/admin.md).
 SWITCH_VERBS = frozenset({"freeze", "thaw", "disable-tool", "enable-tool"})

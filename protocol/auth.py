@@ -17,6 +17,7 @@ import base64
 import binascii
 import hashlib
 import os
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ __all__ = [
     "inbox_prefix",
     "new_seed",
     "read_key_file",
+    "redact_url",
     "required_role",
     "signing_bytes",
     "verify_signature",
@@ -219,3 +221,23 @@ def read_key_file(path: Path) -> bytes:
     if not seed.startswith(b"SU"):
         raise InvalidMessage(f"{path} does not hold a user nkey seed (SU…)")
     return seed
+
+
+#: ``scheme://user:password@`` or ``scheme://token@`` at the start of each URL of a list.
+_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/,]*)(?::[^/,]*)?@",
+                       re.IGNORECASE)
+
+
+def redact_url(url: str | None) -> str | None:
+    """``url`` (or a comma-separated list) with passwords and tokens hidden:
+    ``nats://user:***@host``, ``nats://***@host`` (a bare token) — for logs, the serving
+    line and admin replies, which must never carry a secret."""
+    if url is None:
+        return None
+
+    def hide(m: re.Match[str]) -> str:
+        if ":" in m.group(0)[len(m.group("scheme")):]:
+            return f"{m.group('scheme')}{m.group('user')}:***@"
+        return f"{m.group('scheme')}***@"
+
+    return _USERINFO.sub(hide, url)

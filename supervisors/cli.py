@@ -1,4 +1,4 @@
-"""``ratchet`` command line: serve, submit, watch, status, demo.
+"""``ratchet`` command line: serve, submit, watch, status, admin, creds, nats-config, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
 node wrote under its state directory (``<state-dir>/nats/nats.url``).
@@ -20,7 +20,8 @@ from typing import Any
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.actors.transport.client import Client
 from ratchet.actors.workflow.registry import Registry
-from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.admin_verbs import CLUSTER_VERBS, KEY_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.auth import ROLES, redact_url
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
     RatchetError,
@@ -29,12 +30,12 @@ from ratchet.protocol.errors import (
     WorkflowDefinitionError,
 )
 from ratchet.protocol.ids import new_id
-from ratchet.protocol.redaction import redact_log_event
-from ratchet.supervisors.node.credentials import admin_key_path
-from ratchet.supervisors.node.log_output import BestEffortLoggerFactory, log_write_failures
+from ratchet.supervisors.node.credentials import admin_key_path, issue_key
+from ratchet.supervisors.node.log_output import configure_logging, log_write_failures
+from ratchet.supervisors.node.nats_auth import keyring_config
 from ratchet.supervisors.node.node import Node, NodeConfig
 
-__all__ = ["main", "load_app"]
+__all__ = ["configure_logging", "main", "load_app"]
 
 DEFAULT_STATE_DIR = os.environ.get("RATCHET_STATE_DIR", ".ratchet")
 
@@ -82,26 +83,6 @@ def _print(obj: Any) -> None:
     print(json.dumps(obj, default=str), flush=True)
 
 
-def configure_logging(level: str) -> None:
-    import logging
-
-    import structlog
-
-    structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso"),
-            redact_log_event,  # a live task's secrets never reach the log
-            structlog.processors.JSONRenderer(),
-        ],
-        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
-        # A failed log write (a full disk under the log file) is counted, never raised.
-        logger_factory=BestEffortLoggerFactory(sys.stderr),
-        cache_logger_on_first_use=True,
-    )
-
-
 async def _serve(args: argparse.Namespace) -> int:
     registry = load_app(args.app)
 
@@ -113,6 +94,7 @@ async def _serve(args: argparse.Namespace) -> int:
         return out
 
     config = NodeConfig(state_dir=Path(args.state_dir), nats_url=args.nats_url,
+                        nats_creds=Path(args.nats_creds) if args.nats_creds else None,
                         synchronous=args.synchronous, partitions=args.partitions,
                         retention=pairs(args.retention, float), lease_ttl=args.lease_ttl,
                         lease_interval=args.lease_interval, writer=args.writer,
@@ -133,7 +115,7 @@ async def _serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await node.start()
-    _print({"serving": config.node_id, "nats_url": node.url, "db": str(config.db_path),
+    _print({"serving": config.node_id, "nats_url": redact_url(node.url), "db": str(config.db_path),
             "workflows": registry.names(), "pid": os.getpid()})
     failed = asyncio.ensure_future(node.failed.wait())
     stopped = asyncio.ensure_future(stop.wait())
@@ -205,7 +187,13 @@ def _graph(args: argparse.Namespace) -> int:
 async def _admin(args: argparse.Namespace) -> int:
     cluster = args.verb in CLUSTER_VERBS  # about nodes: the system tenant's subject
     client = await _connect(args, SYSTEM_TENANT if cluster else args.tenant)
-    if cluster and args.task_id:
+    if args.verb in KEY_VERBS:  # grant, revoke: --tenant is the principal's tenant
+        if args.verb != "keys":  # keys lists every tenant's (--arg tenant=T: one)
+            args.arg.insert(0, f"tenant={args.tenant}")
+        if args.task_id:
+            args.arg.insert(1, f"name={args.task_id}")
+        args.task_id = None
+    elif cluster and args.task_id:
         args.arg.append(f"node={args.task_id}")
         args.task_id = None
     try:
@@ -228,6 +216,22 @@ async def _admin(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _issue(args: argparse.Namespace) -> int:
+    """``ratchet creds``: a key for one principal, granted through the local admin key."""
+    client = await _connect(args, SYSTEM_TENANT)
+    try:
+        _print(await issue_key(client, Path(args.out or f"{args.name}.nk"), args.name,
+                               args.tenant, sorted(set(args.role)), args.expires_in))
+    finally:
+        await client.close()
+    return 0
+
+
+async def _nats_config(args: argparse.Namespace) -> int:
+    print(await keyring_config(Path(args.state_dir)), end="", flush=True)
+    return 0
+
+
 def _clock_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--clock-step-threshold", type=float, default=5.0,
                    help="seconds the wall clock may jump against the steady clock before it"
@@ -241,6 +245,9 @@ def _serve_flags(s: argparse.ArgumentParser) -> None:
     """The flags of `ratchet serve` (each sets a NodeConfig field; docs/operations.md)."""
     s.add_argument("--app", required=True, help="module:object registering workflows")
     s.add_argument("--nats-url", default=None, help="join this NATS instead of the embedded one")
+    s.add_argument("--nats-creds", default=None, metavar="FILE",
+                   help="the node's credentials for --nats-url: an nkey seed (e.g. the state"
+                        " dir's keys/node.nk) or a NATS .creds file")
     s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
     s.add_argument("--partitions", type=int, default=16)
     s.add_argument("--node-id", default=None)
@@ -307,7 +314,8 @@ def _parser() -> argparse.ArgumentParser:
     s = with_nats(sub.add_parser("admin", help="an admin command (docs/admin.md)"))
     s.add_argument("verb", choices=list(VERB_ROLES))
     s.add_argument("task_id", nargs="?", default=None,
-                   help="the task (for drain, undrain and clock-ack: the node id)")
+                   help="the task (for drain, undrain and clock-ack: the node id; for"
+                        " grant and revoke: the principal's name)")
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE",
                    help="verb arguments, e.g. --arg after=5 --arg status=RUNNING")
     s.add_argument("--command-id", default=None, help="repeat one to get its first answer")
@@ -315,6 +323,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="act only if the task is still at this version")
     s.add_argument("--args", dest="args_json", default=None,
                    help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'')
+
+    s = with_nats(sub.add_parser("creds", help="issue a key: a seed file for one principal"
+                                 " (docs/security.md)"))
+    s.add_argument("--name", required=True, help="the principal's name (a token)")
+    s.add_argument("--role", action="append", required=True, choices=sorted(ROLES),
+                   help="a role of the key (repeat for several)")
+    s.add_argument("--out", default=None, help="where to write the seed (default: NAME.nk)")
+    s.add_argument("--expires-in", type=float, default=None, metavar="SECONDS",
+                   help="the key is refused this long after it is granted")
+    sub.add_parser("nats-config", help="print the keyring's nats-server authorization block"
+                   " (for an external NATS)")
 
     s = sub.add_parser("graph", help="print a workflow's transition table and Mermaid diagram")
     s.add_argument("workflow")
@@ -331,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     configure_logging(args.log_level)
     handlers = {"serve": _serve, "submit": _submit, "watch": _watch, "status": _status,
-                "admin": _admin}
+                "admin": _admin, "creds": _issue, "nats-config": _nats_config}
     try:
         if args.command == "graph":
             return _graph(args)

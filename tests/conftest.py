@@ -18,6 +18,7 @@ import ratchet
 from ratchet.supervisors.node.credentials import admin_key_path, ensure_key
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from tests.apps import RUNS, app
+from tests.keys import Secured
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The installed entry point (``make install``); its working directory (ROOT) is on its
@@ -57,6 +58,24 @@ async def start_node(tmp_path: Path, nats_url: str) -> AsyncIterator[NodeFactory
 
     yield factory
     for node in nodes:
+        await node.stop()
+
+
+@pytest.fixture
+async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
+    """A node on its embedded NATS, secured by default (the users its keyring gives),
+    and its local admin's client."""
+    state = tmp_path / "node"
+    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), app)
+    await node.start()
+    try:
+        assert node.url is not None
+        admin = await ratchet.Client.connect(node.url, "_system", creds=admin_key_path(state))
+        try:
+            yield Secured(node, admin, state)
+        finally:
+            await admin.close()
+    finally:
         await node.stop()
 
 

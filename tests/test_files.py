@@ -12,8 +12,10 @@ import pytest
 
 import ratchet
 from bench.faults import fill
+from ratchet.protocol.auth import read_key_file, write_key_file
 from ratchet.protocol.errors import RemoteError
-from tests.conftest import ROOT, NodeProcess, wait_terminal
+from ratchet.supervisors.node.credentials import admin_key_path
+from tests.conftest import ROOT, NodeProcess, node_key, wait_terminal
 
 pytestmark = pytest.mark.slow  # real node processes
 
@@ -75,9 +77,11 @@ async def test_a_database_deleted_under_a_running_node_stops_it_and_loses_no_ack
 class _LoggedNode(NodeProcess):
     """A node whose log (stderr) goes to a file, here on the same small disk as its state."""
 
-    def __init__(self, state_dir: Path, nats_url: str, log_path: Path) -> None:
+    def __init__(self, state_dir: Path, nats_url: str, log_path: Path, key: Path) -> None:
         super().__init__(state_dir, nats_url, {}, log_level="info")
         self.log_path = log_path
+        # Its local admin key is the ``client`` fixture's (``key``), which it grants at start.
+        write_key_file(admin_key_path(state_dir), read_key_file(key))
 
     def start(self, timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log_file:
@@ -124,7 +128,8 @@ async def _submit_until_ok(client: ratchet.Client, key: str, seconds: float) -> 
 async def test_a_full_disk_under_the_log_and_the_store_refuses_work_and_resumes_when_freed(
     nats_url: str, client: ratchet.Client, small_disk: Path,
 ) -> None:
-    node = _LoggedNode(small_disk / "node", nats_url, small_disk / "node.log")
+    node = _LoggedNode(small_disk / "node", nats_url, small_disk / "node.log",
+                       node_key(small_disk.parent))
     await asyncio.to_thread(node.start)
     assert node.proc is not None
     try:
@@ -176,7 +181,8 @@ async def test_a_stop_on_a_full_disk_keeps_a_multi_mb_wal_whole(
 ) -> None:
     """The closing checkpoint cannot run on a full disk: the WAL (several MB of committed
     work not yet in the database file) must stay whole and be replayed by the next start."""
-    node = _LoggedNode(disk_64m / "node", nats_url, disk_64m / "node.log")
+    node = _LoggedNode(disk_64m / "node", nats_url, disk_64m / "node.log",
+                       node_key(disk_64m.parent))
     await asyncio.to_thread(node.start)
     assert node.proc is not None
     try:

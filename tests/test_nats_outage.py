@@ -12,7 +12,7 @@ import pytest
 
 import ratchet
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats, free_port
-from tests.conftest import NodeProcess, wait_terminal
+from tests.conftest import NodeProcess, node_key, wait_terminal
 
 pytestmark = pytest.mark.slow  # real processes killed
 
@@ -25,7 +25,7 @@ async def test_nats_server_killed_and_restarted_loses_no_acknowledged_task(
     node = node_process(url, args=("--recovery-interval", "1"))
     await asyncio.to_thread(node.start)
     assert node.proc is not None
-    client = await ratchet.Client.connect(url, "acme")
+    client = await ratchet.Client.connect(url, "acme", creds=node_key(tmp_path))
     try:
         acked = [(await client.submit_sync("three", {"sleep": 0.05}, f"n-{i}"))["task_id"]
                  for i in range(50)]

@@ -29,8 +29,9 @@ from tests.conftest import ROOT
 
 CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
-#: Where a store is opened: the only modules of the upper layers that name the SQLite class.
-COMPOSITION_ROOTS = {"supervisors/node/node.py"}
+#: Where a store is opened: the only modules of the upper layers that name the SQLite class
+#: (the node; and ``ratchet nats-config``, which reads the keyring with no node running).
+COMPOSITION_ROOTS = {"supervisors/node/node_trust.py", "supervisors/node/nats_auth.py"}
 UPPER_LAYERS = ("actors", "supervisors")
 
 

@@ -147,7 +147,10 @@ class Bus:
         self.streams_restored = 0
 
     @classmethod
-    async def connect(cls, url: str, name: str = "ratchet") -> Bus:
+    async def connect(cls, url: str, name: str = "ratchet",
+                      auth: dict[str, Any] | None = None) -> Bus:
+        """``auth``: ``nats.connect`` options that authenticate the node (its nkey seed,
+        or a ``.creds`` file: supervisors/node/nats_auth.py)."""
         async def on_error(exc: Exception) -> None:
             log.warning("nats error", error=repr(exc))
 
@@ -173,6 +176,7 @@ class Bus:
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
+            **(auth or {}),
         )
         bus = cls(nc, nc.jetstream(publish_async_max_pending=4000))
         return bus

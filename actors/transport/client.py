@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import nats.errors
+import structlog
 from nats.aio.client import Client as NATS
-from nats.js.api import DeliverPolicy
 from pydantic import BaseModel
 
+from ratchet.actors.transport.event_feed import EventFeed, Refusals
 from ratchet.protocol.auth import Signer, inbox_prefix
 from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.codec import decode_map, encode
-from ratchet.protocol.errors import RemoteError
+from ratchet.protocol.errors import RemoteError, Unauthenticated
 from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import (
@@ -43,16 +45,29 @@ from ratchet.protocol.subjects import (
 
 __all__ = ["Client", "TERMINAL_EVENTS"]
 
+log = structlog.get_logger("ratchet.client")
+
 TERMINAL_EVENTS = frozenset({EventType.TASK_SUCCEEDED, EventType.TASK_FAILED,
                              EventType.TASK_CANCELLED})
 
 
+def _refused(exc: BaseException) -> bool:
+    """Whether NATS refused the connection's credentials (nats-py reports it as an
+    AuthorizationError, or at connect as the server's ``Authorization Violation``)."""
+    return isinstance(exc, nats.errors.AuthorizationError) \
+        or "authorization violation" in str(exc).lower()
+
+
 class Client:
-    def __init__(self, nc: NATS, tenant: str = "default", signer: Signer | None = None) -> None:
+    def __init__(self, nc: NATS, tenant: str = "default", signer: Signer | None = None,
+                 refusals: Refusals | None = None) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.tenant = tenant
         self.signer = signer
+        #: The server's permissions violations on this connection (fed by connect's
+        #: error callback; None for a connection made elsewhere).
+        self.refusals = refusals
 
     @classmethod
     async def connect(cls, url: str, tenant: str = "default",
@@ -66,7 +81,36 @@ class Client:
         if signer is not None:
             options = {"nkeys_seed_str": signer.seed.decode(),
                        "inbox_prefix": inbox_prefix(signer.public_key)}
-        return cls(await nats.connect(url, name="ratchet-client", **options), tenant, signer)
+        nc = NATS()
+        closing: set[asyncio.Task[None]] = set()
+        connected = False
+        refusals = Refusals()
+
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", error=str(exc) or type(exc).__name__)
+            refusals.report(exc)
+            if not _refused(exc):
+                return
+            # A key the server refuses (unknown, revoked) stays refused: stop trying instead
+            # of retrying for minutes. At connect nats-py reads this option right after
+            # calling us; a reconnect (the server dropped a revoked key) is closed outright,
+            # from a task of its own since close() cancels the reconnect loop calling us.
+            nc.options["allow_reconnect"] = False
+            if connected:
+                task = asyncio.get_running_loop().create_task(nc.close())
+                closing.add(task)
+                task.add_done_callback(closing.discard)
+
+        try:
+            await nc.connect(url, name="ratchet-client", error_cb=on_error, **options)
+            connected = True
+        except nats.errors.Error as exc:
+            if not _refused(exc):
+                raise
+            raise Unauthenticated("the NATS server refused the connection: no key, or a key"
+                                  " it does not know (docs/security.md)",
+                                  key=signer.public_key if signer else None) from None
+        return cls(nc, tenant, signer, refusals)
 
     async def close(self) -> None:
         await self.nc.drain()
@@ -146,13 +190,12 @@ class Client:
         Stops after a terminal event unless ``follow_terminal``; repeats are skipped by
         sequence. ``idle_timeout`` bounds the wait for each next event.
         """
-        sub = await self.js.subscribe(task_events_filter(self.tenant, task_id),
-                                      ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        feed = EventFeed(self.nc, task_events_filter(self.tenant, task_id), self.refusals)
         last = after
         try:
             while True:
-                msg = await asyncio.wait_for(sub.next_msg(timeout=None), idle_timeout) \
-                    if idle_timeout else await sub.next_msg(timeout=None)
+                msg = await asyncio.wait_for(feed.next(), idle_timeout) \
+                    if idle_timeout else await feed.next()
                 event = decode_event(msg.data)
                 if event.sequence <= last:
                     continue
@@ -161,4 +204,4 @@ class Client:
                 if event.type in TERMINAL_EVENTS and not follow_terminal:
                     return
         finally:
-            await sub.unsubscribe()
+            await feed.close()

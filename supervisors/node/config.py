@@ -26,11 +26,15 @@ class NodeConfig:
     """Args:
         state_dir: where the SQLite file (and the embedded server's data) live.
         nats_url: join this NATS instead of starting the embedded server.
+        nats_creds: the node's credentials for ``nats_url`` (an nkey seed or a ``.creds``
+            file; supervisors/node/nats_auth.py). The embedded server needs none: the node
+            uses its own ``keys/node.nk``.
         synchronous: SQLite ``NORMAL`` (default) or ``FULL`` — see docs/operations.md.
     """
 
     state_dir: Path
     nats_url: str | None = None
+    nats_creds: Path | None = None
     partitions: int = DEFAULT_PARTITIONS
     synchronous: str = "NORMAL"
     node_id: str = field(default_factory=_default_node_id)

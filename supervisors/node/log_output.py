@@ -15,6 +15,7 @@ Log lines never carry a live task's secret: :func:`install_log_redaction` puts
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 from typing import Any, TextIO
@@ -23,7 +24,8 @@ import structlog
 
 from ratchet.protocol.redaction import redact_log_event
 
-__all__ = ["BestEffortLogger", "BestEffortLoggerFactory", "install_log_redaction",
+__all__ = ["BestEffortLogger", "BestEffortLoggerFactory", "configure_logging",
+           "install_log_redaction",
            "log_write_failures"]
 
 _failures = 0
@@ -70,3 +72,20 @@ def install_log_redaction() -> None:
         return
     processors.insert(max(0, len(processors) - 1), redact_log_event)
     structlog.configure(processors=processors)
+
+
+def configure_logging(level: str) -> None:
+    """JSON lines on stderr at ``level`` and above, written best effort."""
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso"),
+            redact_log_event,  # a live task's secrets never reach the log
+            structlog.processors.JSONRenderer(),
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level.upper())),
+        # A failed log write (a full disk under the log file) is counted, never raised.
+        logger_factory=BestEffortLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=True,
+    )

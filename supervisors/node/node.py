@@ -23,29 +23,25 @@ from ratchet.actors.task.actor import TaskDeps
 from ratchet.actors.transport.bus import Bus, stream_configs
 from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.audit_check import AuditReport
-from ratchet.persistence.audit_seal import AuditSeal
 from ratchet.persistence.ports import StorePort
-from ratchet.persistence.store import Store  # the composition root: it opens the store
+from ratchet.protocol.auth import redact_url
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.clock_guard import ClockGuard, ClockStep
 from ratchet.protocol.codec import encode
-from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.messages import Envelope
-from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
 from ratchet.supervisors.node.config import NodeConfig
-from ratchet.supervisors.node.credentials import bootstrap_admin, secure_state_dir
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.node.held_leases import HeldLeases
 from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
-from ratchet.supervisors.node.log_output import install_log_redaction
+from ratchet.supervisors.node.nats_auth import NatsAuthorization, nats_auth_options
 from ratchet.supervisors.node.node_events import NodeEvents
+from ratchet.supervisors.node.node_trust import check_audit, open_store, trust, unlock_secrets
 from ratchet.supervisors.node.partitions import PartitionWork
-from ratchet.supervisors.node.secret_key import load_secret_key
 from ratchet.supervisors.node.store_figures import store_figures
 from ratchet.supervisors.services.admin import AdminActor
+from ratchet.supervisors.services.admin_keys import KeyringHooks
 from ratchet.supervisors.services.api import ApiActor
-from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.decisions import DecisionRouter
 from ratchet.supervisors.services.external import ExternalRouter
 from ratchet.supervisors.services.intake import Acceptor, IntakeActor
@@ -88,6 +84,9 @@ class Node:
         self.store: StorePort | None = None
         self.bus: Bus | None = None
         self.embedded: EmbeddedNats | None = None
+        #: The embedded server's users (None on an external NATS): nats_auth.py.
+        self.nats_auth: NatsAuthorization | None = None
+        self._nats_server: EmbeddedNats | None = None  # the embedded server, ours or joined
         self.url: str | None = None
         self.tasks: TaskSupervision | None = None
         self.root: ActorRef[Supervisor] | None = None
@@ -112,25 +111,15 @@ class Node:
 
     async def start(self) -> None:
         cfg = self.config
-        secure_state_dir(Path(cfg.state_dir), cfg.db_path)
         # The leases this node holds: written by its lease manager, read by the store (the
         # fencing token of every task write) and by task supervision (which tasks are ours).
         self.holding = HeldLeases(cfg.node_id, cfg.partitions, self.lease_clock)
-        # The audit chain's key and head live in the state directory, not in the database.
-        seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))
-        self.store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
-                                      wal_limit=int(cfg.wal_limit_mb * 1024 * 1024),
-                                      fence=self.holding, audit_seal=seal)
+        self.store = await open_store(cfg, self.holding)
         self.store.on_file_lost(self._file_lost)
-        await bootstrap_admin(self.store, Path(cfg.state_dir), self.clock, cfg.node_id)
         # Mail between nodes is sealed with the store's shared key (protocol/mail_seal.py).
-        self.seal = MailSeal(await self.store.cluster_secret("mail"))
-        self.authn = Authenticator(self.store, seal=self.seal, held=lambda: self.clock.held)
-        install_log_redaction()  # a secret of a live task never reaches a log line
+        self.seal, self.authn = await trust(self.store, cfg, self.clock)
         try:
-            key = load_secret_key(cfg.state_dir,
-                                  sealed_under=await self.store.secret_key_ids())
-            await self.store.use_secrets(Sealer(key))  # SecretUnreadable: not this store's
+            await unlock_secrets(self.store, cfg)  # SecretUnreadable: not this store's key
             bus = await self._connect_bus()
         except BaseException:
             await self.stop()
@@ -153,46 +142,38 @@ class Node:
         await self._wait_until_serving(root_ref)
         await leases.start()  # takes a share of the partitions and recovers their tasks
         self._audit_check = asyncio.create_task(self._check_audit())
-        log.info("node started", node=cfg.node_id, url=self.url, db=str(cfg.db_path),
+        log.info("node started", node=cfg.node_id, url=redact_url(self.url), db=str(cfg.db_path),
                  workflows=self.registry.names())
 
     async def _check_audit(self) -> None:
-        """Verify the audit chain against the seal, once, while the node already serves.
-
-        A broken chain is logged (critical) and announced (``node.audit_tampered``), and
-        the node goes on serving: refusing to start would hand whoever can edit the
-        database a way to stop the service, and the evidence stays in the table for
-        ``verify-audit``. Runs in the background: a long chain must not delay the start."""
         try:
-            report = self.audit_report = await self._store.verify_audit()
-        except Exception as exc:  # the check is evidence, not a duty of the node
-            log.error("audit chain not checked", error=repr(exc))
-            return
+            self.audit_report = await check_audit(self._store, self.events)
         finally:
             self.audit_checked.set()
-        if report.ok:
-            log.info("audit chain verified", entries=report.entries, head_seq=report.head_seq)
-            return
-        log.critical("audit chain tampered: entries edited, deleted or rewritten",
-                     entries=report.entries, head_seq=report.head_seq,
-                     problems=report.problems[:20], more=report.more_problems)
-        self.events.audit_tampered(report)
 
     async def _connect_bus(self) -> Bus:
-        """Join the configured NATS or another node's embedded server, or start one."""
+        """Join the configured NATS or another node's embedded server, or start one (with
+        the keyring's users: nats_auth.py)."""
         cfg = self.config
-        embedded = EmbeddedNats(Path(cfg.state_dir) / "nats")
+        state_dir = Path(cfg.state_dir)
+        self.nats_auth = auth = NatsAuthorization(state_dir, self._store)
+        self.node_key = auth.node.public_key
+        embedded = EmbeddedNats(state_dir / "nats", config_file=auth.path)
+        options = auth.connect_options()
         if cfg.nats_url:
-            self.url = cfg.nats_url
+            self.url, self.nats_auth = cfg.nats_url, None
+            options = nats_auth_options(cfg.nats_creds) if cfg.nats_creds else {}
         elif (running := embedded.live_url()) is not None:
             # Another node of this state dir runs the embedded server: join it (it
             # stops with that node — several nodes belong on a standalone NATS).
-            self.url = running
+            self.url, self._nats_server = running, embedded
             log.info("joining the embedded nats-server of another node", url=running)
+            await auth.refresh(embedded)
         else:
-            self.embedded = embedded
+            await auth.write()
+            self.embedded = self._nats_server = embedded
             self.url = await self.embedded.start()
-        self.bus = bus = await Bus.connect(self.url, name=cfg.node_id)
+        self.bus = bus = await Bus.connect(self.url, name=cfg.node_id, auth=options)
         self.events.attach(bus)
         await bus.ensure_streams(stream_configs(cfg.streams))
         return bus
@@ -229,7 +210,7 @@ class Node:
             LeaseHooks(acquired=self.work.acquired, lost=self.work.lost,
                        handing_over=self.work.handing_over,
                        resumed=lambda ps: self.work.recover(set(ps)), info=self._heartbeat_info,
-                       each_tick=self._reload_switches),
+                       each_tick=self._each_tick),
             LeaseSettings(ttl=cfg.lease_ttl, interval=cfg.lease_interval), self.holding)
         return leases
 
@@ -237,6 +218,8 @@ class Node:
         """The root supervisor's children, in start order."""
         cfg = self.config
         store, tasks = self._store, self._tasks
+        keyring = KeyringHooks(changed=self._keyring_changed,
+                               reserved=frozenset({self.node_key}))
 
         def relay(_: int) -> OutboxRelay:
             self.relay = OutboxRelay(bus, store, self.clock, self.seal)
@@ -249,7 +232,7 @@ class Node:
                       Restart.PERMANENT),
             ChildSpec("admin", lambda _: AdminActor(bus, self.authn, store, self.system,
                                                     self.clock, cfg.node_id, tasks,
-                                                    self.switches, self.leases),
+                                                    self.switches, self.leases, keyring),
                       Restart.PERMANENT),
             # One mail router per partition held, started and stopped by the lease manager.
             ChildSpec("mail", lambda _: Supervisor(self.system, "mail", [], max_restarts=50,
@@ -328,7 +311,8 @@ class Node:
             await self.relay.flush(timeout=5.0)
 
     def _heartbeat_info(self) -> dict[str, Any]:
-        return {"url": self.url, "live_tasks": len(self._tasks.live_actors()),
+        # Shown by `admin nodes` (viewer): a password in the URL never leaves the node.
+        return {"url": redact_url(self.url), "live_tasks": len(self._tasks.live_actors()),
                 "unsealed_refused": self.seal.refused, **self.clock.status()}
 
     def _clock_stepped(self, step: ClockStep) -> None:
@@ -340,6 +324,18 @@ class Node:
                          " been steady for the hold, or `ratchet admin clock-ack`"
                   if step.held else "nothing held (a backward step: timers fire late)")
         self.events.clock_stepped(step)
+
+    async def _keyring_changed(self) -> None:
+        """After a grant or a revoke: the embedded server's users follow the keyring."""
+        if self.nats_auth is not None and self._nats_server is not None:
+            await self.nats_auth.refresh(self._nats_server)
+
+    async def _each_tick(self) -> None:
+        await self._reload_switches()
+        try:  # a key that expired, or a grant made through another node of this state dir
+            await self._keyring_changed()
+        except Exception as exc:  # retried at the next tick; the lease loop must go on
+            log.warning("nats users not reloaded", error=repr(exc))
 
     async def _reload_switches(self) -> None:
         # Another node may have flipped a kill switch: each node re-reads them every tick.

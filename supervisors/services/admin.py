@@ -11,8 +11,9 @@ another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns 
 answer, the same id with another request is CONFLICT); and an audit entry, hash-chained,
 written before the command takes effect and again with its outcome.
 
-The read verbs live in supervisors/services/admin_reads.py and the cluster verbs in
-supervisors/services/admin_cluster.py (mixins of :class:`AdminActor`).
+The read verbs live in supervisors/services/admin_reads.py, the cluster verbs in
+supervisors/services/admin_cluster.py and the keyring's (``grant``, ``revoke``, ``keys``) in
+supervisors/services/admin_keys.py (mixins of :class:`AdminActor`).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from ratchet.protocol.redaction import REDACTED, redact
 from ratchet.protocol.states import TaskStatus, is_terminal
 from ratchet.protocol.subjects import mail_subject
 from ratchet.supervisors.services.admin_cluster import ClusterVerbs
+from ratchet.supervisors.services.admin_keys import KeyringHooks, KeyVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
 from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.request_service import RequestService
@@ -70,15 +72,16 @@ log = structlog.get_logger("ratchet.admin")
 #: The event that records an operator's request, by the request's action.
 _REQUESTED = {"cancel": EventType.TASK_CANCEL_REQUESTED, "pause": EventType.TASK_PAUSE_REQUESTED}
 
-class AdminActor(ReadVerbs, ClusterVerbs, RequestService):
+class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
 
     def __init__(self, bus: Bus, authn: Authenticator, store: StorePort, system: ActorSystem,
                  clock: Clock, node_id: str, tasks: TaskSupervision, switches: Switches,
-                 leases: Any = None) -> None:
+                 leases: Any = None, keyring: KeyringHooks | None = None) -> None:
         super().__init__(bus, authn)
+        self.keyring = keyring or KeyringHooks()
         self.leases = leases  # supervisors.node.leases.LeaseManager (None: one node owns all)
         self.store = store
         self.tasks = tasks

@@ -1,0 +1,79 @@
+"""What a node sets up before it trusts anything, and checks once it serves: its state
+dir locked down, the store opened with the audit chain's seal, the local admin's key
+granted, the cluster's mail seal and the signature check, the secrets key; then the audit
+chain verified (docs/security.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from ratchet.persistence.audit_check import AuditReport
+from ratchet.persistence.audit_seal import AuditSeal
+from ratchet.persistence.ports import StorePort
+from ratchet.persistence.records import Fence
+from ratchet.persistence.store import Store  # the composition root: it opens the store
+from ratchet.protocol.clock_guard import ClockGuard
+from ratchet.protocol.mail_seal import MailSeal
+from ratchet.protocol.secrets import Sealer
+from ratchet.supervisors.node.config import NodeConfig
+from ratchet.supervisors.node.credentials import bootstrap_admin, secure_state_dir
+from ratchet.supervisors.node.log_output import install_log_redaction
+from ratchet.supervisors.node.node_events import NodeEvents
+from ratchet.supervisors.node.secret_key import load_secret_key
+from ratchet.supervisors.services.authn import Authenticator
+
+__all__ = ["check_audit", "open_store", "trust", "unlock_secrets"]
+
+log = structlog.get_logger("ratchet.node")
+
+
+async def open_store(cfg: NodeConfig, fence: Fence) -> StorePort:
+    """The store, in a private state dir, with the audit chain's key and head (which live
+    in the state directory, not in the database)."""
+    secure_state_dir(Path(cfg.state_dir), cfg.db_path)
+    seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))
+    return await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
+                            wal_limit=int(cfg.wal_limit_mb * 1024 * 1024), fence=fence,
+                            audit_seal=seal)
+
+
+async def trust(store: StorePort, cfg: NodeConfig,
+                clock: ClockGuard) -> tuple[MailSeal, Authenticator]:
+    """Grant the local admin key; the mail seal (the store's shared key) and the signature
+    check; redacting logs. Not yet the secrets key: :func:`unlock_secrets`."""
+    await bootstrap_admin(store, Path(cfg.state_dir), clock, cfg.node_id)
+    seal = MailSeal(await store.cluster_secret("mail"))
+    held: Callable[[], float] = lambda: clock.held  # noqa: E731 - read at each check
+    install_log_redaction()  # a secret of a live task never reaches a log line
+    return seal, Authenticator(store, seal=seal, held=held)
+
+
+async def unlock_secrets(store: StorePort, cfg: NodeConfig) -> None:
+    """Raises SecretUnreadable when the key is not the one the store's secrets need."""
+    key = load_secret_key(cfg.state_dir, sealed_under=await store.secret_key_ids())
+    await store.use_secrets(Sealer(key))
+
+
+async def check_audit(store: StorePort, events: NodeEvents) -> AuditReport | None:
+    """Verify the audit chain against the seal, once, while the node already serves.
+
+    A broken chain is logged (critical) and announced (``node.audit_tampered``), and the
+    node goes on serving: refusing to start would hand whoever can edit the database a way
+    to stop the service, and the evidence stays in the table for ``verify-audit``."""
+    try:
+        report = await store.verify_audit()
+    except Exception as exc:  # the check is evidence, not a duty of the node
+        log.error("audit chain not checked", error=repr(exc))
+        return None
+    if report.ok:
+        log.info("audit chain verified", entries=report.entries, head_seq=report.head_seq)
+        return report
+    log.critical("audit chain tampered: entries edited, deleted or rewritten",
+                 entries=report.entries, head_seq=report.head_seq,
+                 problems=report.problems[:20], more=report.more_problems)
+    events.audit_tampered(report)
+    return report
