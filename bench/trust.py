@@ -16,6 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,11 +29,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.steps import RATCHET_BIN
 from bench.trust_attacks import ATTACKS
 from bench.trust_range import Range, envelope
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.ids import new_id
 from ratchet.supervisors.cli import configure_logging
+from ratchet.supervisors.node.credentials import node_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 Op = Callable[[Range], Awaitable[bool]]
@@ -127,8 +132,10 @@ async def configuration(name: str, tmp: Path) -> dict[str, Any]:
         if name == "default":
             await rng.start()
         else:
-            server, url, args = await _standalone(rng)
-            await rng.start(url, args)
+            server = await _standalone(rng)
+            assert server.url is not None
+            await rng.start(server.url, ("--nats-creds", str(node_key_path(rng.state_dir))),
+                            issued=lambda: _reload(rng, server))
         return await _run(rng)
     finally:
         await rng.stop()
@@ -136,10 +143,32 @@ async def configuration(name: str, tmp: Path) -> dict[str, Any]:
             await server.stop()
 
 
-async def _standalone(rng: Range) -> tuple[EmbeddedNats, str, tuple[str, ...]]:
-    """A nats-server configured by ``ratchet nats-config`` from a keyring prepared with
-    ``ratchet creds --offline``... (see docs/security.md, "Joining your own NATS")."""
-    raise NotImplementedError("filled in with the nats-config command")
+async def _standalone(rng: Range) -> EmbeddedNats:
+    """A nats-server of one's own, configured with what ``ratchet nats-config`` prints
+    for the state dir (its node key and local admin: docs/security.md)."""
+    conf = rng.state_dir.parent / "server.conf"
+    conf.write_text(_nats_config(rng))
+    server = EmbeddedNats(rng.state_dir.parent / "external", config_file=conf)
+    await server.start()
+    return server
+
+
+def _nats_config(rng: Range) -> str:
+    printed = subprocess.run([str(RATCHET_BIN), "--state-dir", str(rng.state_dir),
+                              "--log-level", "warning", "nats-config"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60, check=True)
+    return printed.stdout
+
+
+async def _reload(rng: Range, server: EmbeddedNats) -> None:
+    """After ``ratchet creds``: the operator re-runs nats-config and reloads the server."""
+    assert server.config_file is not None and server._proc is not None
+    server.config_file.write_text(_nats_config(rng))
+    os.kill(server._proc.pid, signal.SIGHUP)
+    last = next(iter(rng.keys.values()))
+    async with asyncio.timeout(20):
+        while not await rng.connects_with(last):  # noqa: ASYNC110 - another process reloads
+            await asyncio.sleep(0.1)
 
 
 def summary(per_config: dict[str, dict[str, Any]]) -> dict[str, Any]:

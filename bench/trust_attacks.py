@@ -340,8 +340,9 @@ async def tenant_operator_grants_itself_system(rng: Range) -> bool:
 
 @attack
 async def revoked_key(rng: Range) -> bool:
-    rng.cli("admin", "revoke", "--tenant", "_system", "--arg", "tenant=acme",
-            "--arg", "name=acme-viewer")
+    revoked = rng.cli("admin", "revoke", "acme-viewer", "--tenant", "acme")
+    if revoked.returncode != 0:
+        raise RuntimeError(f"revoke failed: {revoked.stdout} {revoked.stderr}")
     viewer = rng.clients["acme-viewer"]
     subject = "ratchet.admin.acme.list"
     data = envelope(admin_type("list"), {"command_id": new_id("cmd")})

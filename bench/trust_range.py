@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,13 +50,19 @@ class Range:
         assert self.node is not None and self.node.url is not None
         return self.node.url
 
-    async def start(self, nats_url: str | None = None, args: tuple[str, ...] = ()) -> None:
+    async def start(self, nats_url: str | None = None, args: tuple[str, ...] = (),
+                    issued: Callable[[], Awaitable[None]] | None = None) -> None:
+        """``issued``: called once every key is granted, before any connects with them
+        (a NATS of one's own reloads its users then)."""
         self.node = NodeProc(self.state_dir, nats_url, app=self.app, args=args)
         await asyncio.to_thread(self.node.start)
-        self.admin = await ratchet.Client.connect(self.url, "acme",
-                                                  creds=admin_key_path(self.state_dir))
         for name, (tenant, roles) in PRINCIPALS.items():
             self.keys[name] = self.issue(name, tenant, roles)
+        if issued is not None:
+            await issued()
+        self.admin = await ratchet.Client.connect(self.url, "acme",
+                                                  creds=admin_key_path(self.state_dir))
+        for name, (tenant, _) in PRINCIPALS.items():
             self.clients[name] = await ratchet.Client.connect(self.url, tenant,
                                                               creds=self.keys[name])
 

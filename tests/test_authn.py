@@ -107,7 +107,7 @@ async def test_a_node_holding_a_forward_step_still_takes_requests_signed_on_real
 ) -> None:
     clock = ratchet.FakeClock(start=1000.0 + 3600.0)  # the node's wall clock, an hour ahead
     held = 3600.0
-    authn = Authenticator(store, clock, held=lambda: held)
+    authn = Authenticator(store, clock, offsets=lambda: (held,) if held else ())
     signer = await _grant(store, "olga", "_system", ["operator"])
     # Signed by an operator whose clock is right: accepted while the node holds the step
     # (so clock-ack can reach it), refused once the node believes its clock again.

@@ -6,7 +6,6 @@ chain verified (docs/security.md)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -47,9 +46,14 @@ async def trust(store: StorePort, cfg: NodeConfig,
     check; redacting logs. Not yet the secrets key: :func:`unlock_secrets`."""
     await bootstrap_admin(store, Path(cfg.state_dir), clock, cfg.node_id)
     seal = MailSeal(await store.cluster_secret("mail"))
-    held: Callable[[], float] = lambda: clock.held  # noqa: E731 - read at each check
     install_log_redaction()  # a secret of a live task never reaches a log line
-    return seal, Authenticator(store, seal=seal, held=held)
+    return seal, Authenticator(store, seal=seal, offsets=lambda: _clock_offsets(clock))
+
+
+def _clock_offsets(clock: ClockGuard) -> tuple[float, ...]:
+    clock.now()  # a step not yet noticed is noticed here, before the signature is judged
+    last = clock.last_step
+    return tuple(o for o in (clock.held, last.seconds if last else 0.0) if o)
 
 
 async def unlock_secrets(store: StorePort, cfg: NodeConfig) -> None:

@@ -7,9 +7,10 @@ service and verb need. A principal field in a payload decides nothing.
 
 Signatures are judged on the host's wall clock (as TLS certificates are), not on the
 node's injected business clock: the window is about the real time between a client and a
-node. After a forward step of the node's wall clock, the time it still believes (the wall
-clock less the step it holds, protocol/clock_guard.py) is accepted too: an operator must
-still be able to reach a node whose clock jumped, if only to ``clock-ack`` it.
+node. After a step of the node's wall clock (protocol/clock_guard.py), the time before the
+step (and, for a forward step it still holds, the time it believes) is accepted too: an
+operator must still be able to reach a node whose clock jumped, if only to ``clock-ack``
+it, whichever of the two clocks is wrong.
 
 Replies go only under the signer's own inbox (``_INBOX.<key>.``), so a request cannot make
 the node publish on another tenant's or the runtime's own subjects; the answer to a
@@ -73,11 +74,13 @@ def _issued_s(headers: dict[str, str]) -> float | None:
 
 class Authenticator:
     def __init__(self, store: KeyringStore, clock: Clock | None = None, *,
-                 seal: MailSeal | None = None, held: Callable[[], float] | None = None) -> None:
+                 seal: MailSeal | None = None,
+                 offsets: Callable[[], tuple[float, ...]] | None = None) -> None:
         self.store = store
         self.seal = seal
         self.clock = clock or SystemClock()
-        self.held = held or (lambda: 0.0)  # seconds of a forward wall-clock step held
+        #: Seconds the node's wall clock may be off after a step (the step, what is held).
+        self.offsets = offsets or (lambda: ())
         self.replays = ReplayGuard()
         self._keys: dict[str, Principal] = {}
         self._read_at = float("-inf")
@@ -93,12 +96,12 @@ class Authenticator:
         return self._keys.get(key)
 
     def _reference(self, headers: dict[str, str], now: float) -> float:
-        """The node's time to judge the signature's by: its wall clock, or the time it
-        believes while it holds a forward step — whichever is nearer the signed time."""
-        issued, held = _issued_s(headers), self.held()
-        if issued is None or not held:
+        """The node's time to judge the signature's by: its wall clock, or that clock less
+        its last step or what it holds — whichever is nearest the signed time."""
+        issued, offsets = _issued_s(headers), self.offsets()
+        if issued is None or not offsets:
             return now
-        return min(now, now - held, key=lambda ref: abs(ref - issued))
+        return min((now, *(now - o for o in offsets)), key=lambda ref: abs(ref - issued))
 
     async def may_answer(self, reply: str | None, tenant: str) -> bool:
         """Whether the node may publish the answer to a submit of ``tenant`` on ``reply``,
