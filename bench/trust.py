@@ -165,7 +165,8 @@ async def _reload(rng: Range, server: EmbeddedNats) -> None:
     assert server.config_file is not None and server._proc is not None
     server.config_file.write_text(_nats_config(rng))
     os.kill(server._proc.pid, signal.SIGHUP)
-    last = next(iter(rng.keys.values()))
+    # Reloaded once the newest key connects (or, after a revoke, one still granted does).
+    last = rng.keys["acme-producer"]
     async with asyncio.timeout(20):
         while not await rng.connects_with(last):  # noqa: ASYNC110 - another process reloads
             await asyncio.sleep(0.1)

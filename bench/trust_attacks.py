@@ -5,6 +5,7 @@ by the reply. Each returns True when the attack succeeded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sqlite3
 import stat
@@ -155,7 +156,7 @@ async def _js_api(rng: Range, subject: str) -> None:
 
 async def _stream_messages(rng: Range, stream: str) -> int | None:
     try:
-        info = await rng.admin.js.stream_info(stream)
+        info = await rng.observer.js.stream_info(stream)
     except Exception:
         return None
     return int(info.state.messages)
@@ -164,6 +165,7 @@ async def _stream_messages(rng: Range, stream: str) -> int | None:
 @attack
 async def purge_the_events_stream(rng: Range) -> bool:
     before = await _stream_messages(rng, STREAM_EVENTS)
+    assert before, "the range sees the events stream"  # else the check proves nothing
     await _js_api(rng, f"$JS.API.STREAM.PURGE.{STREAM_EVENTS}")
     after = await _stream_messages(rng, STREAM_EVENTS)
     return after is None or (before is not None and after < before)
@@ -343,7 +345,14 @@ async def revoked_key(rng: Range) -> bool:
     revoked = rng.cli("admin", "revoke", "acme-viewer", "--tenant", "acme")
     if revoked.returncode != 0:
         raise RuntimeError(f"revoke failed: {revoked.stdout} {revoked.stderr}")
+    await rng.keyring_changed()
     viewer = rng.clients["acme-viewer"]
+    # The server's reload closes the revoked key's connection: wait for that (bounded),
+    # then judge with a fresh connection and a signed request.
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(10):
+            while viewer.nc.is_connected:  # noqa: ASYNC110 - the server's doing
+                await asyncio.sleep(0.05)
     subject = "ratchet.admin.acme.list"
     data = envelope(admin_type("list"), {"command_id": new_id("cmd")})
     reply = await _request(viewer.nc, subject, data, viewer.sign(subject, data))

@@ -20,7 +20,7 @@ from bench.steps import RATCHET_BIN, ROOT, NodeProc
 from ratchet.protocol.codec import encode
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.messages import Envelope
-from ratchet.supervisors.node.credentials import admin_key_path
+from ratchet.supervisors.node.credentials import admin_key_path, node_key_path
 
 __all__ = ["Range", "PRINCIPALS"]
 
@@ -43,6 +43,7 @@ class Range:
     app: str = "bench.trust_app:app"
     node: NodeProc | None = None
     keys: dict[str, Path] = field(default_factory=dict)
+    issued: Callable[[], Awaitable[None]] | None = None
     clients: dict[str, ratchet.Client] = field(default_factory=dict)
 
     @property
@@ -58,13 +59,24 @@ class Range:
         await asyncio.to_thread(self.node.start)
         for name, (tenant, roles) in PRINCIPALS.items():
             self.keys[name] = self.issue(name, tenant, roles)
-        if issued is not None:
-            await issued()
+        self.issued = issued
+        await self.keyring_changed()
         self.admin = await ratchet.Client.connect(self.url, "acme",
                                                   creds=admin_key_path(self.state_dir))
+        # The range's own eyes on the streams: the node's key (only nodes may use the
+        # streams' JetStream API), never lent to an attack.
+        self.observer = await ratchet.Client.connect(
+            self.url, "_system", creds=node_key_path(self.state_dir))
         for name, (tenant, _) in PRINCIPALS.items():
             self.clients[name] = await ratchet.Client.connect(self.url, tenant,
                                                               creds=self.keys[name])
+
+    async def keyring_changed(self) -> None:
+        """What an operator does after ``ratchet creds`` or a revoke: nothing with the
+        embedded server (the node reloads it); with one's own, re-run nats-config and
+        reload it (docs/security.md)."""
+        if self.issued is not None:
+            await self.issued()
 
     def issue(self, name: str, tenant: str, roles: list[str]) -> Path:
         """``ratchet creds``, as an operator on the node's machine runs it."""
@@ -85,7 +97,7 @@ class Range:
                               cwd=ROOT, capture_output=True, text=True, timeout=60)
 
     async def stop(self) -> None:
-        for client in [*self.clients.values(), self.admin]:
+        for client in [*self.clients.values(), self.admin, self.observer]:
             try:
                 await client.close()
             except Exception:  # a connection the attacks broke on purpose
