@@ -74,7 +74,7 @@ def append_audit_txn(conn: sqlite3.Connection, e: AuditEntry,
     over and letting the head move on as if nothing had happened."""
     row = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
     last, prev = (row[0], row[1]) if row else (0, GENESIS)
-    head, _ = seal.read_head() if seal else (None, None)
+    head, _ = seal.current_head() if seal else (None, None)
     seq = max(last, head.seq if head else 0) + 1
     digest = seal.entry_mac(seq, entry_fields(prev, e)) if seal else entry_hash(prev, e)
     conn.execute(

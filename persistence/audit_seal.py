@@ -81,6 +81,10 @@ class AuditSeal:
         self._key = key
         #: True when this process created the key (the first start on this state directory).
         self.fresh = fresh
+        #: The head as last read or written, with the file's (inode, mtime, size) then:
+        #: an append reads it for every entry, and re-reading and re-MACing the file each
+        #: time cost ~0.2 ms per entry. Checks of the chain always read the file itself.
+        self._cached: tuple[tuple[int, int, int], HeadState] | None = None
 
     @property
     def head_path(self) -> Path:
@@ -118,8 +122,25 @@ class AuditSeal:
         data = canonical([_HEAD_TAG, head.seq, head.hash, head.count, head.keyed_from])
         return hmac.new(self._key, data, hashlib.sha256).hexdigest()
 
+    def _file_signature(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.head_path)
+        except OSError:
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def current_head(self) -> HeadState:
+        """:meth:`read_head`, from the cache while the file is the one last seen."""
+        signature = self._file_signature()
+        cached = self._cached
+        if cached is not None and signature is not None and cached[0] == signature:
+            return cached[1]
+        state = self.read_head()
+        self._cached = (signature, state) if signature is not None else None
+        return state
+
     def read_head(self) -> HeadState:
-        """The head and None, or None and why there is none to trust."""
+        """The head and None, or None and why there is none to trust (read from the file)."""
         try:
             raw = json.loads(self.head_path.read_text())
             head = AuditHead(int(raw["seq"]), str(raw["hash"]), int(raw["count"]),
@@ -140,10 +161,13 @@ class AuditSeal:
         A missing or untrusted head file is left as it is: rewriting it would erase the
         evidence that someone removed or forged it (the key's creation writes the first)."""
         with _locked(self._lock_path):
-            current, _ = self.read_head()
+            current, _ = self.current_head()
             if current is None or current.seq >= head.seq:
                 return False
-            self._write_head(replace(head, keyed_from=current.keyed_from))
+            written = replace(head, keyed_from=current.keyed_from)
+            self._write_head(written)
+            signature = self._file_signature()
+            self._cached = (signature, (written, None)) if signature is not None else None
             return True
 
     def anchor(self, head: AuditHead) -> bool:

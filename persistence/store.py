@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import aiosqlite
 
 from ratchet.persistence.admin_rows import append_audit_txn
+from ratchet.persistence.audit_heads import HeadWriter
 from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.blobs import read_blob
 from ratchet.persistence.checkpoints import decode_optional as _unpack
@@ -105,6 +106,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         self.fence: Fence | None = fence
         self.lease_clock: LeaseClock = lease_clock or HostLeaseClock()
         self.audit_seal = audit_seal
+        self._heads = HeadWriter(audit_seal)
         #: Seals the secrets of task inputs, state values, ledger rows and tool sessions
         #: (protocol/secrets.py); without a key (:meth:`use_secrets`) none can be stored.
         self.secrets = Sealer()
@@ -155,6 +157,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
         if self._closed:
             return
         self._closed = True
+        await self._heads.flush()
         if self._reader is not None:
             await self._reader.close()
         await self._writer.close()

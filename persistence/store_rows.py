@@ -17,6 +17,7 @@ from ratchet.persistence.admin_rows import (
     store_reply_txn,
 )
 from ratchet.persistence.audit_check import AUDIT_COLUMNS, AuditReport, ChainCheck
+from ratchet.persistence.audit_heads import HeadWriter
 from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.fork import ForkRequest, fork_txn
@@ -52,6 +53,7 @@ class _StoreParts:
 
     _writer: Writer
     audit_seal: AuditSeal | None
+    _heads: HeadWriter
     secrets: Sealer
 
     async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
@@ -319,9 +321,8 @@ class AdminRows(_StoreParts):
 
     async def _advance_head(self, head: AuditHead) -> None:
         # After the commit, never before: a head ahead of the table would read as a deleted
-        # entry. A thread: a file replace may stall on a busy disk, the loop must not.
-        if self.audit_seal is not None:
-            await asyncio.to_thread(self.audit_seal.advance, head)
+        # entry. Queued, not awaited: persistence/audit_heads.py.
+        self._heads.advance(head)
 
     async def audit_log(self, tenant: str | None = None, after: int = 0,
                         limit: int = 500) -> list[dict[str, Any]]:
@@ -338,6 +339,7 @@ class AdminRows(_StoreParts):
         """Check every entry and the head (persistence/audit_check.py); a page of rows at a
         time, each page's hashing on a thread (a long chain must not stall the loop)."""
         seal = self.audit_seal
+        await self._heads.flush()
         # The head before the rows: entries appended while we read then come after it.
         head = await asyncio.to_thread(seal.read_head) if seal else (None, None)
         check, after = ChainCheck(seal, head), -1
