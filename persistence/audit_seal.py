@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ratchet.protocol.codec import canonical
+from ratchet.protocol.private_files import write_private
 
 __all__ = ["AuditHead", "AuditSeal", "GENESIS", "KEYED_PREFIX", "HeadState"]
 
@@ -183,11 +184,7 @@ class AuditSeal:
     def _write_head(self, head: AuditHead) -> None:
         record = {"seq": head.seq, "hash": head.hash, "count": head.count,
                   "keyed_from": head.keyed_from, "mac": self._head_mac(head)}
-        tmp = self.head_path.with_name(f".audit.head.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(json.dumps(record, sort_keys=True) + "\n")
-        os.replace(tmp, self.head_path)  # readers see the old head or the new, never half
+        write_private(self.head_path, (json.dumps(record, sort_keys=True) + "\n").encode())
 
 
 @contextmanager
@@ -216,16 +213,5 @@ def _read_key(path: Path) -> bytes:
 
 def _write_key(path: Path, key: bytes) -> None:
     """Write the key whole and durably before it appears under its name."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".audit.key.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(key.hex() + "\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    folder = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(folder)  # the name too: losing the key loses every entry's proof
-    finally:
-        os.close(folder)
+    # Durable, name included: losing the key loses every entry's proof.
+    write_private(path, (key.hex() + "\n").encode(), durable=True)

@@ -30,6 +30,7 @@ from nacl.signing import SigningKey, VerifyKey
 
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.errors import InvalidMessage, Unauthenticated
+from ratchet.protocol.private_files import write_private
 
 __all__ = [
     "KEY_HEADER",
@@ -208,12 +209,7 @@ def new_seed() -> bytes:
 
 def write_key_file(path: Path, seed: bytes) -> None:
     """Write a seed readable by its owner only (0600), replacing the file atomically."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(seed + b"\n")
-    os.replace(tmp, path)
+    write_private(path, seed + b"\n")
 
 
 def read_key_file(path: Path) -> bytes:

@@ -18,7 +18,6 @@ block of the keyring for that server's operator to include.
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from ratchet.persistence.store import Store  # nats-config reads the keyring its
 from ratchet.protocol.auth import Signer, read_key_file
 from ratchet.protocol.clock import SystemClock
 from ratchet.protocol.nats_permissions import authorization_block
+from ratchet.protocol.private_files import write_private
 from ratchet.supervisors.node.credentials import (
     bootstrap_admin,
     ensure_key,
@@ -59,16 +59,6 @@ async def render_authorization(store: KeyringStore, node_key: str) -> str:
     return _HEADER + authorization_block(await store.principals(), [node_key])
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Replace ``path`` atomically with a file only its owner may read (0600)."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.replace(tmp, path)
-
-
 class NatsAuthorization:
     """The embedded server's users: :meth:`write` before it starts, :meth:`refresh` after."""
 
@@ -91,7 +81,7 @@ class NatsAuthorization:
                 return False
         except OSError:
             pass  # none yet
-        _write_private(self.path, text)
+        write_private(self.path, text.encode())
         return True
 
     async def refresh(self, server: EmbeddedNats) -> None:
