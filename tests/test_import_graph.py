@@ -17,7 +17,7 @@ FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"
 
 #: The one function-local import: ``ratchet demo`` loads the test components (simulators,
 #: the demo app), which a serving node must not carry. It dodges no cycle.
-LAZY = {("supervisors/cli.py", "ratchet.testing.demo")}
+LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo")}
 
 #: The rooms of each layer by tier, lowest first (docs/architecture.md, "Floor plan").
 ROOMS = {

@@ -20,7 +20,7 @@ import pytest
 from tests.conftest import ROOT
 
 LAYERS = ["protocol", "persistence", "actors", "supervisors"]
-EXCEPTIONS = {("supervisors/cli.py", "ratchet.testing.demo")}  # `ratchet demo`
+EXCEPTIONS = {("supervisors/cli/__init__.py", "ratchet.testing.demo")}  # `ratchet demo`
 OLD_NAMES = {*LAYERS, "simulators", "examples"}
 
 

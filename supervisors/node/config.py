@@ -1,6 +1,6 @@
 """A node's configuration: identity, state directory, NATS, store durability and limits,
 task supervision, admission, leases, streams. Every field has a default fit for one node
-on one machine; ``ratchet serve``'s flags set them (supervisors/cli.py).
+on one machine; ``ratchet serve``'s flags set them (supervisors/cli/).
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""``admin`` verbs, ``creds`` (issue a key) and ``nats-config``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from ratchet.protocol.admin_verbs import CLUSTER_VERBS, KEY_VERBS, SYSTEM_TENANT
+from ratchet.protocol.ids import new_id
+from ratchet.supervisors.cli.common import connect, emit
+from ratchet.supervisors.node.credentials import issue_key
+from ratchet.supervisors.node.nats_auth import keyring_config
+
+
+async def admin(args: argparse.Namespace) -> int:
+    cluster = args.verb in CLUSTER_VERBS  # about nodes: the system tenant's subject
+    client = await connect(args, SYSTEM_TENANT if cluster else args.tenant)
+    if args.verb in KEY_VERBS:  # grant, revoke: --tenant is the principal's tenant
+        if args.verb != "keys":  # keys lists every tenant's (--arg tenant=T: one)
+            args.arg.insert(0, f"tenant={args.tenant}")
+        if args.task_id:
+            args.arg.insert(1, f"name={args.task_id}")
+        args.task_id = None
+    elif cluster and args.task_id:
+        args.arg.append(f"node={args.task_id}")
+        args.task_id = None
+    try:
+        verb_args: dict[str, Any] = json.loads(args.args_json) if args.args_json else {}
+        if not isinstance(verb_args, dict):
+            raise SystemExit("--args must be a JSON object")
+        for item in args.arg:
+            key, _, value = item.partition("=")
+            verb_args[key] = int(value) if value.isdigit() else value
+        body = {
+            "command_id": args.command_id or new_id("cmd"),
+            "task_id": args.task_id,
+            "args": verb_args,
+        }
+        if args.expected_version is not None:
+            body["expected_version"] = args.expected_version
+        result = await client.request_admin(args.verb, body)
+        emit(result)
+    finally:
+        await client.close()
+    if args.verb == "verify-audit" and not result.get("ok"):
+        return 1  # answered, and the chain is broken: scripts and cron must notice
+    return 0
+
+
+async def issue(args: argparse.Namespace) -> int:
+    """``ratchet creds``: a key for one principal, granted through the local admin key."""
+    client = await connect(args, SYSTEM_TENANT)
+    try:
+        emit(
+            await issue_key(
+                client,
+                Path(args.out or f"{args.name}.nk"),
+                args.name,
+                args.tenant,
+                sorted(set(args.role)),
+                args.expires_in,
+            )
+        )
+    finally:
+        await client.close()
+    return 0
+
+
+async def nats_config(args: argparse.Namespace) -> int:
+    print(await keyring_config(Path(args.state_dir)), end="", flush=True)
+    return 0
