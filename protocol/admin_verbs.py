@@ -10,7 +10,7 @@ VERB_ROLES: dict[str, str] = {
     "handoff": "viewer", "cancel": "operator", "pause": "operator", "resume": "operator",
     "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
-    "thaw": "operator", "purge": "operator",
+    "thaw": "operator", "purge": "operator", "breakers": "viewer",
     # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
     "nodes": "viewer", "drain": "operator", "undrain": "operator", "clock-ack": "operator",
     "verify-audit": "operator",

@@ -44,6 +44,7 @@ class ErrorCode(StrEnum):
     INVALID_DEFINITION = "INVALID_DEFINITION"
     INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    CIRCUIT_OPEN = "CIRCUIT_OPEN"
 
 
 class RatchetError(Exception):
@@ -213,6 +214,18 @@ class ToolRateLimited(ToolError):
 
     def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
         super().__init__(message, retry_after=retry_after, **details)
+        self.retry_after = retry_after
+
+
+class ToolCircuitOpen(ToolError):
+    """The provider's circuit breaker is open (actors/effects/breakers.py): the call was not
+    made. Retryable after ``retry_after`` seconds (when the breaker lets a probe through)."""
+
+    code = ErrorCode.CIRCUIT_OPEN
+    default_retryable = True
+
+    def __init__(self, message: str, *, retry_after: float, **details: Any) -> None:
+        super().__init__(message, retry_after=round(retry_after, 3), **details)
         self.retry_after = retry_after
 
 

@@ -26,6 +26,7 @@ from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
 from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
 from ratchet.actors.workflow.tools import (
     Accepted,
+    BreakerPolicy,
     Compensation,
     RetryPolicy,
     Tool,
@@ -61,6 +62,7 @@ __all__ = [
     "JoinPolicy",
     "ActionFailed",
     "Accepted",
+    "BreakerPolicy",
     "Compensation",
     "RetryPolicy",
     "Tool",

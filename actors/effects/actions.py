@@ -29,6 +29,8 @@ from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.core.backoff import backoff_delay
+from ratchet.actors.effects.action_reports import error_of, handoff_package, retry_payload
+from ratchet.actors.effects.breakers import circuit_open_failure, through_breaker
 from ratchet.actors.effects.signals import (
     AwaitExternal,
     HandoffRequired,
@@ -47,6 +49,7 @@ from ratchet.protocol.errors import (
     ActionKeyTaken,
     ErrorCode,
     RatchetError,
+    ToolCircuitOpen,
     ToolDeadlineExceeded,
     ToolRateLimited,
 )
@@ -83,12 +86,8 @@ class CallEnv:
     #: Told the clear values of a call's secret arguments before the call, so that the
     #: task cuts them out of what it shows (an error message may quote them).
     note_secrets: Callable[[set[str]], None] | None = None
-
-
-def _error(exc: BaseException) -> dict[str, Any]:
-    if isinstance(exc, RatchetError):
-        return {**exc.to_wire(), "type": type(exc).__name__}
-    return {"code": "UNKNOWN", "message": str(exc)[:2000], "type": type(exc).__name__}
+    #: What the task has spent so far (tokens, money, tool calls): told in retry events.
+    spent: Callable[[], dict[str, float]] | None = None
 
 
 class ActionRunner:
@@ -114,16 +113,26 @@ class ActionRunner:
         if self.env.pause_requested is not None and self.env.pause_requested() \
                 and compensates is None:
             raise PauseRequested(tool.name)  # a safe point: nothing of this call has started
-        if self.env.switches is not None and compensates is None \
-                and self.env.switches.tool_disabled(self.env.tenant, tool.name):
-            failure = ActionFailed(f"tool {tool.name} is disabled (kill switch)", tool=tool.name,
-                                   retryable=True)
-            failure.code = ErrorCode.UNAVAILABLE
-            raise failure
+        if self.env.switches is not None and compensates is None:
+            self.env.switches.refuse_if_disabled(self.env.tenant, tool.name)
+        # A new call to a provider whose circuit breaker is open fails at once, before
+        # anything is recorded (CIRCUIT_OPEN, retryable: for the step to route on); an action
+        # already under way (its ledger row exists) retries, waiting for the probe instead.
+        key = tool.key(args) if tool.key is not None else None
+        refusal = self._refusal(tool) if compensates is None else None
+        if refusal is not None and (key is None or await self.env.store.get_action(
+                self.env.tenant, key) is None):
+            raise circuit_open_failure(tool.name, refusal)
         if tool.kind == "read":
             return await self._read(tool, args)
-        assert tool.key is not None
-        return await self._write(tool, args, tool.key(args), compensates)
+        assert key is not None
+        return await self._write(tool, args, key, compensates)
+
+    def _refusal(self, tool: Tool[Any, Any]) -> ToolCircuitOpen | None:
+        if tool.breaker is None or self.env.switches is None:
+            return None
+        return self.env.switches.breakers.check(self.env.tenant, tool.provider,
+                                                self.env.clock.monotonic(), tool.timeout)
 
     # -- reads: retried freely, not ledgered --------------------------------------------
 
@@ -136,10 +145,13 @@ class ActionRunner:
             decision = classify(value, "read")
             delay = self._delay(decision, value, attempt, tool)
             if decision is Decision.FAIL or delay is None:
-                raise ActionFailed(f"{tool.name} failed: {value}", tool=tool.name,
-                                   error=_error(value))
+                failure = ActionFailed(f"{tool.name} failed: {value}", tool=tool.name,
+                                       error=error_of(value))
+                if isinstance(value, ToolCircuitOpen):
+                    failure.code = value.code  # still open after every retry: routable
+                raise failure
             await self.env.commit(events=[(EventType.ACTION_RETRY, self._retry_payload(
-                tool, None, decision, value, delay, attempt))])
+                tool, args, None, decision, value, delay, attempt))])
             await self.env.clock.sleep(delay)
             attempt += 1
 
@@ -149,7 +161,7 @@ class ActionRunner:
                      compensates: str | None) -> Any:
         data = dump_model(args)
         sealer = self.env.store.secrets
-        digest = request_hash(sealer.canonical({"tool": tool.name, "args": data}))
+        digest = self._digest(tool, args)
         # No read first: the insert is the check. A key already in the ledger makes the
         # whole change roll back and comes back with its row (one round trip, not two).
         try:
@@ -212,10 +224,10 @@ class ActionRunner:
             decision = classify(value, "write")
             if decision is Decision.UNKNOWN:
                 await self.env.commit(
-                    action=ActionWrite(key, "UNKNOWN", error=_error(value)),
+                    action=ActionWrite(key, "UNKNOWN", error=error_of(value)),
                     events=[(EventType.ACTION_UNKNOWN, {"key": key, "tool": tool.name,
                                                         "attempt": attempt,
-                                                        "error": _error(value)})])
+                                                        "error": error_of(value)})])
                 return await self._reconcile(tool, args, key, attempt)
             delay = self._delay(decision, value, attempt, tool)
             if decision is Decision.FAIL or delay is None:
@@ -224,8 +236,8 @@ class ActionRunner:
             await self.env.commit(
                 action=ActionWrite(key, "PENDING", attempts=attempt + 1,
                                    next_attempt_at=self.env.clock.now() + delay),
-                events=[(EventType.ACTION_RETRY, self._retry_payload(tool, key, decision, value,
-                                                                     delay, attempt))])
+                events=[(EventType.ACTION_RETRY, self._retry_payload(tool, args, key, decision,
+                                                                     value, delay, attempt))])
             await self.env.clock.sleep(delay)
             attempt += 1
             await self._start_attempt(tool, key, attempt)
@@ -241,14 +253,14 @@ class ActionRunner:
     async def _reconcile(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int) -> Any:
         if tool.query is None:
             raise HandoffRequired("outcome unknown and the tool has no query",
-                                  self._package(tool, args, key, attempt, "no query declared"))
+                                  handoff_package(tool.name, args, key, attempt, "no query declared"))
         for q in range(1, tool.retry.max_attempts + 1):
             ok, value = await self._invoke(tool, args, key, q, "query")
             if ok:
                 if value is None:
                     if attempt >= tool.retry.max_attempts:
                         raise HandoffRequired("not found after the last allowed resend",
-                                              self._package(tool, args, key, attempt,
+                                              handoff_package(tool.name, args, key, attempt,
                                                             "resend budget exhausted"))
                     await self.env.commit(
                         action=ActionWrite(key, "IN_FLIGHT", attempts=attempt + 1),
@@ -262,10 +274,10 @@ class ActionRunner:
             if decision is Decision.FAIL or delay is None:
                 break
             await self.env.commit(events=[(EventType.ACTION_RETRY, self._retry_payload(
-                tool, key, decision, value, delay, q, op="query"))])
+                tool, args, key, decision, value, delay, q, op="query"))])
             await self.env.clock.sleep(delay)
         raise HandoffRequired("outcome could not be reconciled",
-                              self._package(tool, args, key, attempt, "query undecidable"))
+                              handoff_package(tool.name, args, key, attempt, "query undecidable"))
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -284,9 +296,9 @@ class ActionRunner:
             # The provider acted but answered outside the contract: we cannot know what it
             # did. That is an unknown outcome for a human, not a failure to retry.
             await self.env.commit(
-                action=ActionWrite(key, "UNKNOWN", error=_error(exc)),
+                action=ActionWrite(key, "UNKNOWN", error=error_of(exc)),
                 events=[(EventType.ACTION_UNKNOWN, {"key": key, "tool": tool.name,
-                                                    "error": _error(exc)})])
+                                                    "error": error_of(exc)})])
             raise HandoffRequired("the provider's result failed validation", {
                 "why": "invalid provider result", "tool": tool.name, "key": key,
                 "error": exc.message}) from exc
@@ -304,11 +316,11 @@ class ActionRunner:
                               attempt: int, decision: Decision) -> None:
         reason = "not retryable" if decision is Decision.FAIL else "retries or deadline exhausted"
         await self.env.commit(
-            action=ActionWrite(key, "FAILED", error=_error(exc)),
+            action=ActionWrite(key, "FAILED", error=error_of(exc)),
             events=[(EventType.ACTION_FAILED, {"key": key, "tool": tool.name, "attempt": attempt,
-                                               "reason": reason, "error": _error(exc)})])
+                                               "reason": reason, "error": error_of(exc)})])
         failure = ActionFailed(f"{tool.name} failed ({reason}): {exc}", key=key, tool=tool.name,
-                               error=_error(exc))
+                               error=error_of(exc))
         if isinstance(exc, RatchetError):
             failure.code = exc.code  # a 403 stays PERMISSION_DENIED on the wire
         raise failure
@@ -336,7 +348,7 @@ class ActionRunner:
         """The delay before the next attempt, or None when no attempt is left in budget."""
         if decision is Decision.FAIL or attempt >= tool.retry.max_attempts:
             return None
-        if decision is Decision.RETRY_AFTER and isinstance(exc, ToolRateLimited) \
+        if decision is Decision.RETRY_AFTER and isinstance(exc, (ToolRateLimited, ToolCircuitOpen)) \
                 and exc.retry_after is not None:
             delay = max(0.0, exc.retry_after)
         else:
@@ -362,22 +374,26 @@ class ActionRunner:
                 return (False, ToolDeadlineExceeded(f"deadline passed before {tool.name}",
                                                     tool=tool.name))
             timeout = min(timeout, remaining)
+        if tool.breaker is None or self.env.switches is None or op != "call":
+            return await self._ask(tool, args, key, attempt, timeout, op)
+        return await through_breaker(
+            self.env.switches.breakers, self.env.tenant, tool, self.env.clock.monotonic,
+            lambda: self._ask(tool, args, key, attempt, timeout, op))
+
+    async def _ask(self, tool: Tool[Any, Any], args: BaseModel, key: str | None, attempt: int,
+                   timeout: float, op: str) -> tuple[bool, Any]:
         session = await self.env.session(tool.session)
         outcome: tuple[bool, Any] = await session.ask(
             Invoke(tool, args, key, attempt, timeout, op), timeout=timeout + 30.0)
         return outcome
 
-    def _retry_payload(self, tool: Tool[Any, Any], key: str | None, decision: Decision,
-                       exc: BaseException, delay: float, attempt: int,
+    def _retry_payload(self, tool: Tool[Any, Any], args: BaseModel, key: str | None,
+                       decision: Decision, exc: BaseException, delay: float, attempt: int,
                        op: str = "call") -> dict[str, Any]:
-        return {"key": key, "tool": tool.name, "op": op, "reason": decision.value,
-                "error": _error(exc), "delay_s": round(delay, 4), "attempt": attempt,
-                "next_attempt": attempt + 1}
+        return retry_payload(tool.name, key, op, decision, exc, delay, attempt,
+                             self._digest(tool, args), self.env.spent() if self.env.spent else None)
 
-    def _package(self, tool: Tool[Any, Any], args: BaseModel, key: str, attempt: int,
-                 why: str) -> dict[str, Any]:
-        return {"why": why, "tool": tool.name, "key": key, "attempts": attempt,
-                "request": dump_model(args),  # its secrets redacted with the package
-                "options": ["confirm the action happened (mark SUCCEEDED with the provider's"
-                            " result)", "confirm it did not happen (resend with the same key)",
-                            "fail the task (compensations run)"]}
+    def _digest(self, tool: Tool[Any, Any], args: BaseModel) -> str:
+        """The request's hash, of its sealed form (as the ledger's ``request_hash``)."""
+        return request_hash(self.env.store.secrets.canonical({"tool": tool.name,
+                                                              "args": dump_model(args)}))

@@ -9,11 +9,16 @@ operators: every tenant's tasks).
   with UNAVAILABLE ``tool disabled``; calls already in flight finish (or end UNKNOWN);
 - frozen dispatch: no new step starts in scope — running steps finish at their safe
   point, tasks wait (QUEUED or between steps) until thawed.
+
+The node's circuit breakers (actors/effects/breakers.py) ride along as ``breakers``: the
+switches no operator has to throw, read on the same calls.
 """
 
 from __future__ import annotations
 
+from ratchet.actors.effects.breakers import CircuitBreakers
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT
+from ratchet.protocol.errors import ActionFailed, ErrorCode
 
 __all__ = ["Switches"]
 
@@ -24,6 +29,8 @@ class Switches:
         self._tools: dict[str, set[str]] = {}
         #: The scopes whose dispatch is frozen.
         self._frozen: set[str] = set()
+        #: The automatic switches: a provider's calls stop while it keeps failing.
+        self.breakers = CircuitBreakers()
 
     def load(self, rows: list[tuple[str, str, str]]) -> None:
         """Replace every switch with the store's ``(scope, kind, name)`` rows."""
@@ -45,6 +52,14 @@ class Switches:
         if not self._tools:
             return False
         return tool in self._tools.get(tenant, ()) or tool in self._tools.get(SYSTEM_TENANT, ())
+
+    def refuse_if_disabled(self, tenant: str, tool: str) -> None:
+        """Raise the failure of a call to a disabled tool: UNAVAILABLE, retryable."""
+        if self.tool_disabled(tenant, tool):
+            failure = ActionFailed(f"tool {tool} is disabled (kill switch)", tool=tool,
+                                   retryable=True)
+            failure.code = ErrorCode.UNAVAILABLE
+            raise failure
 
     # -- changed by the admin service (after the store) ------------------------------------
 

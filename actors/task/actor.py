@@ -325,7 +325,7 @@ class TaskActor(Actor):
             # Counting costs a read-modify-write per call: only for tasks with such a budget.
             count_tool_calls=count_tool_calls and "tool_calls" in self.record.budget,
             switches=self.deps.switches, note_secrets=self.secrets.note,
-            pause_requested=lambda: self.pause_requested))
+            pause_requested=lambda: self.pause_requested, spent=lambda: dict(self.spent)))
 
     async def run_step(self, step: StepNode) -> bool:
         """Run one step node; True when it committed and the task can go on."""

@@ -22,6 +22,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel
 
 from ratchet.protocol.errors import (
+    ToolCircuitOpen,
     ToolConflict,
     ToolDeadlineExceeded,
     ToolDefinitionError,
@@ -33,6 +34,7 @@ from ratchet.protocol.errors import (
 
 __all__ = [
     "Accepted",
+    "BreakerPolicy",
     "Compensation",
     "Decision",
     "RetryPolicy",
@@ -74,6 +76,23 @@ class RetryPolicy:
             raise ToolDefinitionError(f"invalid retry policy {self}")
 
 
+@dataclass(frozen=True, slots=True)
+class BreakerPolicy:
+    """A circuit breaker for a tool (actors/effects/breakers.py): it opens after ``failures``
+    transient failures within ``window`` seconds and lets a probe through after ``cooldown``.
+    Tools with the same ``group`` (a provider's name) share one breaker per tenant; the
+    default group is the tool's name."""
+
+    failures: int = 5
+    window: float = 30.0
+    cooldown: float = 30.0
+    group: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.failures < 1 or self.window <= 0 or self.cooldown <= 0:
+            raise ToolDefinitionError(f"invalid breaker policy {self}")
+
+
 class Decision(StrEnum):
     FAIL = "fail"  # never retried: invalid argument, permission, conflict
     RETRY_AFTER = "retry_after"  # rate limited: wait what the provider said
@@ -90,7 +109,7 @@ def classify(exc: BaseException, kind: Kind) -> Decision:
     raised after the request left)."""
     if isinstance(exc, _NEVER_RETRIED):
         return Decision.FAIL
-    if isinstance(exc, ToolRateLimited):
+    if isinstance(exc, (ToolRateLimited, ToolCircuitOpen)):
         return Decision.RETRY_AFTER
     if isinstance(exc, ToolTransient):
         return Decision.BACKOFF
@@ -136,6 +155,12 @@ class Tool(Generic[A, R]):
     query: Callable[[ToolContext, A], Any] | None = None
     compensate: Compensation | None = None
     session: str = "default"
+    breaker: BreakerPolicy | None = None  # None: no circuit breaker for this tool
+
+    @property
+    def provider(self) -> str:
+        """What its circuit breaker is keyed by (with the tenant)."""
+        return (self.breaker.group if self.breaker and self.breaker.group else None) or self.name
 
     def __post_init__(self) -> None:
         where = f"tool {self.name!r}"
@@ -168,11 +193,12 @@ def tool(
     compensate: Compensation | None = None,
     session: str = "default",
     name: str | None = None,
+    breaker: BreakerPolicy | None = None,
 ) -> Callable[[Callable[[ToolContext, A], Any]], Tool[A, R]]:
     """Decorator making a :class:`Tool` of a function ``fn(ctx, args) -> result``."""
 
     def make(fn: Callable[[ToolContext, A], Any]) -> Tool[A, R]:
         return Tool(name or fn.__name__, fn, kind, args, result, key, timeout,
-                    retry or RetryPolicy(), query, compensate, session)
+                    retry or RetryPolicy(), query, compensate, session, breaker)
 
     return make

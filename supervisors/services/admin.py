@@ -282,6 +282,14 @@ class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
         return {"frozen": self.switches.frozen_for(tenant), "scope": tenant,
                 "woken": self.tasks.wake_all()}
 
+    async def _breakers(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """This node's circuit breakers for the tenant (``_system``: every tenant's): the
+        providers that failed lately or are open. Breakers are per node (the answer says
+        which node); a closed breaker with no recent failure is not listed."""
+        scope = None if tenant == SYSTEM_TENANT else tenant
+        return {"node_id": self.node_id,
+                "breakers": self.switches.breakers.snapshot(scope, self.clock.monotonic())}
+
     async def _purge(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Remove one finished task (events, checkpoints, unreferenced blobs) on demand."""
         rec = await self._task(tenant, cmd)

@@ -1,0 +1,44 @@
+"""What the action protocol tells about a call: its error as a map, a retry event's payload,
+and the handoff package a human gets when an outcome cannot be settled by machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from ratchet.actors.workflow.tools import Decision
+from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.redaction import dump_model
+
+__all__ = ["error_of", "handoff_package", "retry_payload"]
+
+
+def error_of(exc: BaseException) -> dict[str, Any]:
+    """An exception as the ``error`` member of an event or a ledger row."""
+    if isinstance(exc, RatchetError):
+        return {**exc.to_wire(), "type": type(exc).__name__}
+    return {"code": "UNKNOWN", "message": str(exc)[:2000], "type": type(exc).__name__}
+
+
+def retry_payload(tool: str, key: str | None, op: str, decision: Decision, exc: BaseException,
+                  delay: float, attempt: int, digest: str,
+                  task_spent: dict[str, float] | None) -> dict[str, Any]:
+    """An ``action.retry`` event: why, when, which request (its digest, the ledger's for a
+    write) and what the task has spent so far, so that a retry storm shows in its cost."""
+    cost: dict[str, Any] = {"attempts": attempt}
+    if task_spent is not None:
+        cost["task_spent"] = task_spent
+    return {"key": key, "tool": tool, "op": op, "reason": decision.value,
+            "error": error_of(exc), "delay_s": round(delay, 4), "attempt": attempt,
+            "next_attempt": attempt + 1, "request_digest": digest, "cost_so_far": cost}
+
+
+def handoff_package(tool: str, args: BaseModel, key: str, attempt: int,
+                    why: str) -> dict[str, Any]:
+    """What a human needs to settle an action whose outcome is unknown."""
+    return {"why": why, "tool": tool, "key": key, "attempts": attempt,
+            "request": dump_model(args),  # its secrets redacted with the package
+            "options": ["confirm the action happened (mark SUCCEEDED with the provider's"
+                        " result)", "confirm it did not happen (resend with the same key)",
+                        "fail the task (compensations run)"]}
