@@ -5,7 +5,11 @@
   (model call ledgered, messages checkpointed, budget spent) — measured between consecutive
   ``agent.turn`` events of one task, minus the scripted model's own time;
 - conversation_rss_kb: node memory per live 50-turn conversation (200 tasks held at their
-  51st model call; resident set growth / 200).
+  51st model call; resident set growth / 200);
+- budget_overshoot_max: the most any task spent past its token or money budget, over
+  ``BUDGET_TURNS`` turns of tasks with random budgets and a model with random usage (it
+  honours the ``max_tokens`` it is sent, as real ones do): must be 0 — each call's worst
+  case is reserved before it is made (actors/task/agent_budget.py).
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import itertools
+import random
 
 from pydantic import BaseModel
 
 import ratchet
 from bench.steps import percentile
 from ratchet.actors.agents.loop_detect import LoopPolicy
-from ratchet.actors.agents.models import ModelRequest, ModelResponse
+from ratchet.actors.agents.models import ModelRequest, ModelResponse, Prices, Usage
 from ratchet.actors.agents.scripted_model import ScriptedModel, reply
 from ratchet.protocol.events import decode_event
 from ratchet.supervisors.cli import configure_logging
@@ -39,6 +44,7 @@ from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 TURNS = 200
 LIVE = 200
 LIVE_TURNS = 50
+BUDGET_TURNS = 1000
 
 
 class Query(BaseModel):
@@ -88,11 +94,57 @@ class TimedModel(ScriptedModel):
             self.seconds += time.perf_counter() - started
 
 
-def workflow(name: str, model: Any) -> ratchet.Workflow:
+class RandomUsage(ScriptedModel):
+    """Calls the lookup tool for ever, each answer of a random length up to the cap."""
+
+    prices = Prices(prompt_per_1k=0.5, completion_per_1k=1.5)
+
+    def __init__(self, seed: int = 7) -> None:
+        super().__init__([reply(tool_calls=[("lookup", {"key": "k"})])], name="random")
+        self.rng = random.Random(seed)
+
+    def count_tokens(self, request: ModelRequest) -> int:
+        return sum(4 + len(m.content or "") // 4 for m in request.messages)
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        answer = await super().complete(request)
+        cap = int(request.params.get("max_tokens", 800))
+        usage = Usage(self.count_tokens(request), min(cap, self.rng.randint(1, 800)))
+        return ModelResponse(answer.message, usage, answer.model, answer.response_id,
+                             cost=self.prices.cost(usage))
+
+
+async def budget_overshoot(client: ratchet.Client, node: ratchet.Node,
+                           model: RandomUsage) -> float:
+    """The most a task spent past its budget, over ``BUDGET_TURNS`` turns."""
+    rng, worst, n = random.Random(11), 0.0, 0
+    while model.calls < BUDGET_TURNS:
+        budgets = [{"tokens": rng.randint(100, 4000)} if rng.random() < 0.5 else
+                   {"money": round(rng.uniform(0.1, 3.0), 3)} for _ in range(20)]
+        ids = [await client.submit("budgeted", {}, key=f"b-{n}-{i}", budget=b)
+               for i, b in enumerate(budgets)]
+        n += 1
+        for task_id, budget in zip(ids, budgets, strict=True):
+            async for event in client.watch(task_id, idle_timeout=60):
+                if event.type in ("task.succeeded", "task.failed"):
+                    break
+            spent = (await node.store.load_task(task_id)).spent
+            worst = max(worst, *(spent.get(d, 0) - limit for d, limit in budget.items()))
+    return max(0.0, worst)
+
+
+def workflow(name: str, model: Any, **agent: Any) -> ratchet.Workflow:
     wf = ratchet.Workflow(name)
     wf.agent("agent", model=model, tools=[lookup], output=Answer, max_turns=10_000,
              prompt=lambda s, i: "look everything up", loop=LoopPolicy(repeat=1000,
-                                                                       alternation=1000))
+                                                                       alternation=1000),
+             **agent)
+    if agent.get("on_budget_exhausted"):
+
+        @wf.step
+        async def spent(ctx: ratchet.StepContext) -> dict[str, Any]:
+            return {"output": {"budget": "spent"}}
+
     return wf
 
 
@@ -106,8 +158,9 @@ def rss_kb() -> int:
 async def main() -> None:
     configure_logging("warning")
     hold = asyncio.Event()
-    fast, live = TimedModel(TURNS), TimedModel(LIVE_TURNS, hold)
-    registry = ratchet.Registry([workflow("fast", fast), workflow("live", live)])
+    fast, live, spender = TimedModel(TURNS), TimedModel(LIVE_TURNS, hold), RandomUsage()
+    registry = ratchet.Registry([workflow("fast", fast), workflow("live", live),
+                                 workflow("budgeted", spender, on_budget_exhausted="spent")])
     with tempfile.TemporaryDirectory(prefix="ratchet-agent-") as tmp:
         server = EmbeddedNats(Path(tmp) / "nats")
         url = await server.start()
@@ -145,6 +198,7 @@ async def main() -> None:
             after = rss_kb()
             await sub.unsubscribe()
             hold.set()
+            overshoot = await budget_overshoot(client, node, spender)
         finally:
             await client.close()
             await node.stop()
@@ -156,6 +210,7 @@ async def main() -> None:
         "scripted_model_us_per_turn": round(model_per_turn * 1e6, 1),
         "conversation_rss_kb": round((after - before) / LIVE, 1),
         "live_conversations": LIVE, "turns_per_conversation": LIVE_TURNS,
+        "budget_overshoot_max": round(overshoot, 9), "budget_turns": spender.calls,
     }))
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-__all__ = ["Message", "Model", "ModelRequest", "ModelResponse", "ToolCall", "ToolSpec", "Usage"]
+__all__ = ["Message", "Model", "ModelRequest", "ModelResponse", "Prices", "ToolCall", "ToolSpec",
+           "Usage"]
 
 Role = Literal["system", "user", "assistant", "tool"]
 
@@ -78,6 +79,20 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class Prices:
+    """A model's prices per 1,000 tokens, in the deployment's currency. A model that has
+    them (``model.prices``) lets a money budget be reserved before each call
+    (actors/task/agent_budget.py)."""
+
+    prompt_per_1k: float
+    completion_per_1k: float
+
+    def cost(self, usage: Usage) -> float:
+        return (usage.prompt_tokens * self.prompt_per_1k
+                + usage.completion_tokens * self.completion_per_1k) / 1000
+
+
+@dataclass(frozen=True)
 class ModelResponse:
     """The assistant's message (text and/or tool calls), usage, and what produced it."""
 
@@ -89,7 +104,12 @@ class ModelResponse:
 
 
 class Model(Protocol):
-    """Implemented by the scripted model (tests, demos) and the HTTP adapter."""
+    """Implemented by the scripted model (tests, demos) and the HTTP adapter.
+
+    Optional, read when present (actors/task/agent_budget.py): ``prices`` (:class:`Prices`),
+    ``max_output_tokens`` (int) and ``count_tokens(request) -> int`` (the prompt's exact
+    count): they make the reservation of a call against the task's budget tight.
+    """
 
     name: str
     version: str

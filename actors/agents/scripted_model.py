@@ -50,6 +50,9 @@ class ScriptedModel:
         calls = tuple(ToolCall(f"call_{turn}_{i}", name, dict(args))
                       for i, (name, args) in enumerate(r.get("tool_calls") or ()))
         prompt_tokens, completion_tokens = r.get("tokens", (10, 5))
+        cap = request.params.get("max_tokens")
+        if cap is not None:  # as a real model does: the answer stops at the cap
+            completion_tokens = min(completion_tokens, int(cap))
         return ModelResponse(
             message=Message("assistant", r.get("content"), calls),
             usage=Usage(prompt_tokens, completion_tokens), model=f"{self.name}-{self.version}",

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from ratchet.actors.agents.loop_detect import LoopPolicy, TurnRecord, detect
 from ratchet.actors.agents.models import Message, Model, ModelRequest, ToolSpec
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
+from ratchet.actors.task.agent_budget import reserve
 from ratchet.actors.task.agent_conversation import Conversation, digest
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga, suspend
@@ -127,6 +128,7 @@ class _Turn:
     spend: dict[str, float] = field(default_factory=dict)  # this turn's, tool calls included
     upto: int = 0  # how many pending agent-log entries belong to the proposal
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    exhausted: str | None = None  # the budget dimension that could not pay for the call
 
 
 async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
@@ -142,13 +144,11 @@ async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     spent = dict(actor.spent)
     dim = _exhausted(actor, spent)
     if dim is not None or turn >= node.max_turns:
-        reason = f"budget exhausted: {dim}" if dim else f"no answer in {node.max_turns} turns"
-        return await _stop(actor, node, conv, node.on_budget_exhausted, EventType.AGENT_BUDGET_EXHAUSTED,
-                           {"dimension": dim or "turns", "spent": spent,
-                            "budget": actor.record.budget},
-                           BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
+        return await _exhaust(actor, node, conv, spent, dim)
     runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
     t = await _propose(actor, node, model, runner, conv, visit, turn, spent)
+    if t.exhausted is not None:
+        return await _exhaust(actor, node, conv, spent, t.exhausted)
     # Each outcome below is final when it is True or False; None: the turn commits as usual.
     if not t.proposed.tool_calls:
         outcome = await _take_answer(actor, node, t)
@@ -186,15 +186,25 @@ async def _propose(actor: TaskKernel, node: AgentNode, model: Model, runner: Act
         # happened — and do not ask the model again.
         return _Turn(conv, turn, spent, last)
     request = ModelRequest(messages=list(conv.messages), tools=specs, params=dict(node.params))
+    assert actor.record is not None
+    reserved = reserve(actor.record.budget, spent, model, request)
+    if isinstance(reserved, str):  # not even an empty answer fits: do not ask
+        return _Turn(conv, turn, spent, last, exhausted=reserved)
+    if reserved is not None and reserved.max_tokens is not None:
+        request.params["max_tokens"] = reserved.max_tokens  # what the budget can pay for
     asked = ModelCall(
         key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
-        messages=len(conv.messages), tools=specs_digest, params=dict(node.params),
+        messages=len(conv.messages), tools=specs_digest, params=dict(request.params),
         model=f"{model.name}:{model.version}")
     answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
+    used = answer.prompt_tokens + answer.completion_tokens
+    over = reserved.overrun(used, answer.cost) if reserved is not None else None
+    if over is not None:
+        actor.log.warning("model answered past its reservation", node=node.name,
+                          reserved_tokens=reserved.tokens if reserved else None, **over)
     record = _record(asked, answer, node, actor.next_step)
     record.result = conv.kept(record.result)  # an answer quoting a secret: sealed
-    spend: dict[str, float] = {"tokens": answer.prompt_tokens + answer.completion_tokens,
-                               "model_calls": 1, "money": answer.cost}
+    spend: dict[str, float] = {"tokens": used, "model_calls": 1, "money": answer.cost}
     conv.add(answer.message)
     return _Turn(conv, turn, spent, conv.messages[-1], answered_by=answer.model,
                  version=answer.version, record=record, spend=spend, upto=len(conv.pending))
@@ -338,6 +348,18 @@ async def _execute(actor: TaskKernel, runner: Any, tools: dict[str, Tool[Any, An
     except ActionFailed as exc:
         return {"error": f"{name} failed: {exc.message}"}
     return result.model_dump(mode="json")
+
+
+async def _exhaust(actor: TaskKernel, node: AgentNode, conv: Conversation,
+                   spent: dict[str, float], dim: str | None) -> bool:
+    """End the node as budget exhausted (``dim``; None: out of turns)."""
+    assert actor.record is not None
+    reason = f"budget exhausted: {dim}" if dim else f"no answer in {node.max_turns} turns"
+    return await _stop(actor, node, conv, node.on_budget_exhausted,
+                       EventType.AGENT_BUDGET_EXHAUSTED,
+                       {"dimension": dim or "turns", "spent": spent,
+                        "budget": actor.record.budget},
+                       BudgetExhausted(reason, node=node.name, dimension=dim or "turns"))
 
 
 def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
