@@ -242,6 +242,10 @@ class AdminStore(Protocol):
         """A page of the tenant's tasks, newest first; returns (rows, next cursor)."""
         ...
 
+    async def model_calls(self, tenant: str, limit: int) -> list[ActionRecord]:
+        """The tenant's ``limit`` most recent agent model calls (ledger rows)."""
+        ...
+
     async def verify_audit(self, page: int = 2000) -> AuditReport:
         """Check the whole audit chain against the store's seal and head
         (persistence/audit_check.py); ``page`` rows are read at a time."""

@@ -96,6 +96,14 @@ class RowReads(_StoreParts):
         )
         return [action_record(r, self.secrets.unpack_optional) for r in rows]
 
+    async def model_calls(self, tenant: str, limit: int) -> list[ActionRecord]:
+        """The tenant's most recent agent model calls (their keys start ``model:``)."""
+        rows = await self._rows(
+            f"SELECT {ACTION_COLUMNS} FROM actions WHERE tenant = ? AND idempotency_key"
+            " >= 'model:' AND idempotency_key < 'model;' AND kind = 'model'"
+            " ORDER BY created_at DESC LIMIT ?", (tenant, limit))
+        return [action_record(r, self.secrets.unpack_optional) for r in rows]
+
     async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
         row = await self._row(
             "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)

@@ -11,6 +11,7 @@ VERB_ROLES: dict[str, str] = {
     "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
     "thaw": "operator", "purge": "operator", "breakers": "viewer",
+    "model-stats": "viewer",
     # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
     "nodes": "viewer", "drain": "operator", "undrain": "operator", "clock-ack": "operator",
     "verify-audit": "operator",

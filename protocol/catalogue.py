@@ -171,3 +171,5 @@ class EventType(StrEnum):
     AGENT_LOOP_DETECTED = "agent.loop_detected"
     #: A budget dimension spent, or ``max_turns`` reached.
     AGENT_BUDGET_EXHAUSTED = "agent.budget_exhausted"
+    #: A turn answered by a fallback model or the answer cache, or by none of them.
+    AGENT_DEGRADED = "agent.degraded"

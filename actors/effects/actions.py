@@ -147,8 +147,8 @@ class ActionRunner:
             if decision is Decision.FAIL or delay is None:
                 failure = ActionFailed(f"{tool.name} failed: {value}", tool=tool.name,
                                        error=error_of(value))
-                if isinstance(value, ToolCircuitOpen):
-                    failure.code = value.code  # still open after every retry: routable
+                if isinstance(value, RatchetError):
+                    failure.code = value.code  # the provider's reason (CIRCUIT_OPEN: routable)
                 raise failure
             await self.env.commit(events=[(EventType.ACTION_RETRY, self._retry_payload(
                 tool, args, None, decision, value, delay, attempt))])

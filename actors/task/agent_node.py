@@ -16,90 +16,23 @@ routed along declared edges.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from ratchet.actors.agents.loop_detect import LoopPolicy, TurnRecord, detect
-from ratchet.actors.agents.models import Message, Model, ModelRequest, ToolSpec
+from ratchet.actors.agents.models import Message
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
-from ratchet.actors.task.agent_budget import reserve
 from ratchet.actors.task.agent_conversation import Conversation, digest
+from ratchet.actors.task.agent_propose import Turn, propose
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga, suspend
 from ratchet.actors.workflow.nodes import FAIL, AgentNode
-from ratchet.actors.workflow.tools import RetryPolicy, Tool, ToolContext
-from ratchet.persistence.ledger import ActionWrite
+from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.catalogue import EventType
-from ratchet.protocol.codec import canonical, encode
 from ratchet.protocol.errors import ActionFailed, BudgetExhausted, LoopDetected, RatchetError
-from ratchet.protocol.ids import request_hash
 
 __all__ = ["run_agent", "BudgetExhausted"]
-
-
-class ModelCall(BaseModel):
-    """What the ledger records of a model call: the turn's key, and a digest of the exact
-    request (the conversation is in the agent log, not copied into every call)."""
-
-    key: str
-    conversation: str  # running hash of every message sent
-    messages: int
-    tools: str
-    params: dict[str, Any]
-    model: str
-
-
-class ModelAnswer(BaseModel):
-    message: dict[str, Any]
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
-    version: str
-    cost: float
-
-
-def _model_tool(node: AgentNode, model: Model, request: ModelRequest) -> Tool[Any, Any]:
-    """This turn's model call as a read (retried by the action runner's policy: Retry-After,
-    backoff, every retry an event). It is recorded in the ledger by the turn's own commit,
-    with the messages it produced: a turn is asked again only if that commit never
-    happened."""
-
-    async def ask(ctx: ToolContext, args: ModelCall) -> ModelAnswer:
-        response = await model.complete(request)
-        return ModelAnswer(message=response.message.to_dict(),
-                           prompt_tokens=response.usage.prompt_tokens,
-                           completion_tokens=response.usage.completion_tokens,
-                           model=response.model or model.name, version=model.version,
-                           cost=response.cost)
-
-    return Tool(f"model.{node.name}", ask, "read", ModelCall, ModelAnswer,
-                timeout=node.model_timeout,
-                retry=RetryPolicy(max_attempts=4, base_delay=0.2, max_delay=10),
-                session="model")
-
-
-def _record(call: ModelCall, answer: ModelAnswer, node: AgentNode, step: int) -> ActionWrite:
-    """The ledger row of a model call: request digest, model version, parameters, answer."""
-    return ActionWrite(call.key, "SUCCEEDED", insert=True, tool=f"model.{node.name}",
-                       kind="model", request_hash=request_hash(canonical(call.model_dump())),
-                       args=encode(call.model_dump()), step_index=step, attempts=1,
-                       result=answer.model_dump(), provider_id=answer.version)
-
-
-_SPECS: dict[int, tuple[list[ToolSpec], str]] = {}
-
-
-def _specs(node: AgentNode) -> tuple[list[ToolSpec], str]:
-    """The tools as the model sees them, and their digest (schemas are costly to build)."""
-    cached = _SPECS.get(id(node))
-    if cached is None:
-        specs = [ToolSpec(t.name, (t.fn.__doc__ or t.name).strip().split("\n")[0],
-                          t.args.model_json_schema()) for t in node.tools]
-        cached = (specs, digest([(x.name, x.parameters) for x in specs]))
-        _SPECS[id(node)] = cached
-    return cached
 
 
 def _exhausted(actor: TaskKernel, spent: dict[str, float]) -> str | None:
@@ -114,28 +47,9 @@ def _exhausted(actor: TaskKernel, spent: dict[str, float]) -> str | None:
     return None
 
 
-@dataclass(slots=True)
-class _Turn:
-    """One turn in progress: what was proposed, by which model, and what it cost so far."""
-
-    conv: Conversation
-    number: int
-    spent: dict[str, float]  # the task's spending before this turn
-    proposed: Message
-    answered_by: str = ""
-    version: str = ""
-    record: ActionWrite | None = None  # the model call's ledger row (None: not asked again)
-    spend: dict[str, float] = field(default_factory=dict)  # this turn's, tool calls included
-    upto: int = 0  # how many pending agent-log entries belong to the proposal
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    exhausted: str | None = None  # the budget dimension that could not pay for the call
-
-
 async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     """Run one turn; True when the task can go on (another turn, or the next node)."""
     assert actor.record is not None and actor.workflow is not None
-    model: Model = node.model if not isinstance(node.model, str) else \
-        actor.deps.registry.resources[node.model]
     # Each visit of the node is its own conversation (a bounded loop may come back to it).
     visit = actor.visits.get(node.name, 0)
     scope = f"{node.name}#{visit}"
@@ -146,9 +60,14 @@ async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     if dim is not None or turn >= node.max_turns:
         return await _exhaust(actor, node, conv, spent, dim)
     runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
-    t = await _propose(actor, node, model, runner, conv, visit, turn, spent)
+    t = await propose(actor, node, runner, conv, visit, turn, spent)
     if t.exhausted is not None:
         return await _exhaust(actor, node, conv, spent, t.exhausted)
+    if t.gave_up is not None:  # every model of the chain failed or declined, none cached
+        return await _stop(actor, node, conv, node.degrade.on_exhausted, EventType.AGENT_DEGRADED,
+                           {"turn": turn, "answered_by": None, "steps": t.gave_up},
+                           RatchetError("no model answered", node=node.name,
+                                        steps=t.gave_up))
     # Each outcome below is final when it is True or False; None: the turn commits as usual.
     if not t.proposed.tool_calls:
         outcome = await _take_answer(actor, node, t)
@@ -174,43 +93,7 @@ async def _open_conversation(actor: TaskKernel, node: AgentNode, scope: str) -> 
     return conv
 
 
-async def _propose(actor: TaskKernel, node: AgentNode, model: Model, runner: ActionRunner,
-                   conv: Conversation, visit: int, turn: int,
-                   spent: dict[str, float]) -> _Turn:
-    """Ask the model for this turn's proposal (a read, recorded by the turn's commit)."""
-    specs, specs_digest = _specs(node)
-    last = conv.messages[-1]
-    if last.role == "assistant" and last.tool_calls:
-        # The proposal was recorded before the task parked on one of its calls (an accepted
-        # write, a handoff): run the calls again — the ledger answers for what already
-        # happened — and do not ask the model again.
-        return _Turn(conv, turn, spent, last)
-    request = ModelRequest(messages=list(conv.messages), tools=specs, params=dict(node.params))
-    assert actor.record is not None
-    reserved = reserve(actor.record.budget, spent, model, request)
-    if isinstance(reserved, str):  # not even an empty answer fits: do not ask
-        return _Turn(conv, turn, spent, last, exhausted=reserved)
-    if reserved is not None and reserved.max_tokens is not None:
-        request.params["max_tokens"] = reserved.max_tokens  # what the budget can pay for
-    asked = ModelCall(
-        key=f"model:{actor.task_id}:{node.name}:{visit}:{turn}", conversation=conv.hash,
-        messages=len(conv.messages), tools=specs_digest, params=dict(request.params),
-        model=f"{model.name}:{model.version}")
-    answer: ModelAnswer = await runner.call(_model_tool(node, model, request), asked)
-    used = answer.prompt_tokens + answer.completion_tokens
-    over = reserved.overrun(used, answer.cost) if reserved is not None else None
-    if over is not None:
-        actor.log.warning("model answered past its reservation", node=node.name,
-                          reserved_tokens=reserved.tokens if reserved else None, **over)
-    record = _record(asked, answer, node, actor.next_step)
-    record.result = conv.kept(record.result)  # an answer quoting a secret: sealed
-    spend: dict[str, float] = {"tokens": used, "model_calls": 1, "money": answer.cost}
-    conv.add(answer.message)
-    return _Turn(conv, turn, spent, conv.messages[-1], answered_by=answer.model,
-                 version=answer.version, record=record, spend=spend, upto=len(conv.pending))
-
-
-async def _take_answer(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool | None:
+async def _take_answer(actor: TaskKernel, node: AgentNode, t: Turn) -> bool | None:
     """A final answer: valid, it is the node's output and the task moves on (True). Invalid,
     it goes back to the model for repair (None), or past ``repair_attempts`` the task fails
     (False)."""
@@ -223,7 +106,7 @@ async def _take_answer(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool | N
         if repairs > node.repair_attempts:
             error = RatchetError(f"answer failed validation {repairs} times",
                                  node=node.name, problems=str(exc)[:500])
-            await actor.move(node.name, node.name, [(EventType.AGENT_TURN, {
+            await actor.move(node.name, node.name, [*t.events, (EventType.AGENT_TURN, {
                 "node": node.name, "turn": t.number, "outcome": "invalid answer"})],
                 spend=t.spend, agent_log=conv.flush(), action=t.record, count_visit=False)
             await fail_with_saga(actor, error, "agent answer invalid")
@@ -237,14 +120,14 @@ async def _take_answer(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool | N
     actor.state[node.name] = output.model_dump(mode="json")
     conv.set("turn", t.number + 1)
     actor.spent = _add(t.spent, t.spend)
-    await actor.move(node.name, node.next, [(EventType.AGENT_ANSWERED, {
+    await actor.move(node.name, node.next, [*t.events, (EventType.AGENT_ANSWERED, {
         "node": node.name, "turn": t.number, "model": t.answered_by,
         "version": t.version, "tokens": t.spend.get("tokens", 0)})], spend=t.spend,
         agent_log=conv.flush(), action=t.record)
     return True
 
 
-async def _run_calls(actor: TaskKernel, node: AgentNode, t: _Turn, runner: ActionRunner,
+async def _run_calls(actor: TaskKernel, node: AgentNode, t: Turn, runner: ActionRunner,
                      scope: str) -> bool | None:
     """Run the proposed tool calls, then look for a loop: False when the task parked on a
     call, the loop's outcome when the node stops, None when the turn commits as usual."""
@@ -265,7 +148,7 @@ async def _run_calls(actor: TaskKernel, node: AgentNode, t: _Turn, runner: Actio
     return await _check_loop(actor, node, t, result, new_artifacts)
 
 
-async def _call_tools(actor: TaskKernel, node: AgentNode, t: _Turn,
+async def _call_tools(actor: TaskKernel, node: AgentNode, t: Turn,
                       runner: ActionRunner) -> tuple[Any, bool]:
     """Run each proposed call and answer it in the conversation; returns the last result,
     and whether any result was new to the conversation."""
@@ -281,7 +164,7 @@ async def _call_tools(actor: TaskKernel, node: AgentNode, t: _Turn,
     return result, new_artifacts
 
 
-async def _check_loop(actor: TaskKernel, node: AgentNode, t: _Turn, result: Any,
+async def _check_loop(actor: TaskKernel, node: AgentNode, t: Turn, result: Any,
                       new_artifacts: bool) -> bool | None:
     """Record the turn for the loop detectors. A loop found: the first time the model is
     told so (None: the turn commits), the next time the node stops along ``on_loop``."""
@@ -314,7 +197,7 @@ async def _check_loop(actor: TaskKernel, node: AgentNode, t: _Turn, result: Any,
     return None
 
 
-async def _end_turn(actor: TaskKernel, node: AgentNode, t: _Turn) -> bool:
+async def _end_turn(actor: TaskKernel, node: AgentNode, t: Turn) -> bool:
     """Commit the turn: its messages, the model call's ledger row and what it spent."""
     t.conv.set("turn", t.number + 1)
     t.events.insert(0, (EventType.AGENT_TURN, {

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import structlog
 
+from ratchet.actors.agents.degrade import AnswerCache
 from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.saga import pending_compensations
 from ratchet.actors.effects.switches import Switches
@@ -138,6 +139,8 @@ class TaskDeps:
     #: the values one checkpoint writes; a step over either fails with INVALID_STATE_VALUE.
     max_value_bytes: int = MAX_VALUE_BYTES
     max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES
+    #: Agent nodes' recorded answers, for ``Degradation(cached=True)`` (bounded, per node).
+    answers: AnswerCache = field(default_factory=AnswerCache)
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:

@@ -243,11 +243,13 @@ class AgentNode(Node):
     next: str = END
     on_budget_exhausted: str = FAIL
     on_loop: str = FAIL
+    degrade: Any = None  # actors.agents.degrade.Degradation (None: the model alone)
     kind = "agent"
 
     def successors(self) -> list[str]:
         out = [self.next]
-        out += [t for t in (self.on_budget_exhausted, self.on_loop) if t != FAIL]
+        out += [t for t in (self.on_budget_exhausted, self.on_loop,
+                            getattr(self.degrade, "on_exhausted", FAIL)) if t != FAIL]
         return list(dict.fromkeys(out))
 
 

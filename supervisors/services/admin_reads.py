@@ -11,13 +11,36 @@ from typing import Any
 from ratchet.actors.core.actor import ActorSystem
 from ratchet.persistence.ports import StorePort
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.codec import canonical
 from ratchet.protocol.errors import InvalidMessage, NotFound, RatchetError
+from ratchet.protocol.ids import request_hash
 from ratchet.protocol.messages import AdminCommand
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.supervision.supervisor import WhichChildren
 from ratchet.supervisors.supervision.tasks import TASKS_ROOT, task_actor_name
 
-__all__ = ["ReadVerbs"]
+__all__ = ["ReadVerbs", "model_stats"]
+
+
+def model_stats(calls: list[Any]) -> list[dict[str, Any]]:
+    """Ledger rows of model calls grouped by (node, model, version, configuration)."""
+    groups: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for row in calls:
+        args, answer = row.args or {}, row.result or {}
+        params = args.get("params", {}) if isinstance(args, dict) else {}
+        # the budget's max_tokens cap varies per call; the configuration is the rest
+        config = request_hash(canonical({k: v for k, v in params.items()
+                                         if k != "max_tokens"}))[7:19]
+        model = str(args.get("model", "")) if isinstance(args, dict) else ""
+        key = (row.tool.removeprefix("model."), model, str(answer.get("version", "")), config)
+        g = groups.setdefault(key, {"node": key[0], "model": key[1], "version": key[2],
+                                    "config": key[3], "params": params, "calls": 0,
+                                    "tokens": 0, "cost": 0.0, "cached": 0})
+        g["calls"] += 1
+        g["tokens"] += int(answer.get("prompt_tokens", 0)) + int(answer.get("completion_tokens", 0))
+        g["cost"] += float(answer.get("cost", 0.0))
+        g["cached"] += model.startswith("cache:")
+    return sorted(groups.values(), key=lambda g: (g["node"], -g["calls"]))
 
 
 class ReadVerbs:
@@ -105,6 +128,19 @@ class ReadVerbs:
         page, cursor = await self.store.list_tasks(
             tenant, status=status, workflow=workflow, limit=limit, cursor=cursor_arg)
         return {"tasks": page, "next_cursor": cursor}
+
+    async def _model_stats(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Agent model calls compared by node, model, version and configuration (the
+        parameters sent): calls, tokens, cost, answers from the cache; over the tenant's
+        ``limit`` most recent calls (optionally of one ``workflow``'s tasks)."""
+        limit = self._int_arg(cmd, "limit", 5000, low=1, high=50_000)
+        workflow = self._str_arg(cmd, "workflow")
+        calls = await self.store.model_calls(tenant, limit)
+        if workflow is not None:
+            mine = {r.task_id for r in calls}
+            kept = {t for t in mine if (await self.store.load_task(t)).workflow == workflow}
+            calls = [r for r in calls if r.task_id in kept]
+        return {"calls": len(calls), "groups": model_stats(calls)}
 
     async def _handoff(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         rec = await self._task(tenant, cmd)
