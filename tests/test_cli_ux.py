@@ -222,6 +222,18 @@ def test_a_list_answer_is_a_table_with_times_relative_and_values_never_markup() 
     assert "next_cursor" in shown
 
 
+def test_stored_events_read_as_watch_shows_them_and_key_lists_as_words() -> None:
+    now = time.time()
+    history = {"task_id": "tsk_a", "next_after": None, "events": [
+        {"sequence": 1, "event_id": "evt_1", "type": "task.queued", "aggregate_version": 1,
+         "occurred_at": now - 2, "payload": {"workflow": "expense.report"}}]}
+    shown = _text(render_answer(history, now))
+    assert "1" in shown and "task.queued" in shown and "workflow=expense.report" in shown
+    assert "evt_1" not in shown  # a line per event, not a table of every field
+    keys = {"keys": [{"name": "ann", "roles": ["approver", "viewer"], "expired": False}]}
+    assert "approver, viewer" in _text(render_answer(keys, now))
+
+
 def _event(sequence: int, type_: str, **payload: object) -> Event:
     return Event(event_id=f"evt_{sequence}", task_id="tsk_a", tenant="t", sequence=sequence,
                  type=type_, aggregate_version=sequence, occurred_at=time.time(),

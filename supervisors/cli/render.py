@@ -51,6 +51,10 @@ _EVENT_STYLES: dict[str, str] = {
 _STATUS_FIELDS = frozenset({"status"})
 #: The fields that make a record an event.
 _EVENT_FIELDS = frozenset({"event_id", "task_id", "sequence", "type", "payload"})
+#: The fields that make a stored record an event (``admin history``'s ``events``).
+_EVENT_RECORD_FIELDS = frozenset({"sequence", "type", "occurred_at", "payload"})
+#: Columns never wrapped, beside ``*id`` (copied and pasted, or short).
+_WHOLE_COLUMNS = frozenset({"name", "status", "type", "owner"})
 #: Longest cell a table shows of a nested value before cutting it (the JSON has it whole).
 _CELL_CHARS = 60
 
@@ -94,7 +98,10 @@ def cell(key: str, value: Any, now: float, *, width: int | None = _CELL_CHARS) -
         return Text(relative_time(float(value), now))
     if isinstance(value, str):
         return Text(value, style=status_style(value) if key in _STATUS_FIELDS else "")
-    shown = _compact(value) if isinstance(value, dict | list) else str(value)
+    if isinstance(value, list) and all(isinstance(v, str | int | float) for v in value):
+        shown = ", ".join(str(v) for v in value)  # roles, partitions: a list to read, not JSON
+    else:
+        shown = _compact(value) if isinstance(value, dict | list) else str(value)
     if width is not None and len(shown) > width:
         shown = shown[: width - 1] + "…"
     return Text(shown)
@@ -114,7 +121,9 @@ def records_table(title: str, rows: list[dict[str, Any]], now: float) -> Table:
                   box=box.SIMPLE_HEAD,
                   show_edge=False, pad_edge=False)
     for column in columns:
-        table.add_column(column, overflow="fold")
+        # Ids and names whole on one line (other columns fold): they are copied and pasted.
+        whole = column.endswith("id") or column in _WHOLE_COLUMNS
+        table.add_column(column, overflow="fold", no_wrap=whole)
     for row in rows:
         table.add_row(*(cell(c, row.get(c), now) for c in columns))
     return table
@@ -173,21 +182,38 @@ def render_answer(answer: Any, now: float) -> RenderableType:
         if key == "tree" and isinstance(value, dict):
             parts.append(supervision_tree(value))
         elif _is_records(value):
-            parts.append(records_table(key, value, now))
+            parts.append(event_lines(key, value) if _is_event_records(value)
+                         else records_table(key, value, now))
     return Group(*parts) if parts else Text("(empty)", style="dim")
 
 
 def event_line(event: Event) -> Text:
     """One event as a line of ``watch``: sequence, time of day, type, payload fields."""
-    line = Text(f"{event.sequence:>4}  ", style="dim")
-    line.append(_clock(event.occurred_at), style="dim")
-    style = _EVENT_STYLES.get(event.type) or ("magenta" if event.type.startswith(_ACTION)
-                                              else "")
-    line.append(f"  {event.type:<22}", style=style)
-    for key, value in event.payload.items():
+    return _event_line(event.sequence, event.occurred_at, event.type, event.payload)
+
+
+def _event_line(sequence: Any, occurred_at: Any, type_: Any, payload: Any) -> Text:
+    line = Text(f"{sequence!s:>4}  ", style="dim")
+    if isinstance(occurred_at, int | float):
+        line.append(_clock(occurred_at), style="dim")
+    kind = str(type_)
+    style = _EVENT_STYLES.get(kind) or ("magenta" if kind.startswith(_ACTION) else "")
+    line.append(f"  {kind:<22}", style=style)
+    for key, value in (payload.items() if isinstance(payload, dict) else []):
         line.append(f" {key}=", style="dim")
-        line.append(cell(key, value, event.occurred_at, width=_CELL_CHARS))
+        line.append(cell(key, value, occurred_at if isinstance(occurred_at, float) else 0.0))
     return line
+
+
+def _is_event_records(rows: list[dict[str, Any]]) -> bool:
+    """Stored events (``admin history``): shown as ``watch`` shows them, a line each."""
+    return all(_EVENT_RECORD_FIELDS <= row.keys() for row in rows)
+
+
+def event_lines(title: str, rows: list[dict[str, Any]]) -> Group:
+    """Stored events under a title, one :func:`event_line` each."""
+    return Group(Text(title, style="bold"), *(
+        _event_line(r["sequence"], r["occurred_at"], r["type"], r["payload"]) for r in rows))
 
 
 #: The action family's prefix, from the catalogue (type names are never spelled here).
