@@ -46,6 +46,8 @@ def _commands(section: str) -> list[list[str]]:
 def test_the_quickstart_demo_runs_as_written_and_ends_with_one_claim(tmp_path: Path) -> None:
     commands = _commands(_section("Quickstart"))
     assert commands == [["make", "demo"], ["make", "test"]]
+    if not (ROOT / ".venv" / "bin" / "ratchet").exists():
+        pytest.skip("make demo runs the project's .venv, which this run has not installed")
     # -o: the venv counts as installed (the suite never reinstalls the environment it runs
     # in); the state goes to a fresh directory.
     done = subprocess.run(["make", "-o", ".venv/.installed", *commands[0][1:]], cwd=ROOT,
