@@ -24,7 +24,7 @@ __all__ = [
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
     "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
-    "HandlingFailed", "SecretUnreadable",
+    "HandlingFailed", "SecretUnreadable", "UsageError",
 ]
 
 
@@ -347,6 +347,14 @@ class LoopDetected(RatchetError):
     """An agent node's loop was detected again after its corrective message."""
 
     code = ErrorCode.LOOP_DETECTED
+
+
+class UsageError(RatchetError):
+    """A ``ratchet`` command line that cannot run as given: an option value that does not
+    parse, an ``--app`` that does not import, no NATS to talk to. Its message says what is
+    wrong and what to do; the command prints it on one line and exits 2 (docs/cli.md)."""
+
+    code = ErrorCode.INVALID_ARGUMENT
 
 
 class RemoteError(RatchetError):

@@ -2,62 +2,81 @@
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
 node wrote under its state directory (``<state-dir>/nats/nats.url``).
+
+How it prints: ``cli/output.py`` (``--output``); what its exit status means:
+:class:`~ratchet.supervisors.cli.common.ExitCode` and docs/cli.md.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from ratchet.protocol.errors import (
     RatchetError,
     RemoteError,
     ToolDefinitionError,
+    UsageError,
     WorkflowDefinitionError,
 )
 from ratchet.supervisors.cli.admin import admin, issue, nats_config
-from ratchet.supervisors.cli.common import emit, load_app
+from ratchet.supervisors.cli.common import ExitCode, load_app
+from ratchet.supervisors.cli.output import set_output, show_error, show_usage_error
 from ratchet.supervisors.cli.parser import parser
 from ratchet.supervisors.cli.serve import serve
 from ratchet.supervisors.cli.tasks import graph, status, submit, watch
 from ratchet.supervisors.node.log_output import configure_logging
 
-__all__ = ["configure_logging", "main", "load_app"]
+__all__ = ["ExitCode", "configure_logging", "main", "load_app"]
+
+#: The commands that run on the event loop.
+_ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
+    "serve": serve,
+    "submit": submit,
+    "watch": watch,
+    "status": status,
+    "admin": admin,
+    "creds": issue,
+    "nats-config": nats_config,
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the parsed command; its exit status."""
+    if args.command == "graph":
+        return graph(args)
+    if args.command == "demo":
+        # Test components are loaded only for `ratchet demo`, never into a serving node.
+        from ratchet.testing.demo import run_demo
+
+        return asyncio.run(run_demo(Path(args.state_dir), args.nats_url))
+    return asyncio.run(_ASYNC_COMMANDS[args.command](args))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parser().parse_args(argv)  # a usage error: one line, exit 2
+    set_output(args.output)
     configure_logging(args.log_level)
-    handlers = {
-        "serve": serve,
-        "submit": submit,
-        "watch": watch,
-        "status": status,
-        "admin": admin,
-        "creds": issue,
-        "nats-config": nats_config,
-    }
     try:
-        if args.command == "graph":
-            return graph(args)
-        if args.command == "demo":
-            # Test components are loaded only for `ratchet demo`, never into a serving node.
-            from ratchet.testing.demo import run_demo
-
-            return asyncio.run(run_demo(Path(args.state_dir), args.nats_url))
-        return asyncio.run(handlers[args.command](args))
+        return run(args)
+    except UsageError as exc:
+        show_usage_error(f"ratchet {args.command}", exc.message)
+        return ExitCode.USAGE
     except RemoteError as exc:
-        emit({"error": exc.to_wire() | {"code": exc.wire_code}})
-        return 2
+        show_error(exc.to_wire() | {"code": exc.wire_code})
+        return ExitCode.USAGE
     except (WorkflowDefinitionError, ToolDefinitionError):
         # A bad app is a bug to fix: its traceback and exit 1 (docs/workflows.md), not the
         # one-line error of a refused request.
         raise
     except RatchetError as exc:
-        emit({"error": exc.to_wire()})
-        return 2
+        show_error(exc.to_wire())
+        return ExitCode.USAGE
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, KEY_VERBS, SYSTEM_TENANT
 from ratchet.protocol.ids import new_id
-from ratchet.supervisors.cli.common import connect, emit
+from ratchet.supervisors.cli.common import ExitCode, connect, emit
 from ratchet.supervisors.node.credentials import issue_key
 from ratchet.supervisors.node.nats_auth import keyring_config
 
@@ -27,9 +26,7 @@ async def admin(args: argparse.Namespace) -> int:
         args.arg.append(f"node={args.task_id}")
         args.task_id = None
     try:
-        verb_args: dict[str, Any] = json.loads(args.args_json) if args.args_json else {}
-        if not isinstance(verb_args, dict):
-            raise SystemExit("--args must be a JSON object")
+        verb_args: dict[str, Any] = dict(args.args_json or {})  # a JSON object (the parser)
         for item in args.arg:
             key, _, value = item.partition("=")
             verb_args[key] = int(value) if value.isdigit() else value
@@ -45,8 +42,8 @@ async def admin(args: argparse.Namespace) -> int:
     finally:
         await client.close()
     if args.verb == "verify-audit" and not result.get("ok"):
-        return 1  # answered, and the chain is broken: scripts and cron must notice
-    return 0
+        return ExitCode.FAILED  # answered, and the chain is broken: scripts and cron must notice
+    return ExitCode.OK
 
 
 async def issue(args: argparse.Namespace) -> int:

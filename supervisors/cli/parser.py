@@ -1,57 +1,139 @@
-"""The ``ratchet`` argument parser."""
+"""The ``ratchet`` argument parser.
+
+The options every command shares (``--state-dir``, ``--log-level``, ``--output``) are
+accepted before the subcommand, as always, and after it (``ratchet serve --state-dir X``),
+where they are listed in the subcommand's ``--help``: each subparser has them through a
+parent parser whose defaults are ``SUPPRESS``, so a value given after the subcommand
+overrides one given before, and an absent one leaves it alone.
+
+A usage error is one line on stderr that says what is wrong and where help is, exit 2
+(:class:`RatchetArgumentParser`); option values that must be JSON are checked here, so a
+typo never reaches a node nor prints a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import ROLES
-from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR
+from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR, ExitCode
+from ratchet.supervisors.cli.output import OutputMode
 from ratchet.supervisors.cli.serve import serve_flags
+from ratchet.supervisors.node.log_output import LOG_LEVELS
+
+__all__ = ["RatchetArgumentParser", "json_object", "json_object_text", "parser"]
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ratchet", description="Ratchet durable task runtime")
-    p.add_argument(
-        "--version",
-        action="version",
-        version=f"ratchet {importlib.metadata.version('ratchet-runtime')}",
+class RatchetArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage error on one line (argparse prints the whole usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(ExitCode.USAGE, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def log_level(text: str) -> str:
+    """``--log-level``: one of LOG_LEVELS, any case."""
+    if text.lower() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown level {text!r}: use one of {', '.join(LOG_LEVELS)}")
+    return text.lower()
+
+
+def json_object(text: str) -> dict[str, Any]:
+    """An option whose value is a JSON object, decoded."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(
+            f"not valid JSON ({exc.msg} at character {exc.pos}): {text!r}; quote it"
+            """ whole, e.g. '{"items": [1, 2]}'""") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(
+            f"must be a JSON object ({{...}}), not {type(value).__name__}: {text!r}")
+    return value
+
+
+def json_object_text(text: str) -> str:
+    """An option whose value is a JSON object, checked here and kept as text (the command
+    decodes it where it uses it)."""
+    json_object(text)
+    return text
+
+
+def key_value(text: str) -> str:
+    """``--arg KEY=VALUE``: checked to have a key and an ``=``."""
+    key, equals, _ = text.partition("=")
+    if not key or not equals:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE, e.g. reason=typo")
+    return text
+
+
+def shared_options(*, after_command: bool) -> RatchetArgumentParser:
+    """The options of every command; ``after_command``: the copy each subparser gets,
+    whose defaults are SUPPRESS (an option not given there keeps the value from before)."""
+    p = RatchetArgumentParser(add_help=False)
+
+    def default(value: str) -> str:
+        return argparse.SUPPRESS if after_command else value
+
+    group = p.add_argument_group("options of every command")
+    group.add_argument("--state-dir", metavar="DIR", default=default(DEFAULT_STATE_DIR),
+                       help=f"the node's state directory (default: {DEFAULT_STATE_DIR};"
+                       " $RATCHET_STATE_DIR)")
+    group.add_argument("--log-level", type=log_level, metavar="LEVEL",
+                       default=default(os.environ.get("RATCHET_LOG_LEVEL", "info")),
+                       help=f"{', '.join(LOG_LEVELS)} (default: info; $RATCHET_LOG_LEVEL)")
+    group.add_argument("--output", choices=[m.value for m in OutputMode],
+                       default=default(OutputMode.AUTO.value),
+                       help="json: one JSON object per line; human: tables and colours;"
+                       " auto (default): human on a terminal, json into a pipe or file")
+    return p
+
+
+#: Adds a subcommand (with the shared options) to the ``ratchet`` parser.
+AddCommand = Callable[..., argparse.ArgumentParser]
+
+
+def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of a command that talks to a node over NATS."""
+    sp.add_argument("--nats-url", default=None)
+    sp.add_argument("--tenant", default="default")
+    sp.add_argument(
+        "--creds",
+        default=None,
+        help="key file to sign with (default: $RATCHET_CREDS, else the"
+        " state dir's keys/local-admin.nk)",
     )
-    p.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="default: .ratchet")
-    p.add_argument("--log-level", default=os.environ.get("RATCHET_LOG_LEVEL", "info"))
-    sub = p.add_subparsers(dest="command", required=True)
+    return sp
 
-    def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--nats-url", default=None)
-        sp.add_argument("--tenant", default="default")
-        sp.add_argument(
-            "--creds",
-            default=None,
-            help="key file to sign with (default: $RATCHET_CREDS, else the"
-            " state dir's keys/local-admin.nk)",
-        )
-        return sp
 
-    serve_flags(sub.add_parser("serve", help="run a node in the foreground"))
-
-    s = with_nats(sub.add_parser("submit", help="publish a task request"))
+def task_commands(command: AddCommand) -> None:
+    """``submit``, ``watch``, ``status``."""
+    s = with_nats(command("submit", help="publish a task request"))
     s.add_argument("workflow")
-    s.add_argument("--input", default="{}", help="JSON object")
+    s.add_argument("--input", default="{}", type=json_object_text,
+                   help="the task's input, a JSON object (default: {})")
     s.add_argument("--key", required=True, help="idempotency key of the business request")
     s.add_argument("--version", type=int, default=None)
     s.add_argument("--sync", action="store_true", help="wait for the validated accept")
 
-    s = with_nats(sub.add_parser("watch", help="print a task's events live"))
+    s = with_nats(command("watch", help="print a task's events live"))
     s.add_argument("task_id")
     s.add_argument("--after", type=int, default=0, help="start after this sequence")
     s.add_argument("--follow", action="store_true", help="keep going after a terminal event")
 
-    s = with_nats(sub.add_parser("status", help="print a task's snapshot"))
+    s = with_nats(command("status", help="print a task's snapshot"))
     s.add_argument("task_id")
 
-    s = with_nats(sub.add_parser("admin", help="an admin command (docs/admin.md)"))
+
+def admin_command(command: AddCommand) -> None:
+    s = with_nats(command("admin", help="an admin command (docs/admin.md)"))
     s.add_argument("verb", choices=list(VERB_ROLES))
     s.add_argument(
         "task_id",
@@ -60,57 +142,56 @@ def parser() -> argparse.ArgumentParser:
         help="the task (for drain, undrain and clock-ack: the node id; for"
         " grant and revoke: the principal's name)",
     )
-    s.add_argument(
-        "--arg",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="verb arguments, e.g. --arg after=5 --arg status=RUNNING",
-    )
+    s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", type=key_value,
+                   help="verb arguments, e.g. --arg after=5 --arg status=RUNNING")
     s.add_argument("--command-id", default=None, help="repeat one to get its first answer")
-    s.add_argument(
-        "--expected-version",
-        type=int,
-        default=None,
-        help="act only if the task is still at this version",
-    )
-    s.add_argument(
-        "--args",
-        dest="args_json",
-        default=None,
-        help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'',
-    )
+    s.add_argument("--expected-version", type=int, default=None,
+                   help="act only if the task is still at this version")
+    s.add_argument("--args", dest="args_json", default=None, type=json_object,
+                   help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'')
 
+
+def key_commands(command: AddCommand) -> None:
+    """``creds`` and ``nats-config``."""
     s = with_nats(
-        sub.add_parser("creds", help="issue a key: a seed file for one principal (docs/security.md)")
+        command("creds", help="issue a key: a seed file for one principal (docs/security.md)")
     )
     s.add_argument("--name", required=True, help="the principal's name (a token)")
-    s.add_argument(
-        "--role",
-        action="append",
-        required=True,
-        choices=sorted(ROLES),
-        help="a role of the key (repeat for several)",
-    )
+    s.add_argument("--role", action="append", required=True, choices=sorted(ROLES),
+                   help="a role of the key (repeat for several)")
     s.add_argument("--out", default=None, help="where to write the seed (default: NAME.nk)")
-    s.add_argument(
-        "--expires-in",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="the key is refused this long after it is granted",
-    )
-    sub.add_parser(
-        "nats-config",
-        help="print the keyring's nats-server authorization block (for an external NATS)",
-    )
+    s.add_argument("--expires-in", type=float, default=None, metavar="SECONDS",
+                   help="the key is refused this long after it is granted")
+    command("nats-config",
+            help="print the keyring's nats-server authorization block (for an external NATS)")
 
-    s = sub.add_parser("graph", help="print a workflow's transition table and Mermaid diagram")
+
+def parser() -> argparse.ArgumentParser:
+    p = RatchetArgumentParser(prog="ratchet", description="Ratchet durable task runtime",
+                              parents=[shared_options(after_command=False)],
+                              epilog="exit codes: docs/cli.md")
+    p.add_argument(
+        "--version",
+        action="version",
+        version=f"ratchet {importlib.metadata.version('ratchet-runtime')}",
+    )
+    shared = shared_options(after_command=True)
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[shared], **kwargs)
+
+    serve_flags(command("serve", help="run a node in the foreground"))
+    task_commands(command)
+    admin_command(command)
+    key_commands(command)
+
+    s = command("graph", help="print a workflow's transition table and Mermaid diagram")
     s.add_argument("workflow")
     s.add_argument("--app", required=True, help="module:object registering workflows")
     s.add_argument("--version", type=int, default=None)
     s.add_argument("--format", choices=["both", "table", "mermaid"], default="both")
 
-    s = sub.add_parser("demo", help="run the demo on the embedded default")
+    s = command("demo", help="run the demo on the embedded default")
     s.add_argument("--nats-url", default=None)
     return p

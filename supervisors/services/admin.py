@@ -71,6 +71,15 @@ log = structlog.get_logger("ratchet.admin")
 
 #: The event that records an operator's request, by the request's action.
 _REQUESTED = {"cancel": EventType.TASK_CANCEL_REQUESTED, "pause": EventType.TASK_PAUSE_REQUESTED}
+#: What the reply says follows a request (docs/admin.md, "Cancel, pause, resume").
+_EFFECTS = {
+    "cancel": "at once: a running step is interrupted, nothing of it committed (an agent's"
+              " turn finishes first); the task ends CANCELLED, after its compensations if"
+              " the workflow asks for them",
+    "pause": "at the task's next safe point: when its running step ends, or before its next"
+             " tool call",
+}
+
 
 class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
     subject = "ratchet.admin.*.*"
@@ -181,8 +190,8 @@ class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
 
     async def _request(self, rec: Any, cmd: AdminCommand, action: str) -> dict[str, Any]:
         """Record the operator's request on the task (before it takes effect), then tell its
-        actor, activating it if it is parked. Answers at once: the effect follows at the
-        task's next safe point."""
+        actor, activating it if it is parked. Answers at once; the effect follows as
+        ``_EFFECTS`` says."""
         request = {"by": self._who(cmd), "reason": self._str_arg(cmd, "reason"),
                    "at": self.clock.now(), "command_id": cmd.command_id}
         await self.store.apply(TaskChange(
@@ -204,7 +213,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
                                           correlation_id=cmd.command_id,
                                           body={"action": action, "request": request})))
         return {"task_id": rec.task_id, "status": f"{action} requested",
-                "effect": "at the task's next safe point (between steps)"}
+                "effect": _EFFECTS[action]}
 
     # -- verbs -------------------------------------------------------------------------------
 
