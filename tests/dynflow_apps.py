@@ -104,6 +104,11 @@ unstorable = ratchet.Workflow("map.unstorable")
 unstorable.map("each", items=lambda s: [1, Decimal("2.5")], branch=fetch)
 
 
+# ``items`` that is no list (None here): the task fails before any item runs.
+listless = ratchet.Workflow("map.listless")
+listless.map("each", items=lambda s: s.get("nothing"), branch=fetch)  # type: ignore[arg-type,return-value]
+
+
 # -- loops ------------------------------------------------------------------------------
 
 counted = ratchet.Workflow("loop.counted")
@@ -178,10 +183,35 @@ async def finish(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"seen": ctx.state["seen"]}}
 
 
+flaky = ratchet.Workflow("loop.flaky")
+
+
+@flaky.loop(max_iterations=4)
+async def wobble(ctx: ratchet.StepContext) -> dict[str, Any]:
+    """Iteration 2 raises on its first attempt: the actor crashes and runs it again."""
+    if ctx.iteration == 2 and ctx.attempt == 1:
+        raise RuntimeError("iteration 2 wobbles")
+    return {"seen": [*ctx.state.get("seen", []), [ctx.iteration, ctx.attempt]]}
+
+
+@flaky.step
+async def settle(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"output": {"seen": ctx.state["seen"]}}
+
+
+unsure = ratchet.Workflow("loop.unsure")
+
+
+@unsure.loop(until=lambda s: s["missing"], max_iterations=3)
+async def guess(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"guessed": True}
+
+
 app = ratchet.Registry([
     _mapped("map.all", max_concurrency=4),
     _mapped("map.k", JoinPolicy("at_least", k=2)),
     _mapped("map.bounded", max_items=5),
     _mapped("map.timed", item_timeout=0.5),
-    words, unstorable, counted, until, stubborn, escalating, reentered,
+    words, unstorable, listless, counted, until, stubborn, escalating, reentered, flaky,
+    unsure,
 ])

@@ -173,6 +173,16 @@ async def test_items_that_cannot_be_stored_fail_the_task_before_any_item_runs(
     assert "fanout.started" not in types(events)
 
 
+async def test_items_that_are_not_a_list_fail_the_task_once(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(app)
+    events = await run(client, "map.listless", {}, "listless")
+    failed = events[-1]
+    assert failed.payload["reason"] == "items of each raised"
+    assert failed.payload["error"]["message"] == "items must return a list or tuple, got NoneType"
+
+
 async def test_a_map_branch_may_be_a_small_graph(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:

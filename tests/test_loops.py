@@ -165,6 +165,30 @@ async def test_a_loop_entered_again_counts_its_iterations_from_zero(
     assert events[-1].payload["output"] == {"seen": [0, 1, 0, 1, 0, 1]}
 
 
+async def test_an_iteration_that_crashes_its_actor_runs_again_as_the_same_iteration(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(app)
+    task_id = await client.submit("loop.flaky", {}, key="flaky")
+    events = await wait_terminal(client, task_id)
+    assert events[-1].payload["output"] == {"seen": [[0, 1], [1, 1], [2, 2], [3, 1]]}
+    failed = next(e for e in events if e.type == "step.failed")
+    assert failed.payload["step"] == "wobble" and failed.payload["attempt"] == 1
+    recovered = next(e for e in events if e.type == "task.recovered")
+    assert recovered.payload["reason"] == "actor_restart"
+
+
+async def test_an_until_that_raises_fails_the_task_once(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(app)
+    task_id = await client.submit("loop.unsure", {}, key="unsure")
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.failed"
+    assert events[-1].payload["reason"] == "until of guess raised"
+    assert "step.completed" not in [e.type for e in events]  # the iteration was not committed
+
+
 @pytest.mark.slow  # a real node process, killed
 async def test_a_loop_interrupted_by_sigkill_resumes_at_the_iteration_after_the_last_commit(
     nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
