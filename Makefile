@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/steps.py
 	$(BIN)/python bench/actions.py
 	$(BIN)/python bench/fanout.py
+	$(BIN)/python bench/dynflow.py
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/admin.py
 	$(BIN)/python bench/chaos.py --runs 200

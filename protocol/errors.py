@@ -24,7 +24,7 @@ __all__ = [
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
     "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
-    "HandlingFailed", "SecretUnreadable", "UsageError",
+    "HandlingFailed", "SecretUnreadable", "TooManyItems", "UsageError",
 ]
 
 
@@ -100,6 +100,13 @@ class InvalidStateValue(RatchetError):
     step again would return it again: the step fails for good."""
 
     code = ErrorCode.INVALID_STATE_VALUE
+
+
+class TooManyItems(RatchetError):
+    """A map node's ``items(state)`` returned more items than its ``max_items``: refused
+    before any item runs (running it again would return them again)."""
+
+    code = ErrorCode.INVALID_ARGUMENT
 
 
 class SecretUnreadable(RatchetError):

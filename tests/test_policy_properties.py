@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import random
+from collections import Counter
 from collections.abc import Collection, Mapping
 from typing import Literal, TypeVar
 
@@ -22,7 +23,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from ratchet.actors.core.backoff import backoff_delay
-from ratchet.actors.workflow.join_policy import JoinVerdict, decide
+from ratchet.actors.workflow.join_policy import JoinVerdict, decide, may_decide
 from ratchet.actors.workflow.nodes import JoinPolicy
 from ratchet.actors.workflow.tools import Decision, RetryPolicy, classify
 from ratchet.protocol.errors import (
@@ -129,6 +130,15 @@ def test_a_join_waits_only_while_some_branch_is_running_before_its_timeout(case:
     _, statuses, timed_out = case
     if verdict_of(case) is None:
         assert not timed_out and "RUNNING" in statuses.values()
+
+
+@given(st.one_of(join_cases(), join_cases(statuses=PENDING)))
+def test_a_join_whose_counts_say_it_waits_has_no_verdict(case: Case) -> None:
+    # The constant-time pre-check a wide join runs at every notification never hides a
+    # verdict that decide would reach.
+    policy, statuses, timed_out = case
+    if not may_decide(policy, Counter(statuses.values()), timed_out):
+        assert verdict_of(case) is None
 
 
 @given(join_cases())

@@ -28,7 +28,7 @@ import structlog
 from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, graph_runtime
+from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
@@ -277,16 +277,16 @@ class TaskActor(Actor):
 
     async def move(self, node: str, to: str, events: list[tuple[str, dict[str, Any]]],
                    count_visit: bool = True, delta: StateDelta | None = None,
-                   **kwargs: Any) -> None:
-        """Commit leaving ``node`` for ``to`` as a checkpoint (with whatever state changed,
-        or ``delta`` if the caller has taken it already)."""
+                   visits: dict[str, int] | None = None, **kwargs: Any) -> None:
+        """Commit leaving ``node`` for ``to`` as a checkpoint: the state changed (or ``delta``),
+        ``visits`` as given (a loop's count) or counting this visit where it counts."""
         delta = self.tracker.diff(self.state) if delta is None else delta
         for _, payload in events:
             if "changed" in payload and payload["changed"] is None:
                 payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
         left = self.workflow.nodes.get(node) if self.workflow is not None else None
-        counted = count_visit and left is not None and left.counts_visits  # not agent turns
-        visits = {**self.visits, node: self.visits.get(node, 0) + 1} if counted else None
+        if visits is None and count_visit and left is not None and left.counts_visits:
+            visits = {**self.visits, node: self.visits.get(node, 0) + 1}  # not agent turns
         now = self.deps.clock.now()
         heartbeat = self._progress.due(now)
         if heartbeat:  # in this boundary's own transaction: progress costs no extra write
@@ -337,6 +337,7 @@ class TaskActor(Actor):
             input=self.record.input, state=self.state, clock=self.deps.clock,
             log=bind_step_logger(self.task_id, self.record.tenant, step.name),
             runner=self.runner(index, step.timeout),
+            iteration=loop_runtime.iteration_of(self, step),
         )
         started = asyncio.get_running_loop().time()
         try:
@@ -369,6 +370,8 @@ class TaskActor(Actor):
                                      or f"step {step.name} failed {self._attempt} times")
                 return False
             raise  # crash: the supervisor restarts us from the last checkpoint
+        if step.kind == "loop":  # the iteration's one commit, and where the loop goes next
+            return await loop_runtime.leave_iteration(self, step, index, started, delta)
         duration = asyncio.get_running_loop().time() - started
         await self.move(step.name, step.next, [(EventType.STEP_COMPLETED, {
             "step": step.name, "index": index, "duration_ms": round(duration * 1000, 3),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import random
 import traceback
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -33,7 +34,7 @@ from ratchet.actors.core.actor import Actor
 from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.task.task_secrets import TaskSecrets
-from ratchet.actors.workflow.join_policy import JoinVerdict, decide
+from ratchet.actors.workflow.join_policy import JoinVerdict, decide, may_decide
 from ratchet.actors.workflow.nodes import (
     END,
     BranchGraph,
@@ -258,6 +259,7 @@ class JoinActor(Actor):
         self.branches, self.store, self.tell_task = branches, store, tell_task
         self.timed_out = timer_fired
         self.statuses: dict[str, str] = {}
+        self.counts: Counter[str] = Counter()  # branches per status, kept with ``statuses``
         self.verdict: JoinDone | None = None
 
     async def on_start(self) -> None:
@@ -271,6 +273,7 @@ class JoinActor(Actor):
                 row = await self.store.branch(self.task_id, self.key, message.branch)
                 if row is not None and row["status"] != "RUNNING":
                     self.statuses[message.branch] = row["status"]
+                    self.counts.update({"RUNNING": -1, row["status"]: 1})
             await self._evaluate()
         elif isinstance(message, JoinTimeout):
             # Decide on the store's view, not on notifications still in flight: a branch
@@ -291,12 +294,13 @@ class JoinActor(Actor):
         """Read the completion set from the store; returns the rows it was read from."""
         rows = await self.store.branches(self.task_id, self.key)
         self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
+        self.counts = Counter(self.statuses.values())
         return rows
 
     async def _evaluate(self, rows: dict[str, dict[str, Any]] | None = None) -> None:
         """Decide once; ``rows``: the branch rows just read, if any (else read them here)."""
-        if self.verdict is not None:
-            return
+        if self.verdict is not None or not may_decide(self.policy, self.counts, self.timed_out):
+            return  # the counts say it waits: no need to run over every branch (a wide map)
         verdict = decide(self.policy, self.statuses, self.timed_out)
         if verdict is None:
             return

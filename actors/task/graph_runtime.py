@@ -1,5 +1,7 @@
 """How a task actor runs the non-step nodes of its graph: conditional edges, routing
 tables, fan-out/fan-in, approvals and external waits, and the timers and mail that end them.
+Maps (a fan-out over a list) are ``map_runtime.py``'s, loops ``loop_runtime.py``'s; a fan-out
+visit, static or not, starts and ends in ``fanout_run.py``.
 
 Behaviours of the task (:class:`actors.task.kernel.TaskKernel`); each runs in the task
 actor's own asyncio task. Every move is a checkpoint along a declared edge (``move``).
@@ -12,16 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ratchet.actors.task.agent_node import run_agent
-from ratchet.actors.task.fanout import (
-    DEFAULT_BRANCH_CONCURRENCY,
-    BranchActor,
-    BranchDone,
-    JoinActor,
-    JoinDone,
-    ResendVerdict,
-    branch_timer,
-    branch_timer_id,
-)
+from ratchet.actors.task.fanout import BranchDone, JoinDone
+from ratchet.actors.task.fanout_run import Joined, Visit, apply_verdict, fanout_key, start_visit
 from ratchet.actors.task.graph_waits import (
     TIMER_KINDS,
     on_decision,
@@ -31,7 +25,11 @@ from ratchet.actors.task.graph_waits import (
     wait_external,
 )
 from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.loop_runtime import run_loop
+from ratchet.actors.task.map_runtime import on_map_joined, start_map
 from ratchet.actors.task.suspension import fail_with_saga
+from ratchet.actors.workflow.loop_node import LoopNode
+from ratchet.actors.workflow.map_node import MapNode
 from ratchet.actors.workflow.nodes import (
     AgentNode,
     ApprovalNode,
@@ -43,10 +41,8 @@ from ratchet.actors.workflow.nodes import (
     StepNode,
     WaitNode,
 )
-from ratchet.persistence.graph_rows import BranchWrites
-from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol.catalogue import EventType
-from ratchet.protocol.errors import IllegalTransition, RatchetError
+from ratchet.protocol.errors import IllegalTransition
 from ratchet.protocol.messages import Envelope
 
 __all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_done",
@@ -55,6 +51,8 @@ __all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_don
 
 async def run_node(actor: TaskKernel, node: Node) -> bool:
     """Run the task's current node; True when the task moved on and can continue now."""
+    if isinstance(node, LoopNode):  # before StepNode: a loop is a step that repeats
+        return await run_loop(actor, node)
     if isinstance(node, StepNode):
         return await actor.run_step(node)
     if isinstance(node, ChoiceNode):
@@ -73,6 +71,9 @@ async def run_node(actor: TaskKernel, node: Node) -> bool:
         return True
     if isinstance(node, FanoutNode):
         await start_fanout(actor, node)
+        return False
+    if isinstance(node, MapNode):
+        await start_map(actor, node)
         return False
     if isinstance(node, ApprovalNode):
         await request_approval(actor, node)
@@ -104,15 +105,9 @@ async def _choose(actor: TaskKernel, node: ChoiceNode) -> bool:
 
 # -- fan-out / fan-in ------------------------------------------------------------------------
 
-def _fanout_key(actor: TaskKernel, node: str) -> str:
-    # A fan-out inside a bounded loop runs once per visit: its branches are keyed by visit.
-    return f"{node}#{actor.visits.get(node, 0)}"
-
-
 async def start_fanout(actor: TaskKernel, node: FanoutNode) -> None:
-    assert actor.record is not None and actor.workflow is not None
-    key = _fanout_key(actor, node.name)
-    join = actor.workflow.node(node.join)
+    key = fanout_key(actor, node.name)
+    join = actor.workflow.node(node.join) if actor.workflow is not None else None
     assert isinstance(join, JoinNode)
     names = list(node.branches)
     # Evaluated before anything is recorded: a raising branch_input leaves no branch rows.
@@ -126,60 +121,12 @@ async def start_fanout(actor: TaskKernel, node: FanoutNode) -> None:
     except Exception as exc:
         await fail_with_saga(actor, exc, f"branch_input of {node.name} raised")
         return
-    rows = await actor.deps.store.branches(actor.task_id, key)
-    now = actor.deps.clock.now()
-    limit = node.max_concurrency or DEFAULT_BRANCH_CONCURRENCY
-    # A branch's budget counts from when it gets a slot. The first ``limit`` branches get
-    # theirs at once, so their timers are armed with the fan-out; each later one (and each
-    # one run again after a restart) arms its own when its turn comes.
-    armed: set[str] = set()
-    if not rows:
-        timers = []
-        if node.branch_timeout:
-            armed = set(names[:limit])
-            timers += [branch_timer(actor.task_id, key, node.name, b, now + node.branch_timeout)
-                       for b in names[:limit]]
-        if join.policy.timeout:
-            timers.append(TimerWrite(f"join:{actor.task_id}:{key}", "join_timeout",
-                                     now + join.policy.timeout, {"key": key}))
-        await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
-                           events=[(EventType.FANOUT_STARTED, {"node": node.name, "key": key,
-                                                       "branches": names})])
-        rows = {b: {"status": "RUNNING"} for b in names}
-    fired = await actor.deps.store.timer_fired(f"join:{actor.task_id}:{key}")
-    specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
-        task_id=actor.task_id, key=key, node=node.name, policy=join.policy, branches=names,
-        store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired), 5.0)]
-    for b in names:
-        if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
-            continue  # finished before a crash: never run again
-        initial = inputs[b]
-        # A branch the join no longer needs is interrupted, not waited for.
-        arm = None if b in armed else node.branch_timeout
-        specs.append((f"branch:{key}:{b}",
-                      _branch_factory(actor, key, node, b, initial, limit, arm), 0.01))
-    refs = await actor.deps.children.spawn_children(actor.task_id, specs)
-    actor.joins[key] = refs[0]
-    refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
-
-
-def _branch_factory(actor: TaskKernel, key: str, node: FanoutNode, branch: str,
-                    initial: dict[str, Any], limit: int, arm_timeout: float | None) -> Any:
-    assert actor.record is not None
-    tenant, task_input = actor.record.tenant, dict(actor.record.input)
-
-    async def session(name: str) -> Any:
-        return await actor.deps.children.session(actor.task_id, tenant, name)
-
-    def make(_: int) -> BranchActor:
-        return BranchActor(task_id=actor.task_id, tenant=tenant, key=key, node=node.name,
-                           branch=branch, graph=node.branches[branch], task_input=task_input,
-                           state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
-                           producer=actor.deps.producer, session=session,
-                           switches=actor.deps.switches, max_concurrency=limit,
-                           arm_timeout=arm_timeout, partitions=actor.deps.partitions)
-
-    return make
+    await start_visit(actor, Visit(
+        key=key, node=node.name, names=names, graph_of=node.branches.__getitem__,
+        inputs=inputs, policy=join.policy, branch_timeout=node.branch_timeout,
+        max_concurrency=node.max_concurrency,
+        started={"node": node.name, "key": key, "branches": names},
+    ), await actor.deps.store.branches(actor.task_id, key))
 
 
 async def on_branch_done(actor: TaskKernel, env: Envelope) -> str:
@@ -197,34 +144,18 @@ async def on_branch_done(actor: TaskKernel, env: Envelope) -> str:
 
 async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
     assert actor.workflow is not None
-    if actor.current != done.node or _fanout_key(actor, done.node) != done.key:
+    if actor.current != done.node or fanout_key(actor, done.node) != done.key:
         return  # a stale verdict (the task moved on)
-    fanout = actor.workflow.node(done.node)
-    assert isinstance(fanout, FanoutNode)
-    join = actor.workflow.node(fanout.join)
-    assert isinstance(join, JoinNode)
-    v = done.verdict
-    summary = {"node": join.name, "key": done.key, "ok": v.ok, "reason": v.reason,
-               "succeeded": v.succeeded, "failed": v.failed, "timed_out": v.timed_out,
-               "degraded": v.degraded, "cancelled": v.unfinished}
-    timers = [branch_timer_id(actor.task_id, done.key, b) for b in fanout.branches]
-    timers.append(f"join:{actor.task_id}:{done.key}")
-    settle = BranchWrites(done.key, settle={b: "CANCELLED" for b in v.unfinished})
-    await actor.deps.children.stop_children(actor.task_id, [f"join:{done.key}"] + [
-        f"branch:{done.key}:{b}" for b in fanout.branches])
-    actor.joins.pop(done.key, None)
-    if not v.ok:
-        await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
-                           cancel_timers=timers)
-        await fail_with_saga(actor, RatchetError(f"join {join.name} failed: {v.reason}"),
-                             "join failed")
+    node = actor.workflow.node(done.node)
+    if isinstance(node, MapNode):
+        await on_map_joined(actor, node, done)
         return
-    actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches spent too
-    actor.state[join.name] = v.values(done.results, join.policy.defaults)
-    actor.visits[join.name] = actor.visits.get(join.name, 0) + 1
-    await actor.move(fanout.name, join.next, [(EventType.JOIN_COMPLETED, summary)], branches=settle,
-                     cancel_timers=timers)
-    actor.advance()
+    assert isinstance(node, FanoutNode)
+    join = actor.workflow.node(node.join)
+    assert isinstance(join, JoinNode)
+    await apply_verdict(actor, done, Joined(
+        node=node.name, join=join.name, branches=list(node.branches), into=join.name,
+        value=done.verdict.values(done.results, join.policy.defaults), next=join.next))
 
 
 async def stop_fanout_children(actor: TaskKernel) -> None:

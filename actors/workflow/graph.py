@@ -29,6 +29,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.workflow.cycles import cycles
+from ratchet.actors.workflow.loop_node import LoopBuilder, LoopNode, check_loop, loop_edges
+from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map, map_edges
 from ratchet.actors.workflow.nodes import (
     CANCEL,
     END,
@@ -55,8 +57,11 @@ _BRANCH = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _BRANCH_KINDS = ("step", "choice", "route")
 
 
-class Workflow:
-    """A named, versioned graph of nodes; the first node declared is where a task starts."""
+class Workflow(MapBuilder, LoopBuilder):
+    """A named, versioned graph of nodes; the first node declared is where a task starts.
+
+    Its ``map`` (a fan-out over a list) and ``loop`` builders live with their node kinds
+    (``map_node.py``, ``loop_node.py``)."""
 
     def __init__(self, name: str, version: int = 1, description: str = "", *,
                  compensate_on_cancel: bool = False,
@@ -207,7 +212,9 @@ class Workflow:
 
     @property
     def step_count(self) -> int:
-        return sum(1 for n in self.nodes.values() if n.kind == "step")
+        """Step nodes, and a counted loop's iterations (an ``until`` loop counts one)."""
+        return sum(n.max_iterations if isinstance(n, LoopNode) and n.until is None else 1
+                   for n in self.nodes.values() if n.kind in ("step", "loop"))
 
     # -- validation ------------------------------------------------------------------------
 
@@ -256,6 +263,10 @@ class Workflow:
             self._check_fanout(node, here)
         if isinstance(node, JoinNode):
             self._check_join(node, here)
+        if isinstance(node, MapNode):
+            check_map(node, here)
+        if isinstance(node, LoopNode):
+            check_loop(node, here)
 
     def _check_fanout(self, node: FanoutNode, here: str) -> None:
         if not node.branches:
@@ -332,7 +343,8 @@ class Workflow:
     def mermaid(self) -> str:
         """A Mermaid flowchart of the graph (paste into any Mermaid renderer)."""
         shapes = {"agent": "[/{}/]", "step": "[{}]", "choice": "{{{}}}", "route": "{{{{{}}}}}",
-                  "fanout": "[[{}]]", "join": "[[{}]]", "approval": "([{}])", "wait": "([{}])"}
+                  "fanout": "[[{}]]", "join": "[[{}]]", "approval": "([{}])", "wait": "([{}])",
+                  "map": "[[{}]]", "loop": "[{}]"}
         ids = {name: f"n{i}" for i, name in enumerate(self.nodes)}
         ids[END] = "END_"
         lines = ["flowchart TD", f"    START_(( )) --> {ids[self.start]}"]
@@ -351,6 +363,10 @@ class Workflow:
 
 
 def _edges(node: Node) -> list[tuple[str, str]]:
+    if isinstance(node, LoopNode):  # before StepNode: a loop is a step that repeats
+        return loop_edges(node)
+    if isinstance(node, MapNode):
+        return map_edges(node)
     if isinstance(node, StepNode):
         return [("done", node.next)]
     if isinstance(node, ChoiceNode):

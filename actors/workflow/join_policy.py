@@ -14,7 +14,7 @@ from typing import Any
 
 from ratchet.actors.workflow.nodes import JoinPolicy
 
-__all__ = ["JoinVerdict", "decide"]
+__all__ = ["JoinVerdict", "decide", "may_decide"]
 
 FINAL = frozenset({"SUCCEEDED", "FAILED", "TIMED_OUT", "CANCELLED"})
 
@@ -34,6 +34,18 @@ class JoinVerdict:
         out = {b: results.get(b) for b in self.succeeded}
         out.update({b: defaults[b] for b in self.degraded})
         return out
+
+
+def may_decide(policy: JoinPolicy, counts: Mapping[str, int], timed_out: bool) -> bool:
+    """Whether :func:`decide` can return a verdict, from the number of branches in each
+    status alone: False only where it certainly returns None. A join over thousands of
+    branches (a map) asks this, in constant time, at every notification, and runs the
+    linear ``decide`` only when it is True."""
+    if timed_out or not counts.get("RUNNING", 0):
+        return True
+    if any(counts.get(s, 0) for s in ("FAILED", "TIMED_OUT", "CANCELLED")):
+        return True  # a failure may settle it (defaults and optional branches: decide says)
+    return policy.mode == "at_least" and counts.get("SUCCEEDED", 0) >= (policy.k or 0) > 0
 
 
 def decide(policy: JoinPolicy, statuses: Mapping[str, str], timed_out: bool) -> JoinVerdict | None:

@@ -16,6 +16,9 @@ approval (suspension)     ``on_approve``, ``on_reject``, and ``on_timeout`` (a n
 wait (suspension)         ``next``, and ``on_timeout`` (a node, or ``"fail"``)
 agent                     ``next``; ``on_budget_exhausted`` and ``on_loop`` (a node, or
                           ``"fail"``)
+map (fan-out over list)   ``next`` (``actors/workflow/map_node.py``)
+loop                      itself, ``next``, and ``on_exhausted`` (a node, or ``"fail"``;
+                          ``actors/workflow/loop_node.py``)
 ========================  ==============================================================
 """
 
@@ -85,6 +88,7 @@ class StepContext:
     log: Any  # a structlog BoundLogger with task_id and step bound
     runner: Any = None  # the task's ActionRunner (set by the task actor)
     branch: str | None = None  # set inside a fan-out branch
+    iteration: int | None = None  # a loop's iteration, from 0 (actors/workflow/loop_node.py)
 
     async def call(self, tool: Tool[Any, Any], args: Any) -> Any:
         """Call a registered tool under the action protocol and return its result model.

@@ -1,0 +1,153 @@
+"""One visit of a fan-out, static (``wf.fanout``) or over a list (``wf.map``): starting its
+branch rows, timers, join and branch actors, and applying the join's verdict.
+
+Behaviours of the task (:class:`actors.task.kernel.TaskKernel`), run in the task actor's
+own asyncio task. The node kinds differ only in where the branches come from and where
+their results land; ``actors/task/graph_runtime.py`` and ``map_runtime.py`` say that in a
+:class:`Visit` and a :class:`Joined`. The branch and join actors are ``fanout.py``'s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ratchet.actors.task.fanout import (
+    DEFAULT_BRANCH_CONCURRENCY,
+    BranchActor,
+    JoinActor,
+    JoinDone,
+    ResendVerdict,
+    branch_timer,
+    branch_timer_id,
+)
+from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.suspension import fail_with_saga
+from ratchet.actors.workflow.nodes import BranchGraph, JoinPolicy
+from ratchet.persistence.graph_rows import BranchWrites
+from ratchet.persistence.ledger import TimerWrite
+from ratchet.protocol.catalogue import EventType
+from ratchet.protocol.errors import RatchetError
+
+__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "start_visit"]
+
+
+def fanout_key(actor: TaskKernel, node: str) -> str:
+    # A fan-out inside a bounded loop runs once per visit: its branches are keyed by visit.
+    return f"{node}#{actor.visits.get(node, 0)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Visit:
+    """The branches of one fan-out visit, as they start."""
+
+    key: str
+    node: str  # the fan-out or map node
+    names: list[str]  # the branches, in order
+    graph_of: Callable[[str], BranchGraph]
+    inputs: Mapping[str, dict[str, Any]]  # each branch's initial state
+    policy: JoinPolicy
+    branch_timeout: float | None
+    max_concurrency: int | None
+    started: dict[str, Any]  # the ``fanout.started`` payload
+
+
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """Where a verdict takes the task: the node left, its branches, and what the join made."""
+
+    node: str  # the fan-out or map node (the task's current node)
+    join: str  # the name its join events carry
+    branches: list[str]
+    into: str  # the state key of the results
+    value: Any
+    next: str
+
+
+async def start_visit(actor: TaskKernel, visit: Visit,
+                      rows: Mapping[str, Mapping[str, Any]]) -> None:
+    """Record the visit's branch rows, timers and ``fanout.started`` unless ``rows`` (read
+    from the store) shows them recorded already, then start the join and every branch
+    still RUNNING: a branch that finished before a crash never runs again."""
+    key, names, limit = visit.key, visit.names, visit.max_concurrency or DEFAULT_BRANCH_CONCURRENCY
+    now = actor.deps.clock.now()
+    # A branch's budget counts from when it gets a slot. The first ``limit`` branches get
+    # theirs at once, so their timers are armed with the fan-out; each later one (and each
+    # one run again after a restart) arms its own when its turn comes.
+    armed: set[str] = set()
+    if not rows:
+        timers = []
+        if visit.branch_timeout:
+            armed = set(names[:limit])
+            timers += [branch_timer(actor.task_id, key, visit.node, b, now + visit.branch_timeout)
+                       for b in names[:limit]]
+        if visit.policy.timeout:
+            timers.append(TimerWrite(f"join:{actor.task_id}:{key}", "join_timeout",
+                                     now + visit.policy.timeout, {"key": key}))
+        await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
+                           events=[(EventType.FANOUT_STARTED, visit.started)])
+        rows = {b: {"status": "RUNNING"} for b in names}
+    fired = await actor.deps.store.timer_fired(f"join:{actor.task_id}:{key}")
+    specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
+        task_id=actor.task_id, key=key, node=visit.node, policy=visit.policy, branches=names,
+        store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired), 5.0)]
+    for b in names:
+        if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
+            continue  # finished before a crash: never run again
+        # A branch the join no longer needs is interrupted, not waited for.
+        arm = None if b in armed else visit.branch_timeout
+        specs.append((f"branch:{key}:{b}",
+                      _branch_factory(actor, visit, b, limit, arm), 0.01))
+    refs = await actor.deps.children.spawn_children(actor.task_id, specs)
+    actor.joins[key] = refs[0]
+    refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
+
+
+def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
+                    arm_timeout: float | None) -> Any:
+    assert actor.record is not None
+    tenant, task_input = actor.record.tenant, dict(actor.record.input)
+    initial = visit.inputs[branch]
+
+    async def session(name: str) -> Any:
+        return await actor.deps.children.session(actor.task_id, tenant, name)
+
+    def make(_: int) -> BranchActor:
+        return BranchActor(task_id=actor.task_id, tenant=tenant, key=visit.key, node=visit.node,
+                           branch=branch, graph=visit.graph_of(branch), task_input=task_input,
+                           state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
+                           producer=actor.deps.producer, session=session,
+                           switches=actor.deps.switches, max_concurrency=limit,
+                           arm_timeout=arm_timeout, partitions=actor.deps.partitions)
+
+    return make
+
+
+async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> None:
+    """Stop the visit's join and branches, then commit the verdict: on success one move to
+    ``joined.next`` with ``state[joined.into]``; on failure ``join.failed`` and the saga."""
+    v = done.verdict
+    summary = {"node": joined.join, "key": done.key, "ok": v.ok, "reason": v.reason,
+               "succeeded": v.succeeded, "failed": v.failed, "timed_out": v.timed_out,
+               "degraded": v.degraded, "cancelled": v.unfinished}
+    timers = [branch_timer_id(actor.task_id, done.key, b) for b in joined.branches]
+    timers.append(f"join:{actor.task_id}:{done.key}")
+    settle = BranchWrites(done.key, settle={b: "CANCELLED" for b in v.unfinished})
+    if joined.branches:
+        await actor.deps.children.stop_children(actor.task_id, [f"join:{done.key}"] + [
+            f"branch:{done.key}:{b}" for b in joined.branches])
+    actor.joins.pop(done.key, None)
+    if not v.ok:
+        await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
+                           cancel_timers=timers)
+        await fail_with_saga(actor, RatchetError(f"join {joined.join} failed: {v.reason}"),
+                             "join failed")
+        return
+    actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches spent too
+    actor.state[joined.into] = joined.value
+    if joined.join != joined.node:  # a static fan-out's join is a node of its own
+        actor.visits[joined.join] = actor.visits.get(joined.join, 0) + 1
+    await actor.move(joined.node, joined.next, [(EventType.JOIN_COMPLETED, summary)],
+                     branches=settle, cancel_timers=timers)
+    actor.advance()
