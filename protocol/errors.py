@@ -16,7 +16,7 @@ from typing import Any
 
 __all__ = [
     "ErrorCode", "RatchetError", "InvalidMessage", "IllegalTransition", "RequestConflict",
-    "VersionConflict", "BudgetExhausted", "NotFound", "UnknownWorkflow", "Unavailable",
+    "InvalidSchedule", "VersionConflict", "BudgetExhausted", "NotFound", "UnknownWorkflow", "Unavailable",
     "StoreUnavailable", "StoreFileLost", "ToolError", "ToolInvalidArgument",
     "ToolPermissionDenied", "ToolConflict", "ToolRateLimited", "ToolTransient",
     "ToolOutcomeUnknown", "ToolDeadlineExceeded", "WorkflowDefinitionError",
@@ -91,6 +91,10 @@ class InvalidMessage(RatchetError):
     """An inbound message could not be decoded or failed validation."""
 
     code = ErrorCode.INVALID_ARGUMENT
+
+
+class InvalidSchedule(InvalidMessage):
+    """A schedule that cannot be: a bad cron expression, time zone, interval or policy."""
 
 
 class InvalidStateValue(RatchetError):

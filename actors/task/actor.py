@@ -46,6 +46,7 @@ from ratchet.protocol.errors import (
     InvalidStateValue,
     RatchetError,
     UnknownWorkflow,
+    WorkflowDefinitionError,
 )
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
@@ -56,7 +57,8 @@ log = structlog.get_logger("ratchet.task")
 
 #: Step failures that end the task at once (a re-run cannot help), with their reason.
 _FOR_GOOD = ((ActionFailed, "a side effect failed"), (BudgetExhausted, "budget exhausted"),
-             (InvalidStateValue, "invalid state value"))
+             (InvalidStateValue, "invalid state value"),
+             (WorkflowDefinitionError, "invalid workflow definition"))  # e.g. ctx.sleep
 
 
 class TaskActor(Actor):

@@ -31,6 +31,7 @@ from ratchet.actors.task.graph_waits import (
     wait_external,
 )
 from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.sleep_node import enter_sleep
 from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import (
     AgentNode,
@@ -43,6 +44,7 @@ from ratchet.actors.workflow.nodes import (
     StepNode,
     WaitNode,
 )
+from ratchet.actors.workflow.sleep import SleepNode
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol.catalogue import EventType
@@ -82,6 +84,8 @@ async def run_node(actor: TaskKernel, node: Node) -> bool:
         return False
     if isinstance(node, AgentNode):
         return await run_agent(actor, node)
+    if isinstance(node, SleepNode):
+        return await enter_sleep(actor, node)
     assert isinstance(node, JoinNode)
     raise IllegalTransition(f"join {node.name} is entered only through its fan-out",
                             node=node.name)

@@ -45,6 +45,7 @@ from ratchet.actors.workflow.nodes import (
     StepNode,
     WaitNode,
 )
+from ratchet.actors.workflow.sleep import SleepNode, sleep_node
 from ratchet.protocol.errors import InvalidMessage, WorkflowDefinitionError
 from ratchet.protocol.redaction import dump_model, has_secrets
 
@@ -160,6 +161,13 @@ class Workflow:
         on ``ratchet.external.<tenant>``; ``on_timeout``: a node or "fail"."""
         self._add(WaitNode(name, correlation, timeout, on_timeout, next or END,
                            max_visits=max_visits), implicit_next=next is None)
+
+    def sleep(self, name: str, *, seconds: float | None = None,
+              until: Callable[[Mapping[str, Any]], float] | None = None, next: str | None = None,
+              max_visits: int | None = None) -> None:
+        """A durable sleep (actors/workflow/sleep.py): park SLEEPING, then go on to ``next``."""
+        self._add(sleep_node(name, seconds, until, next or END, max_visits),
+                  implicit_next=next is None)
 
     def agent(self, name: str, *, model: Any, tools: Iterable[Any], output: type[Any],
               prompt: Callable[[Mapping[str, Any], Mapping[str, Any]], str], system: str = "",
@@ -329,7 +337,8 @@ class Workflow:
     def mermaid(self) -> str:
         """A Mermaid flowchart of the graph (paste into any Mermaid renderer)."""
         shapes = {"agent": "[/{}/]", "step": "[{}]", "choice": "{{{}}}", "route": "{{{{{}}}}}",
-                  "fanout": "[[{}]]", "join": "[[{}]]", "approval": "([{}])", "wait": "([{}])"}
+                  "fanout": "[[{}]]", "join": "[[{}]]", "approval": "([{}])", "wait": "([{}])",
+                  "sleep": "[({})]"}
         ids = {name: f"n{i}" for i, name in enumerate(self.nodes)}
         ids[END] = "END_"
         lines = ["flowchart TD", f"    START_(( )) --> {ids[self.start]}"]
@@ -350,6 +359,8 @@ class Workflow:
 def _edges(node: Node) -> list[tuple[str, str]]:
     if isinstance(node, StepNode):
         return [("done", node.next)]
+    if isinstance(node, SleepNode):
+        return [(node.edge_label(), node.next)]
     if isinstance(node, ChoiceNode):
         return [(f"guard = {t}", t) for t in node.targets]
     if isinstance(node, RouteNode):

@@ -1,4 +1,5 @@
-"""``ratchet`` command line: serve, submit, watch, status, admin, creds, nats-config, demo.
+"""``ratchet`` command line: serve, submit, watch, status, admin, schedule, creds,
+nats-config, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
 node wrote under its state directory (``<state-dir>/nats/nats.url``).
@@ -18,6 +19,7 @@ from ratchet.protocol.errors import (
 from ratchet.supervisors.cli.admin import admin, issue, nats_config
 from ratchet.supervisors.cli.common import emit, load_app
 from ratchet.supervisors.cli.parser import parser
+from ratchet.supervisors.cli.schedule import schedule
 from ratchet.supervisors.cli.serve import serve
 from ratchet.supervisors.cli.tasks import graph, status, submit, watch
 from ratchet.supervisors.node.log_output import configure_logging
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         "admin": admin,
         "creds": issue,
         "nats-config": nats_config,
+        "schedule": schedule,
     }
     try:
         if args.command == "graph":

@@ -9,6 +9,7 @@ import os
 from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import ROLES
 from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR
+from ratchet.supervisors.cli.schedule import schedule_flags
 from ratchet.supervisors.cli.serve import serve_flags
 
 
@@ -80,6 +81,8 @@ def parser() -> argparse.ArgumentParser:
         default=None,
         help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'',
     )
+
+    schedule_flags(sub.add_parser("schedule", help="durable schedules of a workflow"), with_nats)
 
     s = with_nats(
         sub.add_parser("creds", help="issue a key: a seed file for one principal (docs/security.md)")
