@@ -5,6 +5,9 @@ a cancel or a deadline; ``ctx.sleep`` inside a step is refused with a typed erro
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,7 +16,7 @@ import ratchet
 from ratchet.protocol.ids import new_id
 from ratchet.supervisors.supervision.tasks import task_actor_name
 from tests.apps import RUNS
-from tests.conftest import NodeFactory
+from tests.conftest import NodeFactory, NodeProcess, wait_terminal
 
 HOUR = 3600.0
 DONE = {"task.succeeded", "task.failed", "task.cancelled"}
@@ -69,7 +72,25 @@ def _sleep_in_step() -> ratchet.Workflow:
     return wf
 
 
-registry = ratchet.Registry([_nap(), _nap_until(), _sleep_in_step()])
+def _naps_in_a_loop() -> ratchet.Workflow:
+    wf = ratchet.Workflow("nap.loop", version=1)
+
+    @wf.step(max_visits=3)
+    async def tick(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"n": ctx.state.get("n", 0) + 1}
+
+    wf.sleep("rest", seconds=60)
+    wf.choice("again", guard=lambda s: "tick" if s["n"] < 3 else "done",
+              targets=["tick", "done"])
+
+    @wf.step
+    async def done(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"output": {"n": ctx.state["n"]}}
+
+    return wf
+
+
+registry = ratchet.Registry([_nap(), _nap_until(), _sleep_in_step(), _naps_in_a_loop()])
 
 
 async def _events(client: ratchet.Client, task_id: str, stop: set[str], after: int = 0,
@@ -138,6 +159,29 @@ async def test_a_sleep_survives_a_node_restart_and_the_step_before_it_never_runs
     assert "task.recovered" not in [e.type for e in events]
 
 
+@pytest.mark.slow
+async def test_a_node_killed_during_a_sleep_wakes_the_task_after_it_starts_again(
+    nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
+    tmp_path: Path,
+) -> None:
+    step_log = tmp_path / "steps.log"
+    node = node_process(nats_url, {"RATCHET_TEST_STEP_LOG": str(step_log)},
+                        app_spec="tests.sleep_apps:app")
+    await asyncio.to_thread(node.start)
+    task_id = await client.submit("nap.short", {}, key="nap-kill")
+    started = (await _events(client, task_id, {"sleep.started"}))[-1]
+    await asyncio.to_thread(node.kill)  # SIGKILL while the task sleeps (3 s, real clock)
+    await asyncio.to_thread(node.start)
+    events = await wait_terminal(client, task_id, timeout=60)
+    assert events[-1].type == "task.succeeded"
+    woke = next(e for e in events if e.type == "sleep.completed")
+    assert woke.occurred_at >= started.payload["wake_at"]
+    assert Counter(line.split()[1] for line in step_log.read_text().splitlines()) \
+        == {"before": 1, "after": 1}
+    assert "task.recovered" not in [e.type for e in events]
+    assert node.interrupt() == 0
+
+
 async def test_until_sleeps_to_a_time_taken_from_the_state(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
@@ -150,6 +194,23 @@ async def test_until_sleeps_to_a_time_taken_from_the_state(
     clock.advance(120.0)
     events = await _events(client, task_id, DONE, after=started.sequence)
     assert events[-1].payload["output"]["woke_at"] >= planned
+
+
+async def test_a_sleep_inside_a_loop_sleeps_again_at_each_visit(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(registry, clock=clock)
+    task_id = await client.submit("nap.loop", {}, key="loop-1")
+    wakes, after = [], 0
+    for _ in range(3):
+        started = await _asleep(client, node, task_id, after=after)
+        wakes.append(started.payload["wake_at"])
+        after = started.sequence
+        clock.advance(60.0)
+    events = await _events(client, task_id, DONE, after=after)
+    assert events[-1].payload["output"] == {"n": 3}
+    assert wakes == [wakes[0], wakes[0] + 60, wakes[0] + 120]
 
 
 async def test_a_cancel_ends_a_sleeping_task(

@@ -14,6 +14,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from pydantic import BaseModel
 
 import ratchet
 from ratchet.protocol.errors import InvalidSchedule
@@ -28,6 +29,7 @@ from ratchet.protocol.schedules import (
 )
 from ratchet.supervisors.services.intake import Acceptor
 from ratchet.supervisors.services.schedules import ScheduleService
+from tests.apps import three
 from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, node_key, wait_terminal
 
 T0 = 1_800_000_000.0  # the FakeClock's start: a whole second
@@ -235,6 +237,42 @@ async def test_a_schedule_that_cannot_be_is_refused_with_a_typed_error(
         await _create(client, "bad", **args)
     assert refused.value.wire_code == code
     assert (await _verb(client, "schedule-list"))["schedules"] == []
+
+
+class KeyedInput(BaseModel):
+    customer: str
+    api_key: ratchet.SecretStr
+
+
+def _keyed() -> ratchet.Workflow:
+    wf = ratchet.Workflow("keyed", input_model=KeyedInput)
+
+    @wf.step
+    async def use(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"output": {"tail": ctx.input["api_key"].get_secret_value()[-3:]}}
+
+    return wf
+
+
+async def test_a_schedules_secret_input_is_sealed_in_its_row_and_clear_to_its_tasks(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(ratchet.Registry([_keyed(), three]), clock=clock)
+    created = await _create(client, "keyed-poll", workflow="keyed", every=60,
+                            input={"customer": "c-1", "api_key": "sk_live_4242"})
+    assert created["schedule"]["input"]["api_key"] == ratchet.REDACTED
+    with sqlite3.connect(node.config.db_path) as db:
+        [(blob,)] = db.execute("SELECT input FROM schedules").fetchall()
+    assert b"sk_live_4242" not in blob
+    with pytest.raises(ratchet.RemoteError) as invalid:
+        await _create(client, "keyed-bad", workflow="keyed", every=60, input={"customer": 1})
+    assert invalid.value.wire_code == "INVALID_ARGUMENT"
+    clock.advance(60.0)
+    row = await _moved_past(client, "keyed-poll", T0 + 60)
+    assert row["last_error"] is None, row
+    events = await wait_terminal(client, row["last_task_id"])
+    assert events[-1].payload["output"] == {"tail": "242"}
 
 
 async def test_a_schedule_name_is_taken_once_per_tenant(
