@@ -57,8 +57,11 @@ class ScheduleService(ServiceActor):
     async def serve(self) -> None:
         while True:
             now = self.clock.due_now()
-            moved = await self.fire_due(now)
-            next_due = await self.store.next_schedule_due()
+            next_due = await self.store.next_schedule_due()  # idle: one read a poll
+            moved = 0
+            if next_due is not None and next_due <= now:
+                moved = await self.fire_due(now)
+                next_due = await self.store.next_schedule_due()
             wait = self.poll if next_due is None else min(self.poll,
                                                           next_due - self.clock.due_now())
             if next_due is not None and next_due <= now and not moved:
