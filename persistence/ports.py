@@ -16,6 +16,8 @@ The ports, by concern:
 - :class:`AdminStore` — the admin service and retention: forks, purge and expiry, kill
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
+- :class:`ScheduleStore` — schedules (persistence/schedule_rows.py, where it is declared
+  to keep this module a readable size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -36,6 +38,7 @@ from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
+from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
@@ -51,6 +54,8 @@ __all__ = [
     "LoadedState",
     "OutboxListener",
     "OutboxStore",
+    "ScheduleRow",
+    "ScheduleStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -146,6 +151,10 @@ class TaskStore(Protocol):
         ...
 
     async def timer_fired(self, timer_id: str) -> bool:
+        ...
+
+    async def timer_payload(self, timer_id: str) -> dict[str, Any] | None:
+        """The payload of a timer, armed or fired; None when there is no such row."""
         ...
 
     async def mark_timers_fired(self, fired: list[tuple[str, float]], now: float) -> None:
@@ -334,7 +343,8 @@ class KeyringStore(Protocol):
 
 
 @runtime_checkable
-class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, Protocol):
+class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
+                Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

@@ -29,6 +29,7 @@ from ratchet.persistence.leases import (
 from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.migrations import migrate
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
+from ratchet.persistence.schedule_rows import ScheduleRows
 from ratchet.persistence.store_rows import AdminRows, RowReads
 from ratchet.persistence.txns import (
     AcceptResult,
@@ -74,7 +75,7 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
     )
 
 
-class Store(RowReads, AdminRows, LeaseRows, KeyringRows):
+class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:

@@ -139,6 +139,11 @@ class RowReads(_StoreParts):
             "SELECT fired_at FROM timers WHERE timer_id = ?", (timer_id,))
         return row is not None and row[0] is not None
 
+    async def timer_payload(self, timer_id: str) -> dict[str, Any] | None:
+        """The payload of a timer, armed or fired; None when there is no such row."""
+        row = await self._row("SELECT payload FROM timers WHERE timer_id = ?", (timer_id,))
+        return None if row is None else dict(_unpack(row[0]) or {})
+
     async def mark_timers_fired(self, fired: list[tuple[str, float]], now: float) -> None:
         """Mark ``(timer_id, due_at)`` pairs fired. The due time is part of the match: a
         timer re-armed (same id, new due time) while it was being delivered stays armed."""

@@ -12,6 +12,9 @@ VERB_ROLES: dict[str, str] = {
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
     "thaw": "operator", "purge": "operator", "breakers": "viewer",
     "model-stats": "viewer",
+    # Schedules of the tenant's workflows (protocol/schedules.py).
+    "schedule-create": "operator", "schedule-list": "viewer", "schedule-delete": "operator",
+    "schedule-pause": "operator", "schedule-resume": "operator",
     # The cluster: on the SYSTEM_TENANT's subject only (ratchet.admin._system.<verb>).
     "nodes": "viewer", "drain": "operator", "undrain": "operator", "clock-ack": "operator",
     "verify-audit": "operator",

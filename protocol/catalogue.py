@@ -157,6 +157,10 @@ class EventType(StrEnum):
     WAIT_COMPLETED = "wait.completed"
     #: No message in time.
     WAIT_TIMED_OUT = "wait.timed_out"
+    #: RUNNING → SLEEPING at a sleep node (its wake time, and the timer's due time).
+    SLEEP_STARTED = "sleep.started"
+    #: SLEEPING → RUNNING: the wake time came; the task moves on.
+    SLEEP_COMPLETED = "sleep.completed"
 
     # -- agent nodes -----------------------------------------------------------------------
     #: An agent turn committed.

@@ -4,21 +4,35 @@ Every error that can cross a process boundary carries a ``code`` from :class:`Er
 a human message, a ``retryable`` flag and structured ``details``; the same shape travels in
 error replies (see ``docs/protocol.md``).
 
-Every error class of the runtime is defined here, whichever layer raises it, so one module
-lists them all with their codes. Control signals that are not errors (a task suspending,
+Every error class of the runtime is listed here, whichever layer raises it, so one module
+lists them all with their codes: the root and the codes are defined in
+protocol/error_codes.py, the outcomes of tool calls in protocol/tool_errors.py (both
+imported from here), the rest below. Control signals that are not errors (a task suspending,
 a request forwarded to another node) stay beside the code that raises and catches them.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
 from typing import Any
+
+from ratchet.protocol.error_codes import ErrorCode, RatchetError
+from ratchet.protocol.tool_errors import (
+    ToolCircuitOpen,
+    ToolConflict,
+    ToolDeadlineExceeded,
+    ToolError,
+    ToolInvalidArgument,
+    ToolOutcomeUnknown,
+    ToolPermissionDenied,
+    ToolRateLimited,
+    ToolTransient,
+)
 
 __all__ = [
     "ErrorCode", "RatchetError", "InvalidMessage", "IllegalTransition", "RequestConflict",
-    "VersionConflict", "BudgetExhausted", "NotFound", "UnknownWorkflow", "Unavailable",
+    "InvalidSchedule", "VersionConflict", "BudgetExhausted", "NotFound", "UnknownWorkflow", "Unavailable",
     "StoreUnavailable", "StoreFileLost", "ToolError", "ToolInvalidArgument",
-    "ToolPermissionDenied", "ToolConflict", "ToolRateLimited", "ToolTransient",
+    "ToolPermissionDenied", "ToolConflict", "ToolRateLimited", "ToolTransient", "ToolCircuitOpen",
     "ToolOutcomeUnknown", "ToolDeadlineExceeded", "WorkflowDefinitionError",
     "ToolDefinitionError", "DuplicateMessage", "ActionKeyTaken", "Fenced",
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
@@ -28,70 +42,14 @@ __all__ = [
 ]
 
 
-class ErrorCode(StrEnum):
-    """Stable error codes; part of the wire protocol, never renamed."""
-
-    INVALID_ARGUMENT = "INVALID_ARGUMENT"
-    NOT_FOUND = "NOT_FOUND"
-    PERMISSION_DENIED = "PERMISSION_DENIED"
-    CONFLICT = "CONFLICT"
-    ILLEGAL_TRANSITION = "ILLEGAL_TRANSITION"
-    UNAVAILABLE = "UNAVAILABLE"
-    INTERNAL = "INTERNAL"
-    BUDGET_EXHAUSTED = "BUDGET_EXHAUSTED"
-    LOOP_DETECTED = "LOOP_DETECTED"
-    FENCED = "FENCED"
-    INVALID_DEFINITION = "INVALID_DEFINITION"
-    INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
-    UNAUTHENTICATED = "UNAUTHENTICATED"
-    CIRCUIT_OPEN = "CIRCUIT_OPEN"
-
-
-class RatchetError(Exception):
-    """Root of every Ratchet error.
-
-    Args:
-        message: what went wrong, for a human.
-        retryable: whether repeating the same request may succeed.
-        details: structured attributes (task_id, actor, field, ...).
-    """
-
-    code: ErrorCode = ErrorCode.INTERNAL
-    default_retryable: bool = False
-    #: An actor that raises it ends as if it had stopped: its supervisor neither restarts
-    #: it nor counts a crash (e.g. FENCED: the task is not this node's to run any more).
-    ends_actor: bool = False
-
-    def __init__(self, message: str, *, retryable: bool | None = None, **details: Any) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retryable = self.default_retryable if retryable is None else retryable
-        self.details = details
-
-    def to_wire(self) -> dict[str, Any]:
-        """The error as the ``error`` member of a reply."""
-        return {
-            "code": self.code.value,
-            "message": self.message,
-            "retryable": self.retryable,
-            "details": {k: _wire_safe(v) for k, v in self.details.items()},
-        }
-
-
-def _wire_safe(value: Any) -> Any:
-    if isinstance(value, str | int | float | bool) or value is None:
-        return value
-    if isinstance(value, list | tuple):
-        return [_wire_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _wire_safe(v) for k, v in value.items()}
-    return str(value)
-
-
 class InvalidMessage(RatchetError):
     """An inbound message could not be decoded or failed validation."""
 
     code = ErrorCode.INVALID_ARGUMENT
+
+
+class InvalidSchedule(InvalidMessage):
+    """A schedule that cannot be: a bad cron expression, time zone, interval or policy."""
 
 
 class InvalidStateValue(RatchetError):
@@ -181,82 +139,6 @@ class StoreUnavailable(Unavailable):
 class StoreFileLost(Unavailable):
     """The database file this node opened is no longer at its path (deleted or replaced):
     the node refuses every write from then on and stops (persistence/file_watch.py)."""
-
-
-# -- outcomes of external calls (tools) ---------------------------------------------------
-#
-# Tool code raises these to say how a call failed; the runtime's retry policy is a table
-# over them (see actors/tools.classify). Anything else a tool raises counts as transient
-# for a read and as an unknown outcome for a write (it may have left before the raise).
-
-
-class ToolError(RatchetError):
-    """Root of the errors a tool call can end in."""
-
-
-class ToolInvalidArgument(ToolError):
-    """The provider rejected the request as malformed. Never retried."""
-
-    code = ErrorCode.INVALID_ARGUMENT
-
-
-class ToolPermissionDenied(ToolError):
-    """The provider refused: not allowed. Never retried."""
-
-    code = ErrorCode.PERMISSION_DENIED
-
-
-class ToolConflict(ToolError):
-    """The provider reports a conflict (e.g. the key was used for another request).
-    Never retried."""
-
-    code = ErrorCode.CONFLICT
-
-
-class ToolRateLimited(ToolError):
-    """Too many requests; retry after ``retry_after`` seconds (the provider's Retry-After)."""
-
-    code = ErrorCode.UNAVAILABLE
-    default_retryable = True
-
-    def __init__(self, message: str, *, retry_after: float | None = None, **details: Any) -> None:
-        super().__init__(message, retry_after=retry_after, **details)
-        self.retry_after = retry_after
-
-
-class ToolCircuitOpen(ToolError):
-    """The provider's circuit breaker is open (actors/effects/breakers.py): the call was not
-    made. Retryable after ``retry_after`` seconds (when the breaker lets a probe through)."""
-
-    code = ErrorCode.CIRCUIT_OPEN
-    default_retryable = True
-
-    def __init__(self, message: str, *, retry_after: float, **details: Any) -> None:
-        super().__init__(message, retry_after=round(retry_after, 3), **details)
-        self.retry_after = retry_after
-
-
-class ToolTransient(ToolError):
-    """A failure known not to have taken effect (5xx before processing, connection refused).
-    Retried with exponential backoff and full jitter."""
-
-    code = ErrorCode.UNAVAILABLE
-    default_retryable = True
-
-
-class ToolOutcomeUnknown(ToolError):
-    """The call may or may not have taken effect (timeout, connection dropped after the
-    request was sent). For a write this makes the action UNKNOWN: reconcile, never resend
-    blindly."""
-
-    code = ErrorCode.UNAVAILABLE
-
-
-class ToolDeadlineExceeded(ToolError):
-    """The remaining deadline (task → step → tool) ran out before a call could start.
-    Nothing was sent; never retried."""
-
-    code = ErrorCode.UNAVAILABLE
 
 
 # -- definitions (raised when a workflow or tool is built, never halfway through a run) ----

@@ -21,6 +21,8 @@ class TaskStatus(StrEnum):
     WAITING_EXTERNAL = "WAITING_EXTERNAL"
     WAITING_APPROVAL = "WAITING_APPROVAL"
     PAUSED = "PAUSED"
+    #: Parked at a sleep node until its durable timer (actors/task/sleep_node.py).
+    SLEEPING = "SLEEPING"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -36,6 +38,8 @@ class TaskEvent(StrEnum):
     WAITING_APPROVAL = "waiting_approval"
     APPROVAL_DECIDED = "approval_decided"
     APPROVAL_TIMED_OUT = "approval_timed_out"
+    SLEPT = "slept"
+    WOKE = "woke"
     REQUEUED = "requeued"
     OUTCOME_UNKNOWN = "outcome_unknown"
     RECONCILED = "reconciled"
@@ -49,7 +53,7 @@ S, E = TaskStatus, TaskEvent
 
 TERMINAL: frozenset[TaskStatus] = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})
 
-_WAITING = (S.WAITING_EXTERNAL, S.WAITING_APPROVAL)
+_WAITING = (S.WAITING_EXTERNAL, S.WAITING_APPROVAL, S.SLEEPING)
 
 #: ``(from_status, event) -> to_status``. Anything absent is illegal; terminal states have
 #: no outgoing entries at all, which is what makes them absorbing.
@@ -57,6 +61,8 @@ TRANSITIONS: dict[tuple[TaskStatus, TaskEvent], TaskStatus] = {
     (S.QUEUED, E.DISPATCHED): S.RUNNING,
     (S.QUEUED, E.PAUSED): S.PAUSED,
     (S.RUNNING, E.PAUSED): S.PAUSED,
+    # A pause while sleeping: the wake time stays; resumed after it, the task goes on.
+    (S.SLEEPING, E.PAUSED): S.PAUSED,
     (S.PAUSED, E.RESUMED): S.QUEUED,
     (S.RUNNING, E.WAITING_EXTERNAL): S.WAITING_EXTERNAL,
     (S.WAITING_EXTERNAL, E.EXTERNAL_RESOLVED): S.RUNNING,
@@ -64,6 +70,9 @@ TRANSITIONS: dict[tuple[TaskStatus, TaskEvent], TaskStatus] = {
     (S.WAITING_APPROVAL, E.APPROVAL_DECIDED): S.RUNNING,
     # No decision in time, and the graph declares where to escalate (another approver group).
     (S.WAITING_APPROVAL, E.APPROVAL_TIMED_OUT): S.RUNNING,
+    (S.RUNNING, E.SLEPT): S.SLEEPING,
+    # The sleep's timer fired: its wake time, or the task's deadline, came.
+    (S.SLEEPING, E.WOKE): S.RUNNING,
     (S.RUNNING, E.REQUEUED): S.QUEUED,
     (S.RUNNING, E.OUTCOME_UNKNOWN): S.UNKNOWN,
     # A confirmation that never came and a query that cannot decide: a human must look.

@@ -26,13 +26,14 @@ from typing import Any
 import structlog
 
 from ratchet.actors.core.actor import Actor, ActorRef
-from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
 from ratchet.actors.task import control as task_control
 from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
+from ratchet.actors.task.step_runner import step_runner
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import END, StepContext, StepNode
@@ -46,6 +47,7 @@ from ratchet.protocol.errors import (
     InvalidStateValue,
     RatchetError,
     UnknownWorkflow,
+    WorkflowDefinitionError,
 )
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
@@ -56,7 +58,8 @@ log = structlog.get_logger("ratchet.task")
 
 #: Step failures that end the task at once (a re-run cannot help), with their reason.
 _FOR_GOOD = ((ActionFailed, "a side effect failed"), (BudgetExhausted, "budget exhausted"),
-             (InvalidStateValue, "invalid state value"))
+             (InvalidStateValue, "invalid state value"),
+             (WorkflowDefinitionError, "invalid workflow definition"))  # e.g. ctx.sleep
 
 
 class TaskActor(Actor):
@@ -306,26 +309,9 @@ class TaskActor(Actor):
 
     def runner(self, step_index: int, step_timeout: float | None,
                *, task_deadline: bool = True, count_tool_calls: bool = True) -> ActionRunner:
-        """The action runner for one step. Compensations pass ``task_deadline=False``: an
-        undo must still run when the task failed because its deadline passed."""
-        assert self.record is not None
-        deadlines = [d for d in (self.record.deadline_at if task_deadline else None,
-                                 self.deps.clock.now() + step_timeout if step_timeout else None)
-                     if d is not None]
-        tenant = self.record.tenant
-
-        async def session(name: str) -> ActorRef[Any]:
-            ref: ActorRef[Any] = await self.deps.children.session(self.task_id, tenant, name)
-            return ref
-
-        return ActionRunner(CallEnv(
-            task_id=self.task_id, tenant=self.record.tenant, step_index=step_index,
-            store=self.deps.store, clock=self.deps.clock, commit=self.commit, session=session,
-            deadline=min(deadlines) if deadlines else None, rng=self.deps.rng,
-            # Counting costs a read-modify-write per call: only for tasks with such a budget.
-            count_tool_calls=count_tool_calls and "tool_calls" in self.record.budget,
-            switches=self.deps.switches, note_secrets=self.secrets.note,
-            pause_requested=lambda: self.pause_requested, spent=lambda: dict(self.spent)))
+        """The action runner for one step (actors/task/step_runner.py)."""
+        return step_runner(self, step_index, step_timeout, task_deadline=task_deadline,
+                           count_tool_calls=count_tool_calls)
 
     async def run_step(self, step: StepNode) -> bool:
         """Run one step node; True when it committed and the task can go on."""

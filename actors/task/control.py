@@ -9,7 +9,8 @@ found on activation (the actor was parked, or crashed) is acted on at once.
 - cancel → branches and tool sessions stop; actions still in flight are marked UNKNOWN;
   compensations run if the workflow declares ``compensate_on_cancel``; CANCELLED (never
   FAILED; a late result can never make it SUCCEEDED: terminal states absorb).
-- pause → PAUSED at the next safe point (from QUEUED or RUNNING); the actor passivates.
+- pause → PAUSED at the next safe point (from QUEUED, RUNNING or SLEEPING); the actor
+  passivates.
 - resume → re-checks the workflow version, the deadline and the budget, then QUEUED and on
   from the latest checkpoint.
 """
@@ -29,6 +30,9 @@ from ratchet.protocol.states import TaskEvent, TaskStatus, is_terminal
 
 __all__ = ["handle_control", "apply_pending_control"]
 
+#: Where a pause applies (a sleeping task keeps its wake time: actors/task/sleep_node.py).
+_PAUSABLE = (TaskStatus.QUEUED, TaskStatus.RUNNING, TaskStatus.SLEEPING)
+
 
 async def apply_pending_control(actor: TaskKernel) -> bool:
     """Act on a request recorded while no actor was listening; True if the task stopped."""
@@ -37,7 +41,7 @@ async def apply_pending_control(actor: TaskKernel) -> bool:
     if "cancel" in control:
         await cancel(actor, control["cancel"])
         return True
-    if "pause" in control and actor.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+    if "pause" in control and actor.status in _PAUSABLE:
         await pause(actor, control["pause"])
         return True
     return False
@@ -52,7 +56,7 @@ async def handle_control(actor: TaskKernel, env: Envelope) -> str:
         await cancel(actor, request)
         return "cancelled"
     if action == "pause":
-        if actor.status not in (TaskStatus.QUEUED, TaskStatus.RUNNING):
+        if actor.status not in _PAUSABLE:
             return f"not paused: {actor.status.value}"
         await pause(actor, request)
         return "paused"

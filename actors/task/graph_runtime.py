@@ -27,6 +27,7 @@ from ratchet.actors.task.graph_waits import (
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.loop_runtime import run_loop
 from ratchet.actors.task.map_runtime import on_map_joined, start_map
+from ratchet.actors.task.sleep_node import enter_sleep
 from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.loop_node import LoopNode
 from ratchet.actors.workflow.map_node import MapNode
@@ -41,6 +42,7 @@ from ratchet.actors.workflow.nodes import (
     StepNode,
     WaitNode,
 )
+from ratchet.actors.workflow.sleep import SleepNode
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import IllegalTransition
 from ratchet.protocol.messages import Envelope
@@ -83,6 +85,8 @@ async def run_node(actor: TaskKernel, node: Node) -> bool:
         return False
     if isinstance(node, AgentNode):
         return await run_agent(actor, node)
+    if isinstance(node, SleepNode):
+        return await enter_sleep(actor, node)
     assert isinstance(node, JoinNode)
     raise IllegalTransition(f"join {node.name} is entered only through its fan-out",
                             node=node.name)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, decision_audit, graph_runtime
+from ratchet.actors.task import crash_loop, decision_audit, graph_runtime, sleep_node
 from ratchet.actors.task import waits as task_waits
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.protocol.catalogue import MessageType
@@ -52,13 +52,15 @@ async def _node_wait(actor: TaskKernel, env: Envelope) -> str | None:
 
 
 #: Which behaviour handles which mail, by envelope type, in the order asked. Several may
-#: share a type: a timer may be the graph's or an external wait's (a decision may be a
-#: crash-loop one or a graph approval's: ``_decision`` asks both, and audits it).
+#: share a type: a timer may be a sleep node's, the graph's or an external wait's (a
+#: decision may be a crash-loop one or a graph approval's: ``_decision`` asks both, and
+#: audits it).
 MAIL: dict[str, tuple[MailHandler, ...]] = {
     MessageType.TASK_START: (_start,),
     MessageType.TASK_CONTROL: (task_control.handle_control,),
     MessageType.APPROVAL_DECISION: (_decision,),
     MessageType.BRANCH_DONE: (graph_runtime.on_branch_done,),
-    MessageType.TIMER_FIRED: (_graph_timer, task_waits.handle_wait_mail),
+    MessageType.TIMER_FIRED: (sleep_node.on_sleep_timer, _graph_timer,
+                              task_waits.handle_wait_mail),
     MessageType.EXTERNAL_RESOLVED: (_node_wait, task_waits.handle_wait_mail),
 }

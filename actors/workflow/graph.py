@@ -29,8 +29,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.workflow.cycles import cycles
-from ratchet.actors.workflow.loop_node import LoopBuilder, LoopNode, check_loop, loop_edges
-from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map, map_edges
+from ratchet.actors.workflow.edges import node_edges
+from ratchet.actors.workflow.loop_node import LoopBuilder, LoopNode, check_loop
+from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map
 from ratchet.actors.workflow.nodes import (
     CANCEL,
     END,
@@ -47,6 +48,7 @@ from ratchet.actors.workflow.nodes import (
     StepNode,
     WaitNode,
 )
+from ratchet.actors.workflow.sleep import sleep_node
 from ratchet.protocol.errors import InvalidMessage, WorkflowDefinitionError
 from ratchet.protocol.redaction import dump_model, has_secrets
 
@@ -165,6 +167,13 @@ class Workflow(MapBuilder, LoopBuilder):
         on ``ratchet.external.<tenant>``; ``on_timeout``: a node or "fail"."""
         self._add(WaitNode(name, correlation, timeout, on_timeout, next or END,
                            max_visits=max_visits), implicit_next=next is None)
+
+    def sleep(self, name: str, *, seconds: float | None = None,
+              until: Callable[[Mapping[str, Any]], float] | None = None, next: str | None = None,
+              max_visits: int | None = None) -> None:
+        """A durable sleep (actors/workflow/sleep.py): park SLEEPING, then go on to ``next``."""
+        self._add(sleep_node(name, seconds, until, next or END, max_visits),
+                  implicit_next=next is None)
 
     def agent(self, name: str, *, model: Any, tools: Iterable[Any], output: type[Any],
               prompt: Callable[[Mapping[str, Any], Mapping[str, Any]], str], system: str = "",
@@ -337,14 +346,14 @@ class Workflow(MapBuilder, LoopBuilder):
         """Rows ``(from, kind, condition, to)``; ``END`` finishes the task."""
         rows: list[tuple[str, str, str, str]] = []
         for node in self.nodes.values():
-            rows.extend((node.name, node.kind, cond, to) for cond, to in _edges(node))
+            rows.extend((node.name, node.kind, cond, to) for cond, to in node_edges(node))
         return rows
 
     def mermaid(self) -> str:
         """A Mermaid flowchart of the graph (paste into any Mermaid renderer)."""
         shapes = {"agent": "[/{}/]", "step": "[{}]", "choice": "{{{}}}", "route": "{{{{{}}}}}",
                   "fanout": "[[{}]]", "join": "[[{}]]", "approval": "([{}])", "wait": "([{}])",
-                  "map": "[[{}]]", "loop": "[{}]"}
+                  "map": "[[{}]]", "loop": "[{}]", "sleep": "[({})]"}
         ids = {name: f"n{i}" for i, name in enumerate(self.nodes)}
         ids[END] = "END_"
         lines = ["flowchart TD", f"    START_(( )) --> {ids[self.start]}"]
@@ -360,35 +369,3 @@ class Workflow(MapBuilder, LoopBuilder):
                     lines.append(f"    {target}(({dst}))")
             lines.append(f'    {ids[src]} -->|"{cond}"| {target}')
         return "\n".join(lines)
-
-
-def _edges(node: Node) -> list[tuple[str, str]]:
-    if isinstance(node, LoopNode):  # before StepNode: a loop is a step that repeats
-        return loop_edges(node)
-    if isinstance(node, MapNode):
-        return map_edges(node)
-    if isinstance(node, StepNode):
-        return [("done", node.next)]
-    if isinstance(node, ChoiceNode):
-        return [(f"guard = {t}", t) for t in node.targets]
-    if isinstance(node, RouteNode):
-        return [(f"key = {k!r}", t) for k, t in node.table.items()] + [("default", node.default or "")]
-    if isinstance(node, FanoutNode):
-        return [(f"{len(node.branches)} branches joined", node.join)]
-    if isinstance(node, JoinNode):
-        return [(f"policy {node.policy.mode} met", node.next), ("policy failed", "FAILED")]
-    if isinstance(node, ApprovalNode):
-        timeout_to = "CANCELLED" if node.on_timeout == CANCEL else str(node.on_timeout)
-        return [("approved", node.on_approve), ("rejected", node.on_reject),
-                (f"no decision in {node.timeout:g}s", timeout_to)]
-    if isinstance(node, AgentNode):
-        def to(target: str) -> str:
-            return "FAILED" if target == FAIL else target
-
-        return [("answer validated", node.next),
-                ("budget exhausted", to(node.on_budget_exhausted)),
-                ("loop detected", to(node.on_loop))]
-    if isinstance(node, WaitNode):
-        timeout_to = "FAILED" if node.on_timeout == FAIL else str(node.on_timeout)
-        return [("message arrived", node.next), (f"no message in {node.timeout:g}s", timeout_to)]
-    return []

@@ -30,6 +30,7 @@ from typing import Any, Literal, Protocol
 
 from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import WorkflowDefinitionError
 
 __all__ = [
     "BranchGraph",
@@ -56,6 +57,11 @@ END = "END"
 CANCEL = "cancel"
 #: ``on_timeout`` of a wait that fails the task.
 FAIL = "fail"
+#: Why ``ctx.sleep`` refuses (actors/workflow/sleep.py: the sleep node, and why a node).
+SLEEP_IN_STEP = ("ctx.sleep cannot resume inside a step (its code before the sleep would run"
+                 " again): declare a sleep node between two steps, wf.sleep(name, seconds=...)"
+                 " or until=lambda state: epoch; for a short in-memory pause use"
+                 " await ctx.clock.sleep(seconds)")
 
 
 
@@ -97,6 +103,14 @@ class StepContext:
         again when the step re-runs, its recorded result is returned instead.
         """
         return await self.runner.call(tool, args)
+
+    async def sleep(self, seconds: float) -> None:
+        """Refused: a step cannot resume in the middle (actors/workflow/sleep.py says why).
+
+        Raises:
+            WorkflowDefinitionError: always, naming the sleep node to declare instead.
+        """
+        raise WorkflowDefinitionError(SLEEP_IN_STEP, step=self.step_name, seconds=seconds)
 
 
 StepFn = Callable[[StepContext], Awaitable[Mapping[str, Any] | None]]

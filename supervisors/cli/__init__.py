@@ -1,4 +1,5 @@
-"""``ratchet`` command line: serve, submit, watch, status, admin, creds, nats-config, demo.
+"""``ratchet`` command line: serve, submit, watch, status, admin, schedule, creds,
+nats-config, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
 node wrote under its state directory (``<state-dir>/nats/nats.url``).
@@ -26,6 +27,7 @@ from ratchet.supervisors.cli.admin import admin, issue, nats_config
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.cli.output import set_output, show_error, show_usage_error
 from ratchet.supervisors.cli.parser import parser
+from ratchet.supervisors.cli.schedule import schedule
 from ratchet.supervisors.cli.serve import serve
 from ratchet.supervisors.cli.tasks import graph, status, submit, watch
 from ratchet.supervisors.node.log_output import configure_logging
@@ -41,6 +43,7 @@ _ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, in
     "admin": admin,
     "creds": issue,
     "nats-config": nats_config,
+    "schedule": schedule,
 }
 
 

@@ -24,6 +24,7 @@ from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import ROLES
 from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR, ExitCode
 from ratchet.supervisors.cli.output import OutputMode
+from ratchet.supervisors.cli.schedule import schedule_flags
 from ratchet.supervisors.cli.serve import serve_flags
 from ratchet.supervisors.node.log_output import LOG_LEVELS
 
@@ -185,6 +186,7 @@ def parser() -> argparse.ArgumentParser:
     task_commands(command)
     admin_command(command)
     key_commands(command)
+    schedule_flags(command("schedule", help="durable schedules of a workflow"), with_nats)
 
     s = command("graph", help="print a workflow's transition table and Mermaid diagram")
     s.add_argument("workflow")

@@ -50,6 +50,7 @@ from ratchet.supervisors.services.outbox_relay import OutboxRelay
 from ratchet.supervisors.services.recovery import RecoverySweeper
 from ratchet.supervisors.services.request_service import Ready
 from ratchet.supervisors.services.retention import RetentionSweeper
+from ratchet.supervisors.services.schedules import ScheduleService
 from ratchet.supervisors.services.timers import TimerService
 from ratchet.supervisors.supervision.restart_policy import Restart
 from ratchet.supervisors.supervision.scheduler import FairScheduler
@@ -238,6 +239,8 @@ class Node:
             ChildSpec("mail", lambda _: Supervisor(self.system, "mail", [], max_restarts=50,
                                                    period=60.0), Restart.PERMANENT),
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
+            ChildSpec("schedules", lambda _: ScheduleService(store, tasks, acceptor, self.clock),
+                      Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock,
                                                             cfg.recovery_interval),
                       Restart.PERMANENT),

@@ -12,8 +12,9 @@ answer, the same id with another request is CONFLICT); and an audit entry, hash-
 written before the command takes effect and again with its outcome.
 
 The read verbs live in supervisors/services/admin_reads.py, the cluster verbs in
-supervisors/services/admin_cluster.py and the keyring's (``grant``, ``revoke``, ``keys``) in
-supervisors/services/admin_keys.py (mixins of :class:`AdminActor`).
+supervisors/services/admin_cluster.py, the keyring's (``grant``, ``revoke``, ``keys``) in
+supervisors/services/admin_keys.py and the schedules' (``schedule-create``, ...) in
+supervisors/services/admin_schedules.py (mixins of :class:`AdminActor`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical, encode, parse_body
 from ratchet.protocol.errors import (
+    ActorStopped,
     CommandConflict,
     ErrorCode,
     IllegalTransition,
@@ -56,6 +58,7 @@ from ratchet.protocol.subjects import mail_subject
 from ratchet.supervisors.services.admin_cluster import ClusterVerbs
 from ratchet.supervisors.services.admin_keys import KeyringHooks, KeyVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
+from ratchet.supervisors.services.admin_schedules import ScheduleVerbs
 from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.request_service import RequestService
 from ratchet.supervisors.supervision.supervisor import RestartChild
@@ -81,7 +84,7 @@ _EFFECTS = {
 }
 
 
-class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
+class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, ScheduleVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
@@ -215,6 +218,21 @@ class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
         return {"task_id": rec.task_id, "status": f"{action} requested",
                 "effect": _EFFECTS[action]}
 
+    async def _tell_task(self, rec: Any, env: Envelope) -> Any:
+        """Deliver ``env`` to the task's actor, activating it, and return its answer. A
+        parked task's actor may be stopping as it is found (a timer's mail just left it
+        parked, e.g. a sleep's while PAUSED): a fresh one is activated once."""
+        for last in (False, True):
+            ref = await self.tasks.ensure_running(rec.task_id, record=rec)
+            if ref is None:
+                raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
+            try:
+                return await ref.ask(DeliverMail(env), timeout=30.0)
+            except ActorStopped:
+                if last:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
     # -- verbs -------------------------------------------------------------------------------
 
     async def _approve(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
@@ -243,15 +261,12 @@ class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
         if expected_hash is not None and expected_hash != row["request_hash"]:
             raise CommandConflict("the request changed since it was shown",
                                   approval_id=approval_id)
-        ref = await self.tasks.ensure_running(rec.task_id, record=rec)
-        if ref is None:
-            raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
-        outcome = await ref.ask(DeliverMail(Envelope(
+        outcome = await self._tell_task(rec, Envelope(
             type=MessageType.APPROVAL_DECISION, message_id=new_id("msg"),
             correlation_id=cmd.command_id,
             body={"task_id": rec.task_id, "approval_id": approval_id, "decision": decision,
                   "decided_by": self._who(cmd), "reason": reason,
-                  "request_hash": row["request_hash"]})), timeout=30.0)
+                  "request_hash": row["request_hash"]}))
         if outcome != "processed":
             raise IllegalTransition(f"decision not applied: {outcome}", approval_id=approval_id)
         return {"task_id": rec.task_id, "approval_id": approval_id, "decision": decision}
@@ -360,7 +375,7 @@ class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
     async def _pause(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         rec = await self._task(tenant, cmd)
         self._check_version(rec, cmd)
-        if rec.status not in ("QUEUED", "RUNNING"):
+        if rec.status not in ("QUEUED", "RUNNING", "SLEEPING"):
             raise IllegalTransition(f"cannot pause a {rec.status} task", status=rec.status)
         return await self._request(rec, cmd, "pause")
 
@@ -374,12 +389,9 @@ class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, RequestService):
         except RatchetError:
             raise IllegalTransition(f"workflow {rec.workflow} v{rec.workflow_version} is not"
                                     " served by this node", task_id=rec.task_id) from None
-        ref = await self.tasks.ensure_running(rec.task_id, record=rec)
-        if ref is None:
-            raise Unavailable("the task is between restarts; try again", task_id=rec.task_id)
-        outcome = await ref.ask(DeliverMail(Envelope(
+        outcome = await self._tell_task(rec, Envelope(
             type=MessageType.TASK_CONTROL, message_id=new_id("msg"), correlation_id=cmd.command_id,
-            body={"action": "resume", "request": {"by": self._who(cmd)}})), timeout=30.0)
+            body={"action": "resume", "request": {"by": self._who(cmd)}}))
         if str(outcome).startswith("refused"):
             raise IllegalTransition(str(outcome), task_id=rec.task_id)
         return {"task_id": rec.task_id, "status": outcome}

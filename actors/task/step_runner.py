@@ -1,0 +1,37 @@
+"""The action runner a task actor gives one step: its ledger, budget, deadlines, sessions,
+switches and secrets (actors/effects/actions.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ratchet.actors.core.actor import ActorRef
+from ratchet.actors.effects.actions import ActionRunner, CallEnv
+from ratchet.actors.task.kernel import TaskKernel
+
+__all__ = ["step_runner"]
+
+
+def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, *,
+                task_deadline: bool = True, count_tool_calls: bool = True) -> ActionRunner:
+    """The action runner for one step. Compensations pass ``task_deadline=False``: an undo
+    must still run when the task failed because its deadline passed."""
+    record, deps = actor.record, actor.deps
+    assert record is not None
+    deadlines = [d for d in (record.deadline_at if task_deadline else None,
+                             deps.clock.now() + step_timeout if step_timeout else None)
+                 if d is not None]
+    tenant = record.tenant
+
+    async def session(name: str) -> ActorRef[Any]:
+        ref: ActorRef[Any] = await deps.children.session(actor.task_id, tenant, name)
+        return ref
+
+    return ActionRunner(CallEnv(
+        task_id=actor.task_id, tenant=tenant, step_index=step_index, store=deps.store,
+        clock=deps.clock, commit=actor.commit, session=session,
+        deadline=min(deadlines) if deadlines else None, rng=deps.rng,
+        # Counting costs a read-modify-write per call: only for tasks with such a budget.
+        count_tool_calls=count_tool_calls and "tool_calls" in record.budget,
+        switches=deps.switches, note_secrets=actor.secrets.note,
+        pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent)))
