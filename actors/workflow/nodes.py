@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal, Protocol
 
 from ratchet.actors.workflow.tools import Tool
@@ -30,6 +31,8 @@ from ratchet.protocol.clock import Clock
 
 __all__ = [
     "BranchGraph",
+    "DEFAULT_STEP_TIMEOUT",
+    "WORKFLOW_DEFAULT",
     "END",
     "CANCEL",
     "FAIL",
@@ -44,6 +47,7 @@ __all__ = [
     "StepContext",
     "StepFn",
     "StepNode",
+    "StepTimeout",
     "WaitNode",
 ]
 
@@ -53,6 +57,21 @@ END = "END"
 CANCEL = "cancel"
 #: ``on_timeout`` of a wait that fails the task.
 FAIL = "fail"
+
+#: Seconds a step may run when neither it nor its workflow says otherwise
+#: (``Workflow(step_timeout=...)``, ``@wf.step(timeout=...)``; None: no bound, only when
+#: asked for). A step that never returns must not hold its task RUNNING for ever.
+DEFAULT_STEP_TIMEOUT = 600.0
+
+
+class _WorkflowDefault(Enum):
+    WORKFLOW_DEFAULT = "the workflow's step_timeout"
+
+
+#: A step's ``timeout`` not given (its workflow's ``step_timeout`` applies), as distinct
+#: from ``timeout=None`` (no bound, asked for).
+WORKFLOW_DEFAULT = _WorkflowDefault.WORKFLOW_DEFAULT
+StepTimeout = float | None | Literal[_WorkflowDefault.WORKFLOW_DEFAULT]
 
 
 

@@ -1,23 +1,115 @@
-"""``ratchet serve``: a node in the foreground, and its flags (docs/operations.md)."""
+"""``ratchet serve``: a node in the foreground, and its flags (docs/operations.md).
+
+Exit status: 0 after a stop asked by SIGINT or SIGTERM (drained within ``--drain-timeout``;
+a second signal cuts the drain short), also while it was still starting; 1 when the node
+failed while serving; for a refused start the status of its code below (one line on stderr
+says why), 3 for any other error that stops the start.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import os
 import signal
+import sys
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
-from ratchet.supervisors.cli.common import emit, load_app
+from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.supervisors.cli.common import load_app
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
+
+#: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
+REFUSED_START_EXIT = {
+    ErrorCode.NODE_ID_IN_USE: 4,
+    ErrorCode.PARTITION_COUNT_MISMATCH: 5,
+    ErrorCode.STORE_READ_ONLY: 6,
+    ErrorCode.NATS_UNREACHABLE: 7,
+    ErrorCode.NATS_PORT_TAKEN: 8,
+}
+#: Any other error that stops a start (e.g. SecretUnreadable: not this store's key).
+EXIT_START_FAILED = 3
 
 
 async def serve(args: argparse.Namespace) -> int:
     registry = load_app(args.app)
+    config = node_config(args)
+    node = Node(config, registry)
+    stop = asyncio.Event()
+    with _stop_signals(stop, again=node.hurry):
+        starting = asyncio.ensure_future(node.start())
+        if not await _first(starting, stop.wait()):
+            starting.cancel()  # a signal while starting: the start undoes itself
+            await asyncio.wait([starting])
+            _say({"stopped": config.node_id, "while": "starting"})
+            return 0
+        try:
+            starting.result()
+        except RatchetError as exc:
+            with contextlib.suppress(OSError):  # stderr gone too: the status still says it
+                print(f"ratchet serve: {exc.message} ({exc.code.value})", file=sys.stderr,
+                      flush=True)
+            return REFUSED_START_EXIT.get(exc.code, EXIT_START_FAILED)
+        _say({"serving": config.node_id, "nats_url": redact_url(node.url),
+              "db": str(config.db_path), "workflows": registry.names(), "pid": os.getpid()})
+        await _first(node.failed.wait(), stop.wait())
+        await node.stop()
+        _say({"stopped": config.node_id, "failed": node.failed.is_set(),
+              **node.writer_summary(), "log_write_failures": log_write_failures()})
+    return 1 if node.failed.is_set() else 0
+
+
+async def _first(*waits: Awaitable[Any]) -> bool:
+    """Wait until one of ``waits`` is done; True if the first was. The ones still pending
+    that were coroutines are cancelled; a future passed in is left to its owner."""
+    futures = [asyncio.ensure_future(w) for w in waits]
+    done, pending = await asyncio.wait(futures, return_when=asyncio.FIRST_COMPLETED)
+    for given, fut in zip(waits, futures, strict=True):
+        if fut in pending and fut is not given:
+            fut.cancel()
+    return futures[0] in done
+
+
+@contextlib.contextmanager
+def _stop_signals(stop: asyncio.Event, again: Callable[[], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop``; a second one calls ``again`` (cut the drain)."""
+    loop = asyncio.get_running_loop()
+
+    def received() -> None:
+        if stop.is_set():
+            again()
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, received)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+def _say(obj: dict[str, Any]) -> None:
+    """One JSON line on stdout, best effort: a reader that went away (``serve | tee`` and
+    a Ctrl-C, which stops tee too) must not stop the node from stopping cleanly."""
+    try:
+        print(json.dumps(obj, default=str), flush=True)
+    except (BrokenPipeError, ValueError):
+        # Python would fail again flushing stdout at exit: point it at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+
+
+def node_config(args: argparse.Namespace) -> NodeConfig:
+    """The NodeConfig the flags describe."""
 
     def pairs(items: list[str], kind: type) -> dict[str, Any]:
         out = {}
@@ -30,6 +122,9 @@ async def serve(args: argparse.Namespace) -> int:
         state_dir=Path(args.state_dir),
         nats_url=args.nats_url,
         nats_creds=Path(args.nats_creds) if args.nats_creds else None,
+        nats_port=args.nats_port,
+        nats_connect_timeout=args.nats_connect_timeout,
+        drain_timeout=args.drain_timeout,
         synchronous=args.synchronous,
         partitions=args.partitions,
         retention=pairs(args.retention, float),
@@ -51,38 +146,7 @@ async def serve(args: argparse.Namespace) -> int:
     )
     if args.node_id:
         config.node_id = args.node_id
-    node = Node(config, registry)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await node.start()
-    emit(
-        {
-            "serving": config.node_id,
-            "nats_url": redact_url(node.url),
-            "db": str(config.db_path),
-            "workflows": registry.names(),
-            "pid": os.getpid(),
-        }
-    )
-    failed = asyncio.ensure_future(node.failed.wait())
-    stopped = asyncio.ensure_future(stop.wait())
-    try:
-        await asyncio.wait([failed, stopped], return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        failed.cancel()
-        stopped.cancel()
-        await node.stop()
-        emit(
-            {
-                "stopped": config.node_id,
-                "failed": node.failed.is_set(),
-                **node.writer_summary(),
-                "log_write_failures": log_write_failures(),
-            }
-        )
-    return 1 if node.failed.is_set() else 0
+    return config
 
 
 def clock_flags(s: argparse.ArgumentParser) -> None:
@@ -101,9 +165,8 @@ def clock_flags(s: argparse.ArgumentParser) -> None:
     )
 
 
-def serve_flags(s: argparse.ArgumentParser) -> None:
-    """The flags of `ratchet serve` (each sets a NodeConfig field; docs/operations.md)."""
-    s.add_argument("--app", required=True, help="module:object registering workflows")
+def nats_flags(s: argparse.ArgumentParser) -> None:
+    """Where the node finds NATS, how long it tries, and how long it drains at a stop."""
     s.add_argument("--nats-url", default=None, help="join this NATS instead of the embedded one")
     s.add_argument(
         "--nats-creds",
@@ -112,6 +175,33 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
         help="the node's credentials for --nats-url: an nkey seed (e.g. the state"
         " dir's keys/node.nk) or a NATS .creds file",
     )
+    s.add_argument(
+        "--nats-port",
+        type=int,
+        default=None,
+        help="the embedded nats-server's port (default: the one kept in"
+        " <state-dir>/nats/nats.port, first picked free)",
+    )
+    s.add_argument(
+        "--nats-connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up starting when NATS does not answer within this long",
+    )
+    s.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGINT/SIGTERM, wait this long at most for tasks to reach a safe point",
+    )
+
+
+def serve_flags(s: argparse.ArgumentParser) -> None:
+    """The flags of `ratchet serve` (each sets a NodeConfig field; docs/operations.md)."""
+    s.add_argument("--app", required=True, help="module:object registering workflows")
+    nats_flags(s)
     s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
     s.add_argument("--partitions", type=int, default=16)
     s.add_argument("--node-id", default=None)
