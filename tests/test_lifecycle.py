@@ -36,9 +36,10 @@ EXIT_NODE_ID_IN_USE, EXIT_PARTITIONS, EXIT_READ_ONLY, EXIT_NATS_UNREACHABLE, EXI
     4, 5, 6, 7, 8)
 
 
-def _serve_args(state: Path, *flags: str) -> list[str]:
-    return [str(RATCHET_BIN), "--state-dir", str(state), "--log-level", "warning", "serve",
-            "--app", "tests.apps:app", *flags]
+def _serve_args(state: Path, *flags: str, app: str = "tests.apps:app",
+                level: str = "warning") -> list[str]:
+    return [str(RATCHET_BIN), "--state-dir", str(state), "--log-level", level, "serve",
+            "--app", app, *flags]
 
 
 def _serve(state: Path, *flags: str) -> subprocess.Popen[str]:
@@ -228,6 +229,36 @@ def test_the_embedded_nats_port_is_kept_across_restarts_and_overridden_by_nats_p
         status, stderr, took = _refused(state, "--nats-port", str(asked))
         assert status == EXIT_PORT_TAKEN and took < REFUSED_WITHIN, (status, stderr)
         assert f"port {asked}" in _one_line(stderr, "NATS_PORT_TAKEN")
+
+
+@pytest.mark.slow
+def test_a_second_sigint_cuts_the_drain_of_a_step_that_never_returns(
+        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    state, mark = tmp_path / "state", tmp_path / "in-the-step"
+    proc = subprocess.Popen(
+        _serve_args(state, "--drain-timeout", "120", app="tests.lifecycle_apps:app",
+                    level="info"),
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "RATCHET_TEST_HANG_MARK": str(mark)})
+    procs.append(proc)
+    _banner(proc)
+    submitted = subprocess.run(
+        [str(RATCHET_BIN), "--state-dir", str(state), "--log-level", "warning", "submit",
+         "hangs", "--key", "h-1"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert submitted.returncode == 0, submitted.stderr
+    _until(mark.exists, 30, "the step to start")
+
+    proc.send_signal(signal.SIGINT)  # drains: would wait the whole 120 s for the step
+    assert proc.stderr is not None
+    for line in proc.stderr:  # two signals sent at once may arrive as one
+        if "node stopping" in line:
+            break
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)  # cuts the drain short
+
+    assert proc.wait(timeout=REFUSED_WITHIN * 2) == 0
+    assert time.monotonic() - started < REFUSED_WITHIN * 2
+    assert "drain incomplete" in proc.stderr.read()
 
 
 # -- helpers that make a store in a given state ------------------------------------------

@@ -354,6 +354,7 @@ class Node:
             self._audit_check.cancel()
             await asyncio.wait([self._audit_check])  # its end; a cancel of stop() still raises
         root = self.root
+        log.info("node stopping", node=self.config.node_id, drain_timeout=self._drain.timeout)
         if self.leases is not None:
             self.leases.stopping = True  # renew only: take no partition while stopping
         if root is not None and root.is_alive:
