@@ -2,8 +2,9 @@
 
 Exit status: 0 after a stop asked by SIGINT or SIGTERM (drained within ``--drain-timeout``;
 a second signal cuts the drain short), also while it was still starting; 1 when the node
-failed while serving; for a refused start the status of its code below (one line on stderr
-says why), 3 for any other error that stops the start.
+failed while serving; for a refused start (``StartRefused``) the status of its code below,
+with one line on stderr that says why and the error as JSON on stdout; 2 for another
+Ratchet error that stops the start (e.g. ``SecretUnreadable``: ``ratchet``'s own handler).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
-from ratchet.protocol.errors import ErrorCode, RatchetError
+from ratchet.protocol.errors import ErrorCode, StartRefused
 from ratchet.supervisors.cli.common import load_app
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
@@ -34,8 +35,6 @@ REFUSED_START_EXIT = {
     ErrorCode.NATS_UNREACHABLE: 7,
     ErrorCode.NATS_PORT_TAKEN: 8,
 }
-#: Any other error that stops a start (e.g. SecretUnreadable: not this store's key).
-EXIT_START_FAILED = 3
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -52,11 +51,12 @@ async def serve(args: argparse.Namespace) -> int:
             return 0
         try:
             starting.result()
-        except RatchetError as exc:
+        except StartRefused as exc:
+            _say({"error": exc.to_wire()})
             with contextlib.suppress(OSError):  # stderr gone too: the status still says it
                 print(f"ratchet serve: {exc.message} ({exc.code.value})", file=sys.stderr,
                       flush=True)
-            return REFUSED_START_EXIT.get(exc.code, EXIT_START_FAILED)
+            return REFUSED_START_EXIT[exc.code]
         _say({"serving": config.node_id, "nats_url": redact_url(node.url),
               "db": str(config.db_path), "workflows": registry.names(), "pid": os.getpid()})
         await _first(node.failed.wait(), stop.wait())
