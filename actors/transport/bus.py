@@ -199,10 +199,10 @@ class Bus:
                 await nc.close()
             if not isinstance(exc, TimeoutError):
                 raise
-            raise StartRefused(
-                ErrorCode.NATS_UNREACHABLE, f"cannot reach NATS at {redact_url(url)} (gave up after {give_up_after:g} s"
-                + (f"; last error: {last!r})" if last else ")"),
-                url=redact_url(url), seconds=give_up_after) from None
+            why = f"gave up after {give_up_after:g} s" + (f"; last error: {last!r}" if last else "")
+            raise StartRefused(ErrorCode.NATS_UNREACHABLE,
+                               f"cannot reach NATS at {redact_url(url)} ({why})",
+                               url=redact_url(url), seconds=give_up_after) from None
         bus = cls(nc, nc.jetstream(publish_async_max_pending=4000))
         return bus
 

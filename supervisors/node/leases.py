@@ -91,8 +91,9 @@ async def check_start(store: LeaseStore, node_id: str, partitions: int, ttl: flo
 
     Raises:
         PartitionCountMismatch: the store has another number of partitions.
-        StartRefused: NODE_ID_IN_USE, a live process on this host runs under ``node_id`` (a ``nodes`` row
-            not stopped, with a fresh heartbeat, whose pid is alive and not ours).
+        StartRefused: NODE_ID_IN_USE, a live process on this host runs under ``node_id``
+            (a ``nodes`` row not stopped, with a fresh heartbeat, whose pid is alive and
+            not ours).
     """
     await store.ensure_partitions(partitions)
     for row in await store.nodes():

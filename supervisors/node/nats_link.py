@@ -2,8 +2,8 @@
 same state dir, or an embedded server of its own; then the bus and its streams.
 
 The first connection is bounded (``NodeConfig.nats_connect_timeout``, ``serve
---nats-connect-timeout``): an unreachable server refuses the start with
-``StartRefused`` (NATS_UNREACHABLE, "cannot reach NATS at …") instead of retrying for ever. Whatever fails
+--nats-connect-timeout``): an unreachable server refuses the start with ``StartRefused``
+(NATS_UNREACHABLE, "cannot reach NATS at …") instead of retrying for ever. Whatever fails
 or is cancelled on the way (a signal while connecting) stops the embedded server this
 node started, so a refused start leaves no server behind.
 """
