@@ -174,8 +174,8 @@ class IntakeActor(ServiceActor):
     fast as any other. The cost is one more delivery of every submission, to one node. (A
     wildcard JetStream consumer cannot do it: a work-queue stream refuses consumers whose
     filters overlap, and one consumer for every tenant would queue a flood in front of
-    everyone.) A scan of the stream's subjects every ``rescan_interval`` is the backstop:
-    messages that came while no node listened, a loop that ended as one came.
+    everyone.) A scan of the stream's subjects every ``rescan_interval`` is the backstop,
+    for messages that came while no node listened.
     """
 
     def __init__(self, bus: Bus, acceptor: Acceptor, authn: Authenticator, batch: int = 128,
@@ -188,6 +188,8 @@ class IntakeActor(ServiceActor):
         self.idle_after = idle_after
         self._loops: dict[str, asyncio.Task[None]] = {}
         self._group: asyncio.TaskGroup | None = None
+        #: Subjects with a submission seen since their loop's last fetch began.
+        self._seen: set[str] = set()
 
     async def serve(self) -> None:
         # The single consumer of earlier releases would overlap the per-tenant ones (a
@@ -215,7 +217,9 @@ class IntakeActor(ServiceActor):
 
     def _ensure_loop(self, subject: str) -> None:
         loop = self._loops.get(subject)
-        if self._group is not None and (loop is None or loop.done()):
+        if loop is not None and not loop.done():
+            self._seen.add(subject)
+        elif self._group is not None:
             self._loops[subject] = self._group.create_task(self._consume(subject))
 
     async def _subjects(self) -> list[str]:
@@ -228,18 +232,28 @@ class IntakeActor(ServiceActor):
 
     async def _consume(self, subject: str) -> None:
         try:
-            await self.bus.pull_loop(
-                STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
-                batch=self.batch, before_fetch=self.acceptor.wait_for_room,
-                # A node that dies holding a batch delays those submissions by this much;
-                # handling one twice is harmless (the key).
-                ack_wait=10.0, idle_exit=self.idle_after,
-                # The server forgets the consumer of a tenant gone quiet for a day.
-                inactive_threshold=86_400.0)
+            while True:
+                await self.bus.pull_loop(
+                    STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
+                    batch=self.batch, before_fetch=lambda: self._before_fetch(subject),
+                    # A node that dies holding a batch delays those submissions by this
+                    # much; handling one twice is harmless (the key).
+                    ack_wait=10.0, idle_exit=self.idle_after,
+                    # The server forgets the consumer of a tenant gone quiet for a day.
+                    inactive_threshold=86_400.0)
+                if subject not in self._seen:
+                    return  # idle, and nothing came as it ended
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # this tenant's loop only; discovery starts it again
             log.error("intake loop failed", subject=subject, error=repr(exc))
+
+    async def _before_fetch(self, subject: str) -> None:
+        # Seen from now on: this fetch takes it, or, should the loop end idle meanwhile,
+        # it goes on (_consume) instead of leaving the message to the next scan.
+        self._seen.discard(subject)
+        if self.acceptor.wait_for_room is not None:
+            await self.acceptor.wait_for_room()
 
     async def _handle_batch(self, msgs: list[Msg]) -> None:
         await asyncio.gather(*(self._handle(m) for m in msgs))
