@@ -10,7 +10,10 @@
     also wal_io_bytes_per_step: what the node process physically wrote (/proc/pid/io);
 (e) synchronous: the SQLite setting used;
 (f) resume_after_kill_s: a 20-step task (50 ms per step), node SIGKILLed right after step
-    10 committed, then started again: restart command → task.succeeded.
+    10 committed, then started again: restart command → task.succeeded;
+(g) first_submit_accept_ms: on a fresh node (its own new store), the first submission of a
+    tenant the node has never seen: publish → its ``task.queued`` event at a subscriber;
+    the first new tenant's figure, and the median of five new tenants in a row.
 
 The node is a real ``ratchet serve`` subprocess joined to a real nats-server (``--nats-url``).
 """
@@ -247,6 +250,34 @@ async def resume_after_kill(nats_url: str, base: Path) -> dict[str, Any]:
     return {"resume_after_kill_s": round(resume, 3)}
 
 
+async def first_submit_accept(nats_url: str, base: Path, tenants: int = 5) -> dict[str, Any]:
+    node = NodeProc(base / "fresh", nats_url)
+    node.start()
+    client = await ratchet.Client.connect(nats_url, "bench", creds=node.creds)
+    waits: list[float] = []
+    try:
+        for i in range(tenants):
+            newcomer = ratchet.Client(client.nc, f"new{time.time_ns()}x{i}", client.signer)
+            queued = asyncio.Event()
+
+            async def on_queued(msg: Any, queued: asyncio.Event = queued) -> None:
+                queued.set()
+
+            sub = await client.nc.subscribe(f"ratchet.events.{newcomer.tenant}.*.task.queued",
+                                            cb=on_queued)
+            await client.nc.flush()  # subscribed before the submission goes out
+            t0 = time.perf_counter()
+            await publish_submit(newcomer, "five", "first")
+            await asyncio.wait_for(queued.wait(), 30)
+            waits.append(time.perf_counter() - t0)
+            await sub.unsubscribe()
+    finally:
+        await client.close()
+        node.stop()
+    return {"first_submit_accept_ms": round(waits[0] * 1000, 1),
+            "first_submit_accept_ms_median": round(statistics.median(waits) * 1000, 1)}
+
+
 async def main() -> None:
     configure_logging("warning")
     with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as tmp:
@@ -269,6 +300,7 @@ async def main() -> None:
                             or k == "largest_batch"})
             results.update(await big_document(url, base))
             results.update(await resume_after_kill(url, base))
+            results.update(await first_submit_accept(url, base))
         finally:
             await server.stop()
         print(json.dumps(results))

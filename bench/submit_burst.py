@@ -17,10 +17,11 @@ stream. So the fault checks, for the submits it publishes on JetStream:
 and the probes over the API (answered OK: acknowledged) are audited as for every fault.
 
 So that the purges find submits still queued, each run publishes on a tenant of its own
-(``burst-<run>``): the intake starts a tenant's consumer only once it has seen the tenant's
-subject hold messages (it looks every 0.5 s), so the first bursts wait in the stream until
-the purge; once a burst waited long enough to be seen, the later ones meet the running
-consumer and are accepted or purged depending on the race.
+(``burst-<run>``): the intake starts a tenant's consumer when it sees the tenant's first
+submission go by, and creating and binding that consumer takes a few JetStream round
+trips, so the first burst is mostly still in the stream when its purge (sent as soon as
+its publishes are acked) comes; the later ones meet the running consumer and are accepted
+or purged depending on the race.
 """
 
 from __future__ import annotations
@@ -61,15 +62,14 @@ class SubmitBurst:
 
     async def strike(self) -> None:
         """Bursts (each published at once, every submit waiting for its publish ack), each
-        purged 0 to 0.3 s later: about two seconds. A burst that waits long enough is seen
-        by the intake, which from then on takes the tenant's submits as they come."""
+        purged 0 to 0.3 s later: about two seconds. From its first burst on, the intake
+        takes the tenant's submits as they come."""
         rng = random.Random(self.run)
         for burst in range(BURSTS):
             reports = [f"burst-{self.run}-{burst}-{i}" for i in range(BURST)]
             await asyncio.gather(*(self._publish(r) for r in reports))
-            # The intake's chance — none for the first burst, purged as soon as its
-            # publishes are acked: the intake looks for new tenants every 0.5 s, so that
-            # purge finds the burst queued unless a look fell in those milliseconds.
+            # The intake's chance — next to none for the first burst, purged as soon as its
+            # publishes are acked, while the intake is still creating the tenant's consumer.
             await asyncio.sleep(rng.uniform(0.0, 0.3) if burst else 0.0)
             self.purged.append(await self._purge())
 

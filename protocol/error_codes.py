@@ -26,6 +26,12 @@ class ErrorCode(StrEnum):
     INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    # A node's refused start (StartRefused): never in a reply (docs/operations.md).
+    NODE_ID_IN_USE = "NODE_ID_IN_USE"
+    PARTITION_COUNT_MISMATCH = "PARTITION_COUNT_MISMATCH"
+    STORE_READ_ONLY = "STORE_READ_ONLY"
+    NATS_UNREACHABLE = "NATS_UNREACHABLE"
+    NATS_PORT_TAKEN = "NATS_PORT_TAKEN"
 
 
 class RatchetError(Exception):

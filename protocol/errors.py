@@ -38,7 +38,7 @@ __all__ = [
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
     "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
-    "HandlingFailed", "SecretUnreadable", "TooManyItems", "UsageError",
+    "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
 ]
 
 
@@ -199,10 +199,21 @@ class Fenced(RatchetError):
     ends_actor = True
 
 
-class PartitionCountMismatch(RatchetError):
+class StartRefused(RatchetError):
+    """A node cannot start as configured; retrying cannot help. Its ``code`` says why:
+    NODE_ID_IN_USE (``serve`` twice on one state dir), STORE_READ_ONLY, NATS_UNREACHABLE,
+    NATS_PORT_TAKEN, PARTITION_COUNT_MISMATCH (a class of its own, below)."""
+
+    def __init__(self, code: ErrorCode, message: str, **details: Any) -> None:
+        super().__init__(message, **details)
+        self.code = code
+
+
+class PartitionCountMismatch(StartRefused):
     """The store was created for another number of partitions than this node uses."""
 
-    code = ErrorCode.INVALID_ARGUMENT
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(ErrorCode.PARTITION_COUNT_MISMATCH, message, **details)
 
 
 # -- actors -------------------------------------------------------------------------------

@@ -33,6 +33,7 @@ from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
+from ratchet.actors.task.slow_step import warn_if_slow
 from ratchet.actors.task.step_runner import step_runner
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.task.task_secrets import TaskSecrets
@@ -330,7 +331,8 @@ class TaskActor(Actor):
             try:
                 # One cancel scope serves both the step's own timeout and an operator's
                 # interrupt (rescheduled to "now"), with no extra task per step.
-                async with asyncio.timeout(step.timeout) as scope:
+                async with asyncio.timeout(step.timeout) as scope, \
+                        warn_if_slow(ctx.log, step.timeout, self._attempt):
                     self._scope = scope
                     update = await step.fn(ctx)
             except TimeoutError:

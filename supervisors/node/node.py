@@ -1,18 +1,20 @@
 """The node: the root supervisor of one Ratchet process.
 
-Start order: audit seal → store (and its secret key, supervisors/node/secret_key.py) → NATS
-(embedded or joined) → streams → root supervisor with {outbox relay, tasks, api, mail
-router, timers, external router, intake} → recovery of every unfinished task; then, in the
-background, the check of the audit chain.
+Start order: audit seal → store (and its secret key, supervisors/node/secret_key.py) → the
+checks that refuse a start (partition count, node id in use: leases.check_start) → NATS
+(embedded or joined, connected within a bound: nats_link.py) → streams → root supervisor
+with {outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
+every unfinished task; then, in the background, the check of the audit chain. A start that
+fails or is cancelled stops what it had started (``Node.stop``) before it raises.
 Stop order (idempotent): stop intake, the routers and timers (no new work) → stop the tasks
 supervisor (each task stops at its next step boundary, its safe point) → flush the outbox
-→ stop the rest → close NATS → close the store → stop the embedded server.
+→ release the leases (all of that within ``drain_timeout``, or sooner after ``hurry``) →
+stop the rest → close NATS → close the store → stop the embedded server.
 """
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import structlog
@@ -20,7 +22,7 @@ import structlog
 from ratchet.actors.core.actor import ActorRef, ActorSystem
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.task.actor import TaskDeps
-from ratchet.actors.transport.bus import Bus, stream_configs
+from ratchet.actors.transport.bus import Bus
 from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.audit_check import AuditReport
 from ratchet.persistence.ports import StorePort
@@ -33,11 +35,18 @@ from ratchet.protocol.subjects import STREAM_MAIL, mail_subject
 from ratchet.supervisors.node.config import NodeConfig
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.node.held_leases import HeldLeases
-from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings
-from ratchet.supervisors.node.nats_auth import NatsAuthorization, nats_auth_options
+from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSettings, check_start
+from ratchet.supervisors.node.nats_auth import NatsAuthorization
+from ratchet.supervisors.node.nats_link import link_nats
 from ratchet.supervisors.node.node_events import NodeEvents
 from ratchet.supervisors.node.node_trust import check_audit, open_store, trust, unlock_secrets
 from ratchet.supervisors.node.partitions import PartitionWork
+from ratchet.supervisors.node.shutdown import (
+    AFTER_DRAIN,
+    AFTER_INCOMPLETE_DRAIN,
+    Drain,
+    close_in_order,
+)
 from ratchet.supervisors.node.store_figures import store_figures
 from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.admin_keys import KeyringHooks
@@ -54,12 +63,7 @@ from ratchet.supervisors.services.schedules import ScheduleService
 from ratchet.supervisors.services.timers import TimerService
 from ratchet.supervisors.supervision.restart_policy import Restart
 from ratchet.supervisors.supervision.scheduler import FairScheduler
-from ratchet.supervisors.supervision.supervisor import (
-    ChildSpec,
-    StopChild,
-    Supervisor,
-    WhichChildren,
-)
+from ratchet.supervisors.supervision.supervisor import ChildSpec, Supervisor, WhichChildren
 from ratchet.supervisors.supervision.tasks import TaskSupervision
 
 __all__ = ["Node", "NodeConfig"]  # NodeConfig: supervisors/node/config.py
@@ -95,6 +99,7 @@ class Node:
         self.leases: LeaseManager | None = None
         self._stopped = False
         self._started = False
+        self._drain = Drain(config.drain_timeout)  # supervisors/node/shutdown.py
         #: Why the database file was lost under this node, once noticed (file_watch.py).
         self.store_lost: str | None = None
         #: Set when the root supervisor gave up (restart intensity exceeded): the process
@@ -111,20 +116,37 @@ class Node:
         return self.store
 
     async def start(self) -> None:
+        """Start in the documented order.
+
+        Raises:
+            StartRefused: its code says why (NODE_ID_IN_USE, PARTITION_COUNT_MISMATCH,
+                STORE_READ_ONLY, NATS_UNREACHABLE, NATS_PORT_TAKEN); raised, as any other
+                failure or a cancel, after what had started was stopped: no thread,
+                connection or server is left behind.
+        """
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def _start(self) -> None:
         cfg = self.config
         # The leases this node holds: written by its lease manager, read by the store (the
         # fencing token of every task write) and by task supervision (which tasks are ours).
         self.holding = HeldLeases(cfg.node_id, cfg.partitions, self.lease_clock)
         self.store = await open_store(cfg, self.holding)
         self.store.on_file_lost(self._file_lost)
+        # Refused here, before NATS or any child starts, at once (the lease manager checks
+        # again as it starts).
+        await check_start(self.store, cfg.node_id, cfg.partitions, cfg.lease_ttl)
         # Mail between nodes is sealed with the store's shared key (protocol/mail_seal.py).
         self.seal, self.authn = await trust(self.store, cfg, self.clock)
-        try:
-            await unlock_secrets(self.store, cfg)  # SecretUnreadable: not this store's key
-            bus = await self._connect_bus()
-        except BaseException:
-            await self.stop()
-            raise
+        await unlock_secrets(self.store, cfg)  # SecretUnreadable: not this store's key
+        link = await link_nats(cfg, self._store)
+        self.url, self.bus, self.node_key = link.url, link.bus, link.node_key
+        self.nats_auth, self.embedded, self._nats_server = link.auth, link.embedded, link.server
+        self.events.attach(bus := link.bus)
         # Before any timer is judged, and before this node's first heartbeat replaces the
         # reading its previous run left: a clock wrong since the start is a step too.
         self.clock.judge_start([n.info for n in await self._store.nodes()])
@@ -151,33 +173,6 @@ class Node:
             self.audit_report = await check_audit(self._store, self.events)
         finally:
             self.audit_checked.set()
-
-    async def _connect_bus(self) -> Bus:
-        """Join the configured NATS or another node's embedded server, or start one (with
-        the keyring's users: nats_auth.py)."""
-        cfg = self.config
-        state_dir = Path(cfg.state_dir)
-        self.nats_auth = auth = NatsAuthorization(state_dir, self._store)
-        self.node_key = auth.node.public_key
-        embedded = EmbeddedNats(state_dir / "nats", config_file=auth.path)
-        options = auth.connect_options()
-        if cfg.nats_url:
-            self.url, self.nats_auth = cfg.nats_url, None
-            options = nats_auth_options(cfg.nats_creds) if cfg.nats_creds else {}
-        elif (running := embedded.live_url()) is not None:
-            # Another node of this state dir runs the embedded server: join it (it
-            # stops with that node — several nodes belong on a standalone NATS).
-            self.url, self._nats_server = running, embedded
-            log.info("joining the embedded nats-server of another node", url=running)
-            await auth.refresh(embedded)
-        else:
-            await auth.write()
-            self.embedded = self._nats_server = embedded
-            self.url = await self.embedded.start()
-        self.bus = bus = await Bus.connect(self.url, name=cfg.node_id, auth=options)
-        self.events.attach(bus)
-        await bus.ensure_streams(stream_configs(cfg.streams))
-        return bus
 
     def _task_supervision(self) -> None:
         """The tasks supervisor, its fair scheduler, and what every task actor gets."""
@@ -250,7 +245,8 @@ class Node:
                                                            self.authn), Restart.PERMANENT),
             ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock,
                                                             self.authn), Restart.PERMANENT),
-            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor, self.authn),
+            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor, self.authn,
+                                                      rescan_interval=cfg.intake_rescan_interval),
                       Restart.PERMANENT),
             ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
@@ -360,35 +356,23 @@ class Node:
         if self._audit_check is not None and not self._audit_check.done():
             self._audit_check.cancel()
             await asyncio.wait([self._audit_check])  # its end; a cancel of stop() still raises
-        # Each stage runs even if an earlier one failed (NATS gone, a child stuck): the store
-        # must close (its threads would keep the process alive) and the server must stop.
         root = self.root
+        log.info("node stopping", node=self.config.node_id, drain_timeout=self._drain.timeout)
         if self.leases is not None:
             self.leases.stopping = True  # renew only: take no partition while stopping
         if root is not None and root.is_alive:
-            try:
-                for child in ("intake", "decisions", "external", "recovery", "retention", "timers",
-                              "mail", "admin", "api"):
-                    await root.ask(StopChild(child), timeout=self.config.drain_timeout)
-                await root.ask(StopChild("tasks"), timeout=self.config.drain_timeout + 5)
-                if self.relay is not None:
-                    await self.relay.flush(timeout=5.0)
-                if self.leases is not None:
-                    await self.leases.release_all()  # the others take the partitions now
-            except Exception as exc:
-                log.warning("drain incomplete", error=repr(exc))
-            await root.stop_and_wait(timeout=15.0)
-        for stage, close in (("nats", self.bus.close if self.bus else None),
-                             ("store", self.store.close if self.store else None),
-                             ("embedded nats-server", self.embedded.stop if self.embedded
-                              else None)):
-            if close is None:
-                continue
-            try:
-                await close()
-            except Exception as exc:
-                log.warning("shutdown stage failed", stage=stage, error=repr(exc))
+            drained = await self._drain.run(root, self.relay, self.leases)
+            await root.stop_and_wait(AFTER_DRAIN if drained else AFTER_INCOMPLETE_DRAIN)
+        await close_in_order([("nats", self.bus.close if self.bus else None),
+                              ("store", self.store.close if self.store else None),
+                              ("embedded nats-server",
+                               self.embedded.stop if self.embedded else None)])
         log.info("node stopped", node=self.config.node_id)
+
+    def hurry(self) -> None:
+        """Cut the drain short (a second Ctrl-C): what has not stopped yet is stopped
+        without waiting for a safe point (its tasks resume from their checkpoints)."""
+        self._drain.hurry()
 
     async def __aenter__(self) -> Node:
         await self.start()

@@ -6,6 +6,8 @@ chain verified (docs/security.md)."""
 from __future__ import annotations
 
 import asyncio
+import errno
+import sqlite3
 from pathlib import Path
 
 import structlog
@@ -16,6 +18,7 @@ from ratchet.persistence.ports import StorePort
 from ratchet.persistence.records import Fence
 from ratchet.persistence.store import Store  # the composition root: it opens the store
 from ratchet.protocol.clock_guard import ClockGuard
+from ratchet.protocol.errors import ErrorCode, StartRefused
 from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.secrets import Sealer
 from ratchet.supervisors.node.config import NodeConfig
@@ -30,14 +33,44 @@ __all__ = ["check_audit", "open_store", "trust", "unlock_secrets"]
 log = structlog.get_logger("ratchet.node")
 
 
+#: What the OS says of a file it will not let us write: no permission, an immutable
+#: file (``chattr +i``, even for root), a read-only mount.
+_UNWRITABLE = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+#: SQLite's primary codes for the same: READONLY, CANTOPEN (no -wal or -shm beside it), PERM.
+_SQLITE_UNWRITABLE = frozenset({8, 14, 3})
+
+
 async def open_store(cfg: NodeConfig, fence: Fence) -> StorePort:
     """The store, in a private state dir, with the audit chain's key and head (which live
-    in the state directory, not in the database)."""
-    secure_state_dir(Path(cfg.state_dir), cfg.db_path)
-    seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))
-    return await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
-                            wal_limit=int(cfg.wal_limit_mb * 1024 * 1024), fence=fence,
-                            audit_seal=seal)
+    in the state directory, not in the database).
+
+    Raises:
+        StartRefused: STORE_READ_ONLY, the state dir, the database or its WAL cannot be
+            written.
+    """
+    try:
+        secure_state_dir(Path(cfg.state_dir), cfg.db_path)
+        seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))
+        return await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
+                                wal_limit=int(cfg.wal_limit_mb * 1024 * 1024), fence=fence,
+                                audit_seal=seal)
+    except OSError as exc:
+        if exc.errno not in _UNWRITABLE:
+            raise
+        raise _read_only(cfg, exc.strerror or repr(exc), exc.filename) from exc
+    except sqlite3.Error as exc:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _SQLITE_UNWRITABLE:
+            raise
+        raise _read_only(cfg, str(exc), str(cfg.db_path)) from exc
+
+
+def _read_only(cfg: NodeConfig, reason: str, path: object) -> StartRefused:
+    # A node that cannot write its store can do nothing: refuse at once, saying where.
+    where = path or cfg.db_path
+    return StartRefused(ErrorCode.STORE_READ_ONLY,
+                        f"cannot write {where}: {reason}; the node needs its state dir and"
+                        " database writable (check owner, mode, chattr +i, read-only mount)",
+                        path=str(where), db=str(cfg.db_path))
 
 
 async def trust(store: StorePort, cfg: NodeConfig,

@@ -20,6 +20,7 @@ of such a workflow is kept with its input redacted, since it may hold them in cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -153,44 +154,77 @@ def intake_durable(subject: str) -> str:
     return f"intake-x{zlib.crc32(subject.encode()):08x}"
 
 
+#: Every submit subject (the stream's), and the queue group of the nodes' look-out for new
+#: tenants on them: one node sees each submission.
+SUBMIT_SUBJECTS = "ratchet.submit.>"
+INTAKE_LOOKOUT = "ratchet-intake"
+
+
 class IntakeActor(ServiceActor):
     """Consumes ``ratchet.submit.<tenant>`` and acks each message after its outcome committed.
 
     One durable consumer per submit subject, that is per tenant, each pulled by its own
     loop: a tenant that floods 10,000 submissions waits behind its own queue, not another
-    tenant's — the stream alone is first-come first-served across tenants. Subjects are
-    discovered from the stream (subjects holding messages) every ``discover_interval``; a
-    loop whose subject stays empty for ``idle_after`` seconds ends until messages come back.
+    tenant's — the stream alone is first-come first-served across tenants. A loop whose
+    subject stays empty for ``idle_after`` seconds ends until messages come back.
+
+    A tenant's loop starts at its first submission: the nodes listen to the submit subjects
+    on core NATS too (queue group ``ratchet-intake``: one node gets each copy) and the
+    first message of a subject with no loop starts one there, so a new tenant is served as
+    fast as any other. The cost is one more delivery of every submission, to one node. (A
+    wildcard JetStream consumer cannot do it: a work-queue stream refuses consumers whose
+    filters overlap, and one consumer for every tenant would queue a flood in front of
+    everyone.) A scan of the stream's subjects every ``rescan_interval`` is the backstop,
+    for messages that came while no node listened.
     """
 
     def __init__(self, bus: Bus, acceptor: Acceptor, authn: Authenticator, batch: int = 128,
-                 discover_interval: float = 0.5, idle_after: float = 60.0) -> None:
+                 rescan_interval: float = 5.0, idle_after: float = 60.0) -> None:
         self.bus = bus
         self.acceptor = acceptor
         self.authn = authn
         self.batch = batch
-        self.discover_interval = discover_interval
+        self.rescan_interval = rescan_interval
         self.idle_after = idle_after
         self._loops: dict[str, asyncio.Task[None]] = {}
+        self._group: asyncio.TaskGroup | None = None
+        #: Subjects with a submission seen since their loop's last fetch began.
+        self._seen: set[str] = set()
 
     async def serve(self) -> None:
         # The single consumer of earlier releases would overlap the per-tenant ones (a
         # work-queue stream refuses that).
         await self.bus.forget_consumer(STREAM_SUBMIT, "intake")
         # The tenants' loops are this one's children: stopping intake stops and awaits
-        # them (a loop that fails logs and ends; discovery starts it again).
-        async with asyncio.TaskGroup() as loops:
-            while True:
-                for subject in await self._subjects():
-                    loop = self._loops.get(subject)
-                    if loop is None or loop.done():
-                        self._loops[subject] = loops.create_task(self._consume(subject))
-                # Loop time, not the task clock: this polls NATS, it is no task's timer.
-                await asyncio.sleep(self.discover_interval)
+        # them (a loop that fails logs and ends; its next submission starts it again).
+        async with asyncio.TaskGroup() as self._group:
+            lookout = await self.bus.nc.subscribe(SUBMIT_SUBJECTS, queue=INTAKE_LOOKOUT,
+                                                  cb=self._submitted)
+            try:
+                while True:
+                    for subject in await self._subjects():
+                        self._ensure_loop(subject)
+                    # Loop time, not the task clock: this polls NATS, it is no task's timer.
+                    await asyncio.sleep(self.rescan_interval)
+            finally:
+                self._group = None
+                with contextlib.suppress(Exception):  # the connection may be closing
+                    await lookout.unsubscribe()
+
+    async def _submitted(self, msg: Msg) -> None:
+        """A submission seen on core NATS (its JetStream copy is the one handled)."""
+        self._ensure_loop(msg.subject)
+
+    def _ensure_loop(self, subject: str) -> None:
+        loop = self._loops.get(subject)
+        if loop is not None and not loop.done():
+            self._seen.add(subject)
+        elif self._group is not None:
+            self._loops[subject] = self._group.create_task(self._consume(subject))
 
     async def _subjects(self) -> list[str]:
         try:
-            info = await self.bus.js.stream_info(STREAM_SUBMIT, subjects_filter="ratchet.submit.>")
+            info = await self.bus.js.stream_info(STREAM_SUBMIT, subjects_filter=SUBMIT_SUBJECTS)
         except STREAM_GONE as exc:  # deleted under the node: create it again, not a crash
             await self.bus.restore_streams(exc)
             return []
@@ -198,18 +232,28 @@ class IntakeActor(ServiceActor):
 
     async def _consume(self, subject: str) -> None:
         try:
-            await self.bus.pull_loop(
-                STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
-                batch=self.batch, before_fetch=self.acceptor.wait_for_room,
-                # A node that dies holding a batch delays those submissions by this much;
-                # handling one twice is harmless (the key).
-                ack_wait=10.0, idle_exit=self.idle_after,
-                # The server forgets the consumer of a tenant gone quiet for a day.
-                inactive_threshold=86_400.0)
+            while True:
+                await self.bus.pull_loop(
+                    STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
+                    batch=self.batch, before_fetch=lambda: self._before_fetch(subject),
+                    # A node that dies holding a batch delays those submissions by this
+                    # much; handling one twice is harmless (the key).
+                    ack_wait=10.0, idle_exit=self.idle_after,
+                    # The server forgets the consumer of a tenant gone quiet for a day.
+                    inactive_threshold=86_400.0)
+                if subject not in self._seen:
+                    return  # idle, and nothing came as it ended
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # this tenant's loop only; discovery starts it again
             log.error("intake loop failed", subject=subject, error=repr(exc))
+
+    async def _before_fetch(self, subject: str) -> None:
+        # Seen from now on: this fetch takes it, or, should the loop end idle meanwhile,
+        # it goes on (_consume) instead of leaving the message to the next scan.
+        self._seen.discard(subject)
+        if self.acceptor.wait_for_room is not None:
+            await self.acceptor.wait_for_room()
 
     async def _handle_batch(self, msgs: list[Msg]) -> None:
         await asyncio.gather(*(self._handle(m) for m in msgs))
