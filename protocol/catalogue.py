@@ -177,3 +177,5 @@ class EventType(StrEnum):
     AGENT_BUDGET_EXHAUSTED = "agent.budget_exhausted"
     #: A turn answered by a fallback model or the answer cache, or by none of them.
     AGENT_DEGRADED = "agent.degraded"
+    #: A long conversation folded into a summary before a turn.
+    AGENT_COMPACTED = "agent.compacted"

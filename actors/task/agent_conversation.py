@@ -16,6 +16,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
+from ratchet.actors.agents.compaction import summary_message
 from ratchet.actors.agents.loop_detect import TurnRecord
 from ratchet.actors.agents.models import Message
 from ratchet.actors.task.kernel import TaskKernel
@@ -41,10 +42,15 @@ class Conversation:
         self.messages: list[Message] = []
         self.hash = ""
         log = [(k, _opened(b)) for k, b in log]
+        #: The latest compaction (actors/agents/compaction.py): what the model is sent.
+        self.compaction: dict[str, Any] | None = None
         for k, b in log:
             if k == "message":
                 self.messages.append(Message.from_dict(b))
                 self.hash = digest([self.hash, b])
+            elif k == "compaction":
+                self.compaction = b
+                self.hash = digest([self.hash, {"compaction": b["upto"]}])
         self.turns = [TurnRecord.from_dict(b) for k, b in log if k == "turn"]
         self.seq = len(log)
         self.seen = {str(b.get("artifact")) for k, b in log if k == "artifact"}
@@ -68,6 +74,23 @@ class Conversation:
         self.messages.append(Message.from_dict(message))
         self.hash = digest([self.hash, message])
         self._log("message", message)
+
+    def view(self) -> list[Message]:
+        """The messages the model is sent: all of them, or since a compaction its head,
+        the summary with the pinned facts, and what came after the cut."""
+        c = self.compaction
+        if c is None:
+            return list(self.messages)
+        return [*self.messages[:c["head"]], summary_message(c["summary"], c["pinned"]),
+                *self.messages[c["upto"]:]]
+
+    def compact(self, head: int, upto: int, summary: str, pinned: list[str]) -> None:
+        """Fold messages ``[head, upto)`` into ``summary`` (logged: a resumed task sends
+        the same view)."""
+        entry = {"head": head, "upto": upto, "summary": summary, "pinned": pinned}
+        self.compaction = entry
+        self.hash = digest([self.hash, {"compaction": upto}])
+        self._log("compaction", entry)
 
     def add_turn(self, record: TurnRecord) -> None:
         self.turns.append(record)

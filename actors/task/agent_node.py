@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from ratchet.actors.agents.loop_detect import LoopPolicy, TurnRecord, detect
 from ratchet.actors.agents.models import Message
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
+from ratchet.actors.task.agent_compact import maybe_compact
 from ratchet.actors.task.agent_conversation import Conversation, digest
 from ratchet.actors.task.agent_propose import Turn, propose
 from ratchet.actors.task.kernel import TaskKernel
@@ -60,6 +61,9 @@ async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     if dim is not None or turn >= node.max_turns:
         return await _exhaust(actor, node, conv, spent, dim)
     runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
+    if node.compact is not None and not _parked(conv):
+        await maybe_compact(actor, node, runner, conv, visit, turn)
+        spent = dict(actor.spent)  # with what the summarizer spent
     t = await propose(actor, node, runner, conv, visit, turn, spent)
     if t.exhausted is not None:
         return await _exhaust(actor, node, conv, spent, t.exhausted)
@@ -231,6 +235,12 @@ async def _execute(actor: TaskKernel, runner: Any, tools: dict[str, Tool[Any, An
     except ActionFailed as exc:
         return {"error": f"{name} failed: {exc.message}"}
     return result.model_dump(mode="json")
+
+
+def _parked(conv: Conversation) -> bool:
+    """The last proposal's calls are still to be answered (the task parked on one)."""
+    last = conv.messages[-1]
+    return last.role == "assistant" and bool(last.tool_calls)
 
 
 async def _exhaust(actor: TaskKernel, node: AgentNode, conv: Conversation,

@@ -72,7 +72,7 @@ async def propose(actor: TaskKernel, node: AgentNode, runner: ActionRunner,
         # happened — and do not ask the model again.
         return Turn(conv, turn, spent, last)
     ask = _Ask(actor, node, runner, conv, f"model:{actor.task_id}:{node.name}:{visit}:{turn}",
-               specs_digest, ModelRequest(list(conv.messages), specs, dict(node.params)))
+               specs_digest, ModelRequest(conv.view(), specs, dict(node.params)))
     degrade: Degradation | None = node.degrade
     reasons: list[dict[str, Any]] = []
     short: str | None = None

@@ -191,13 +191,14 @@ class Workflow(MapBuilder, LoopBuilder):
               max_turns: int = 20, repair_attempts: int = 2, loop: Any = None,
               params: Mapping[str, Any] | None = None, model_timeout: float = 60.0,
               next: str | None = None, on_budget_exhausted: str = FAIL, on_loop: str = FAIL,
-              max_visits: int | None = None, degrade: Any = None) -> None:
+              max_visits: int | None = None, degrade: Any = None,
+              compact: Any = None) -> None:
         """An agent node: the model proposes tool calls or an answer; the runtime disposes.
         ``degrade``: a ``Degradation`` (fallback models, answer cache, a node when all
-        fail; docs/agents.md)."""
+        fail); ``compact``: a ``Compaction`` (summarize a long conversation; docs/agents.md)."""
         self._add(AgentNode(name, model, tuple(tools), output, prompt, system, max_turns,
                             repair_attempts, loop, dict(params or {}), model_timeout,
-                            next or END, on_budget_exhausted, on_loop, degrade,
+                            next or END, on_budget_exhausted, on_loop, degrade, compact,
                             max_visits=max_visits),
                   implicit_next=next is None)
 

@@ -281,6 +281,7 @@ class AgentNode(Node):
     on_budget_exhausted: str = FAIL
     on_loop: str = FAIL
     degrade: Any = None  # actors.agents.degrade.Degradation (None: the model alone)
+    compact: Any = None  # actors.agents.compaction.Compaction (None: never compacted)
     kind = "agent"
 
     def successors(self) -> list[str]:

@@ -37,6 +37,14 @@ class ExitCode(IntEnum):
     USAGE = 2
     #: The watched task ended FAILED.
     TASK_FAILED = 3
+    #: ``serve`` refused to start (docs/operations.md): its node id is in use (``serve``
+    #: twice on one state dir), the store has another partition count, the store is read
+    #: only, NATS cannot be reached, the asked NATS port is taken.
+    NODE_ID_IN_USE = 4
+    PARTITION_COUNT_MISMATCH = 5
+    STORE_READ_ONLY = 6
+    NATS_UNREACHABLE = 7
+    NATS_PORT_TAKEN = 8
     #: Stopped by Ctrl-C before it was done (128 + SIGINT).
     INTERRUPTED = 130
 

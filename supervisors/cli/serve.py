@@ -23,18 +23,14 @@ from typing import Any
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused
-from ratchet.supervisors.cli.common import load_app
+from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
 
 #: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
-REFUSED_START_EXIT = {
-    ErrorCode.NODE_ID_IN_USE: 4,
-    ErrorCode.PARTITION_COUNT_MISMATCH: 5,
-    ErrorCode.STORE_READ_ONLY: 6,
-    ErrorCode.NATS_UNREACHABLE: 7,
-    ErrorCode.NATS_PORT_TAKEN: 8,
-}
+REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
+    ErrorCode.NODE_ID_IN_USE, ErrorCode.PARTITION_COUNT_MISMATCH, ErrorCode.STORE_READ_ONLY,
+    ErrorCode.NATS_UNREACHABLE, ErrorCode.NATS_PORT_TAKEN)}
 
 
 async def serve(args: argparse.Namespace) -> int:
