@@ -1,6 +1,7 @@
 """Durable sleep: a sleep node parks its task SLEEPING on a timer row (no actor), and the
 task goes on at its wake time — on the fake clock, across a node restart, through a pause,
-a cancel or a deadline; ``ctx.sleep`` inside a step is refused with a typed error."""
+a cancel or a deadline; ``ctx.sleep`` inside a step parks the task the same way, and the step
+then runs again with its completed calls and sleeps answered at once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 import ratchet
 from ratchet.protocol.ids import new_id
@@ -60,14 +62,38 @@ def _nap_until() -> ratchet.Workflow:
     return wf
 
 
+EFFECTS: Counter[str] = Counter()
+
+
+class Charge(BaseModel):
+    order: str
+
+
+class Charged(BaseModel):
+    provider_id: str
+
+
+async def _charge(ctx: ratchet.ToolContext, args: Charge) -> Charged:
+    """Charge an order (the outside world counts the charges it took)."""
+    EFFECTS[args.order] += 1
+    return Charged(provider_id=f"ch-{args.order}")
+
+
+charge = ratchet.tool(kind="write", args=Charge, result=Charged,
+                      key=lambda a: f"charge:{a.order}", name="charge")(_charge)
+
+
 def _sleep_in_step() -> ratchet.Workflow:
     wf = ratchet.Workflow("nap.in_step", version=1)
 
     @wf.step
     async def naps(ctx: ratchet.StepContext) -> dict[str, Any]:
         _count(ctx)
+        first = await ctx.call(charge, Charge(order=f"{ctx.task_id}-a"))
         await ctx.sleep(60)
-        return {}
+        await ctx.sleep(30)
+        second = await ctx.call(charge, Charge(order=f"{ctx.task_id}-b"))
+        return {"output": {"ids": [first.provider_id, second.provider_id]}}
 
     return wf
 
@@ -90,7 +116,8 @@ def _naps_in_a_loop() -> ratchet.Workflow:
     return wf
 
 
-registry = ratchet.Registry([_nap(), _nap_until(), _sleep_in_step(), _naps_in_a_loop()])
+registry = ratchet.Registry([_nap(), _nap_until(), _sleep_in_step(), _naps_in_a_loop()],
+                            tools=[charge])
 
 
 async def _events(client: ratchet.Client, task_id: str, stop: set[str], after: int = 0,
@@ -280,16 +307,51 @@ async def test_a_deadline_before_the_wake_time_fails_the_sleeping_task_at_the_de
     assert RUNS[f"{task_id}:after"] == 0
 
 
-async def test_ctx_sleep_inside_a_step_fails_the_task_once_with_a_typed_error(
+async def test_ctx_sleep_parks_the_task_and_the_step_goes_on_after_its_last_sleep(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
-    await start_node(registry)
+    clock = ratchet.FakeClock()
+    node = await start_node(registry, clock=clock)
     task_id = await client.submit("nap.in_step", {}, key="in-step")
-    events = await _events(client, task_id, DONE)
-    assert events[-1].type == "task.failed"
-    assert events[-1].payload["error"]["code"] == "INVALID_DEFINITION"
-    assert "wf.sleep" in events[-1].payload["error"]["message"]
-    assert RUNS[f"{task_id}:naps"] == 1  # refused for good: not retried
+    first = await _asleep(client, node, task_id)
+    assert (first.payload["step"], first.payload["n"], first.payload["seconds"]) == \
+        ("naps", 0, 60)
+    clock.advance(60.0)
+    second = await _asleep(client, node, task_id, after=first.sequence)
+    assert (second.payload["n"], second.payload["seconds"]) == (1, 30)
+    clock.advance(30.0)
+    events = await _events(client, task_id, DONE, after=second.sequence)
+    assert events[-1].payload["output"] == {"ids": [f"ch-{task_id}-a", f"ch-{task_id}-b"]}
+    # the step ran three times; each charge was taken once, the first answered by the ledger
+    assert RUNS[f"{task_id}:naps"] == 3
+    assert (EFFECTS[f"{task_id}-a"], EFFECTS[f"{task_id}-b"]) == (1, 1)
+
+
+async def test_a_sleep_in_a_step_survives_a_node_restart_and_sleeps_only_the_rest(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    clock = ratchet.FakeClock()
+    node = await start_node(registry, clock=clock)
+    task_id = await client.submit("nap.in_step", {}, key="in-step-restart")
+    first = await _asleep(client, node, task_id)
+    await node.stop()
+    clock.advance(40.0)  # two thirds of the first sleep pass while no node runs
+    node = await start_node(registry, clock=clock)
+    assert (await client.get(task_id)).status == "SLEEPING"
+    clock.advance(20.0)
+    second = await _asleep(client, node, task_id, after=first.sequence)
+    assert second.payload["n"] == 1
+    clock.advance(30.0)
+    events = await _events(client, task_id, DONE, after=second.sequence)
+    assert events[-1].type == "task.succeeded"
+    assert EFFECTS[f"{task_id}-a"] == 1
+
+
+async def test_ctx_sleep_inside_a_fan_out_branch_is_refused_with_a_typed_error() -> None:
+    ctx = ratchet.StepContext("t", "acme", "wf", "s", 0, 1, {}, {}, ratchet.FakeClock(), None,
+                              branch="b1")
+    with pytest.raises(ratchet.WorkflowDefinitionError, match="fan-out branch"):
+        await ctx.sleep(5)
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"seconds": 1, "until": lambda s: 0.0},

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, decision_audit, graph_runtime, sleep_node
+from ratchet.actors.task import crash_loop, decision_audit, graph_runtime, sleep_node, step_sleep
 from ratchet.actors.task import waits as task_waits
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.protocol.catalogue import MessageType
@@ -60,7 +60,8 @@ MAIL: dict[str, tuple[MailHandler, ...]] = {
     MessageType.TASK_CONTROL: (task_control.handle_control,),
     MessageType.APPROVAL_DECISION: (_decision,),
     MessageType.BRANCH_DONE: (graph_runtime.on_branch_done,),
-    MessageType.TIMER_FIRED: (sleep_node.on_sleep_timer, _graph_timer,
+    MessageType.TIMER_FIRED: (sleep_node.on_sleep_timer, step_sleep.on_step_sleep_timer,
+                              _graph_timer,
                               task_waits.handle_wait_mail),
     MessageType.EXTERNAL_RESOLVED: (_node_wait, task_waits.handle_wait_mail),
 }

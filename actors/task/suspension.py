@@ -19,6 +19,7 @@ from ratchet.actors.effects.actions import (
 from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.step_sleep import SleepRequested, start_sleeping
 from ratchet.persistence.ledger import ActionRecord, TimerWrite
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import ActionFailed
@@ -54,6 +55,8 @@ async def suspend(actor: TaskKernel, signal: TaskSuspended) -> None:
     if isinstance(signal, PauseRequested):
         await pause(actor, before_tool=signal.tool)
         return
+    if isinstance(signal, SleepRequested):
+        await start_sleeping(actor, signal)
     if isinstance(signal, AwaitExternal):
         due = actor.deps.clock.now() + signal.timeout
         await actor.commit(

@@ -61,11 +61,11 @@ END = "END"
 CANCEL = "cancel"
 #: ``on_timeout`` of a wait that fails the task.
 FAIL = "fail"
-#: Why ``ctx.sleep`` refuses (actors/workflow/sleep.py: the sleep node, and why a node).
-SLEEP_IN_STEP = ("ctx.sleep cannot resume inside a step (its code before the sleep would run"
-                 " again): declare a sleep node between two steps, wf.sleep(name, seconds=...)"
-                 " or until=lambda state: epoch; for a short in-memory pause use"
-                 " await ctx.clock.sleep(seconds)")
+#: Why ``ctx.sleep`` refuses inside a fan-out branch (a branch runs in its task's actor and
+#: cannot passivate on its own): a sleep node, or a step's ``ctx.sleep``, instead.
+SLEEP_IN_BRANCH = ("ctx.sleep is not available inside a fan-out branch: sleep in a step of"
+                   " the task, or declare a sleep node, wf.sleep(name, seconds=...); for a short"
+                   " in-memory pause use await ctx.clock.sleep(seconds)")
 
 #: Seconds a step may run when neither it nor its workflow says otherwise
 #: (``Workflow(step_timeout=...)``, ``@wf.step(timeout=...)``; None: no bound, only when
@@ -114,6 +114,7 @@ class StepContext:
     runner: Any = None  # the task's ActionRunner (set by the task actor)
     branch: str | None = None  # set inside a fan-out branch
     iteration: int | None = None  # a loop's iteration, from 0 (actors/workflow/loop_node.py)
+    sleeper: Any = None  # actors.task.step_sleep.StepSleeper (None inside a branch)
 
     async def call(self, tool: Tool[Any, Any], args: Any) -> Any:
         """Call a registered tool under the action protocol and return its result model.
@@ -124,12 +125,16 @@ class StepContext:
         return await self.runner.call(tool, args)
 
     async def sleep(self, seconds: float) -> None:
-        """Refused: a step cannot resume in the middle (actors/workflow/sleep.py says why).
+        """Sleep durably: the task passivates (SLEEPING, a timer row) and, when the time
+        has come, the step runs again from its top, its completed calls and sleeps answered
+        at once (actors/task/step_sleep.py).
 
         Raises:
-            WorkflowDefinitionError: always, naming the sleep node to declare instead.
+            WorkflowDefinitionError: inside a fan-out branch (no sleeper).
         """
-        raise WorkflowDefinitionError(SLEEP_IN_STEP, step=self.step_name, seconds=seconds)
+        if self.sleeper is None:
+            raise WorkflowDefinitionError(SLEEP_IN_BRANCH, step=self.step_name, seconds=seconds)
+        await self.sleeper.sleep(seconds)
 
 
 StepFn = Callable[[StepContext], Awaitable[Mapping[str, Any] | None]]

@@ -6,13 +6,10 @@
 The task checkpoints on entering the node, parks as SLEEPING (no actor, no memory: a timer
 row) and goes on to ``next`` once the wake time came, across node restarts.
 
-Why a node and not ``await ctx.sleep(...)`` inside a step: a step is an ordinary Python
-coroutine, and a coroutine's frame cannot be saved to the store and resumed in another
-process. A sleep inside a step could only resume by running the step again from its top
-(Temporal and Restate replay a journal that way; their workflow code must be
-deterministic), which runs the code before the sleep again. A sleep *between* steps
-needs nothing replayed: the step before it committed its checkpoint, the one after it
-starts fresh. ``StepContext.sleep`` therefore refuses, naming this node.
+A node re-runs nothing: the step before it committed its checkpoint, the one after starts
+fresh. ``await ctx.sleep(...)`` inside a step is durable too (actors/task/step_sleep.py), but
+a coroutine's frame cannot be saved, so that step runs again from its top when the timer
+fires (its completed calls and sleeps answered at once).
 """
 
 from __future__ import annotations
