@@ -53,11 +53,13 @@ async def test_each_other_fault_kind_loses_no_acknowledged_task_and_doubles_no_e
     assert result["missing_effects"] == 0
     assert result["event_gaps"] == 0
     seen = result["faults_seen"]
+    # A kind that cannot run here leaves its turn to the others: count each kind's runs.
+    times = result["runs_by_fault"]
     if "db_deleted" in ran:
-        assert seen["db_deleted"]["exit_code"] == {"1": 1}
-        assert seen["db_deleted"]["db_put_back"] == {"True": 1}
+        assert seen["db_deleted"]["exit_code"] == {"1": times["db_deleted"]}
+        assert seen["db_deleted"]["db_put_back"] == {"True": times["db_deleted"]}
     if "disk_full" in ran:
-        assert seen["disk_full"]["resumed"] == {"True": 1}
+        assert seen["disk_full"]["resumed"] == {"True": times["disk_full"]}
     for kind in {"clock_forward", "clock_back"} & ran:
         assert seen[kind]["steps_detected"] == seen[kind]["steps_made"] == 2
     # The purge finds submits queued (published on JetStream, not yet accepted): every one
