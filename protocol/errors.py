@@ -5,8 +5,10 @@ a human message, a ``retryable`` flag and structured ``details``; the same shape
 error replies (see ``docs/protocol.md``).
 
 Every error class of the runtime is defined here, whichever layer raises it, so one module
-lists them all with their codes. Control signals that are not errors (a task suspending,
-a request forwarded to another node) stay beside the code that raises and catches them.
+lists them all with their codes, but for a task's outcome as a client awaiting it raises
+it (``protocol/task_outcomes.py``: failed, cancelled, handed off, timed out).
+Control signals that are not errors (a task suspending, a request forwarded to another
+node) stay beside the code that raises and catches them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ __all__ = [
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
     "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
-    "HandlingFailed", "SecretUnreadable",
+    "HandlingFailed", "SecretUnreadable", "NatsUnreachable",
 ]
 
 
@@ -44,6 +46,11 @@ class ErrorCode(StrEnum):
     INVALID_DEFINITION = "INVALID_DEFINITION"
     INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
+    # A task's outcome and the wait for it, as a client raises them (never in a reply).
+    TASK_FAILED = "TASK_FAILED"
+    TASK_CANCELLED = "TASK_CANCELLED"
+    TASK_HANDED_OFF = "TASK_HANDED_OFF"
+    TIMEOUT = "TIMEOUT"
 
 
 class RatchetError(Exception):
@@ -163,6 +170,11 @@ class Unavailable(RatchetError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+class NatsUnreachable(Unavailable):
+    """A client found no NATS server at the URL within its connect timeout. The message is
+    the one line a user sees; the URL in it has its credentials redacted."""
 
 
 class StoreUnavailable(Unavailable):

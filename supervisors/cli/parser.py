@@ -10,6 +10,7 @@ from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import ROLES
 from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR
 from ratchet.supervisors.cli.serve import serve_flags
+from ratchet.supervisors.cli.tasks import submit_flags, watch_flags
 
 
 def parser() -> argparse.ArgumentParser:
@@ -36,17 +37,8 @@ def parser() -> argparse.ArgumentParser:
 
     serve_flags(sub.add_parser("serve", help="run a node in the foreground"))
 
-    s = with_nats(sub.add_parser("submit", help="publish a task request"))
-    s.add_argument("workflow")
-    s.add_argument("--input", default="{}", help="JSON object")
-    s.add_argument("--key", required=True, help="idempotency key of the business request")
-    s.add_argument("--version", type=int, default=None)
-    s.add_argument("--sync", action="store_true", help="wait for the validated accept")
-
-    s = with_nats(sub.add_parser("watch", help="print a task's events live"))
-    s.add_argument("task_id")
-    s.add_argument("--after", type=int, default=0, help="start after this sequence")
-    s.add_argument("--follow", action="store_true", help="keep going after a terminal event")
+    submit_flags(with_nats(sub.add_parser("submit", help="submit a task (validated by the node)")))
+    watch_flags(with_nats(sub.add_parser("watch", help="print a task's events live")))
 
     s = with_nats(sub.add_parser("status", help="print a task's snapshot"))
     s.add_argument("task_id")
