@@ -18,7 +18,7 @@ from ratchet.protocol.messages import Event, TaskSnapshot
 from ratchet.protocol.states import TaskStatus
 
 __all__ = [
-    "HANDOFF_EVENTS", "TERMINAL_EVENTS", "Outcome", "OutcomeReader", "ResultTimeout",
+    "HANDOFF_EVENTS", "PARKED_STATUSES", "TERMINAL_EVENTS", "Outcome", "OutcomeReader", "ResultTimeout",
     "TaskBudgetExhausted", "TaskCancelled", "TaskError", "TaskFailed", "TaskHandedOff",
     "outcome_of_event", "outcome_of_snapshot",
 ]
@@ -31,6 +31,8 @@ TERMINAL_EVENTS = frozenset({EventType.TASK_SUCCEEDED, EventType.TASK_FAILED,
 HANDOFF_EVENTS = frozenset({EventType.TASK_UNKNOWN, EventType.TASK_HANDOFF})
 _HANDOFF_STATUS = {EventType.TASK_UNKNOWN: TaskStatus.UNKNOWN.value,
                    EventType.TASK_HANDOFF: TaskStatus.WAITING_APPROVAL.value}
+#: The statuses a task handed to a human is in until someone acts.
+PARKED_STATUSES = frozenset(_HANDOFF_STATUS.values())
 #: How much of a failure's message goes into the one-line message (all of it is in
 #: ``error``).
 _MESSAGE_CHARS = 200
@@ -94,17 +96,25 @@ class TaskCancelled(TaskError):
 class TaskHandedOff(TaskError):
     """The task waits for a human: a write of unknown outcome (UNKNOWN) or a handoff
     (WAITING_APPROVAL; ``ratchet admin handoff`` shows the package). Not terminal: once a
-    human resolved it, awaiting the result again may return the output (retryable)."""
+    human resolved it, awaiting the result again may return the output (retryable).
+    ``version``: the task's version at the handoff (None when read from a snapshot)."""
 
     code = ErrorCode.TASK_HANDED_OFF
     default_retryable = True
 
-    def __init__(self, task_id: str, status: str, reason: str | None = None) -> None:
+    def __init__(self, task_id: str, status: str, reason: str | None = None,
+                 version: int | None = None) -> None:
         super().__init__(f"task {task_id} waits for a human ({status})"
                          + (f": {reason}" if reason else ""),
                          task_id=task_id, status=status, reason=reason)
         self.status = status
         self.reason = reason
+        self.version = version
+
+    def superseded_by(self, snapshot: TaskSnapshot) -> bool:
+        """Whether ``snapshot``, taken after the handoff, shows the task moved on since."""
+        return self.version is not None and snapshot.version >= self.version \
+            and snapshot.status not in PARKED_STATUSES
 
 
 class ResultTimeout(RatchetError, TimeoutError):
@@ -146,7 +156,7 @@ def outcome_of_event(event: Event) -> Outcome | None:
         return TaskCancelled(event.task_id, payload.get("by"), payload.get("reason"))
     if event.type in HANDOFF_EVENTS:
         return TaskHandedOff(event.task_id, _HANDOFF_STATUS[EventType(event.type)],
-                             payload.get("reason"))
+                             payload.get("reason"), event.aggregate_version)
     return None
 
 

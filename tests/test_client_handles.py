@@ -8,10 +8,13 @@ import asyncio
 import socket
 from typing import Any
 
+import nats
 import pytest
 from pydantic import BaseModel
 
 import ratchet
+from ratchet.actors.transport.bus import Bus
+from ratchet.actors.transport.event_feed import EventFeed
 from ratchet.protocol.errors import ToolOutcomeUnknown
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import Event
@@ -241,3 +244,46 @@ def test_a_handoff_is_an_outcome_once_nothing_follows_it() -> None:
                                               "message": "spent", "trace": "tb"}))
     assert isinstance(failed, ratchet.TaskBudgetExhausted) and failed.trace == "tb"
     assert "trace" not in failed.to_wire()["details"]["error"]
+
+
+async def test_a_feed_of_new_events_skips_history_and_resumes_after_a_lost_consumer(
+        nats_url: str) -> None:
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    subject = "ratchet.events.acme.tsk_a.task.progress"
+    nc = await nats.connect(nats_url)
+    feed = EventFeed(nc, "ratchet.events.acme.*.task.>", new_only=True)
+    try:
+        for _ in range(3):
+            await bus.js.publish(subject, b"old")
+        await feed.start()
+        assert feed.backlog == 0  # the three before it are history, not delivered
+        await feed.close()  # lost before it delivered anything: resumes where it began
+        await bus.js.publish(subject, b"new-1")
+        first = await asyncio.wait_for(feed.next(), 10)
+        await feed.close()  # as after a gap: resumes after the last message seen
+        await bus.js.publish(subject, b"new-2")
+        second = await asyncio.wait_for(feed.next(), 10)
+        assert [first.data, second.data] == [b"new-1", b"new-2"]
+        assert second.metadata.sequence.stream == 5
+    finally:
+        await feed.close()
+        await nc.close()
+        await bus.close()
+
+
+def _snapshot(status: str, version: int) -> ratchet.TaskSnapshot:
+    return ratchet.TaskSnapshot(task_id="t4", tenant="acme", workflow="w", workflow_version=1,
+                                status=status, version=version, next_step=0,
+                                last_checkpoint=0, last_event_sequence=version,
+                                created_at=0.0, updated_at=0.0)
+
+
+def test_a_replayed_handoff_is_dropped_once_the_snapshot_shows_the_task_moved_on() -> None:
+    reader = OutcomeReader()
+    reader.read(_event("t4", 6, "task.handoff", reason="crash loop"))
+    [(_, held)] = reader.caught_up()
+    assert isinstance(held, ratchet.TaskHandedOff) and held.version == 6
+    assert held.superseded_by(_snapshot("RUNNING", 8))  # approved since: steps go on
+    assert not held.superseded_by(_snapshot("WAITING_APPROVAL", 6))  # still waiting
+    assert not held.superseded_by(_snapshot("RUNNING", 5))  # the snapshot is older

@@ -37,6 +37,7 @@ from ratchet.protocol.task_outcomes import (
     OutcomeReader,
     ResultTimeout,
     TaskError,
+    TaskHandedOff,
     outcome_of_snapshot,
 )
 
@@ -124,6 +125,15 @@ class _Waiting:
             asyncio.get_running_loop().time() + timeout
         #: Tasks the node did not know when asked and that no event has named since.
         self.unknown: set[str] = set()
+        #: Each task's snapshot, taken once the consumer existed.
+        self.snapshots: dict[str, TaskSnapshot] = {}
+
+    def superseded(self, task_id: str, held: Outcome) -> bool:
+        """A replayed handoff the task's snapshot shows it has moved on from (a human
+        approved; no event of the task's life followed, only its steps)."""
+        snapshot = self.snapshots.get(task_id)
+        return isinstance(held, TaskHandedOff) and snapshot is not None \
+            and held.superseded_by(snapshot)
 
     def settle(self, task_id: str, outcome: Outcome) -> list[TaskOutcome]:
         handles = self.by_task.pop(task_id, [])
@@ -177,7 +187,9 @@ async def await_outcomes(source: ResultSource, handles: Iterable[TaskHandle],
             outcome = outcome_of_snapshot(snapshot) if snapshot else None
             if snapshot is None:
                 waiting.unknown.add(task_id)
-            elif outcome is not None:
+            else:
+                waiting.snapshots[task_id] = snapshot
+            if outcome is not None:
                 for done in waiting.settle(task_id, outcome):
                     yield done
         reader = OutcomeReader()
@@ -189,7 +201,8 @@ async def await_outcomes(source: ResultSource, handles: Iterable[TaskHandle],
                 waiting.unknown.discard(event.task_id)
                 news = reader.read(event)
             if msg.metadata.num_pending == 0:
-                news += reader.caught_up()
+                news += [(task_id, held) for task_id, held in reader.caught_up()
+                         if not waiting.superseded(task_id, held)]
             for task_id, outcome in news:
                 for done in waiting.settle(task_id, outcome):
                     yield done
