@@ -6,6 +6,7 @@ and knows a task that does not exist, and a missing NATS is said in one line."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -21,10 +22,18 @@ from tests.conftest import RATCHET_BIN, ROOT
 
 
 def _ratchet(state: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [str(RATCHET_BIN), "--state-dir", str(state), "--log-level", "warning", *args],
-        cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-    )
+    """Run the command; one still running after ``timeout`` fails the test with the stacks
+    of its threads (faulthandler, on SIGABRT)."""
+    argv = [str(RATCHET_BIN), "--state-dir", str(state), "--log-level", "warning", *args]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate()
+        pytest.fail(f"{args} still running after {timeout} s; stacks:\n{err[-4000:]}")
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:

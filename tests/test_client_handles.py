@@ -287,3 +287,23 @@ def test_a_replayed_handoff_is_dropped_once_the_snapshot_shows_the_task_moved_on
     assert held.superseded_by(_snapshot("RUNNING", 8))  # approved since: steps go on
     assert not held.superseded_by(_snapshot("WAITING_APPROVAL", 6))  # still waiting
     assert not held.superseded_by(_snapshot("RUNNING", 5))  # the snapshot is older
+
+
+async def test_a_feed_honours_a_cancellation_that_was_swallowed_below_it(
+        nats_url: str) -> None:
+    nc = await nats.connect(nats_url)
+    feed = EventFeed(nc, "ratchet.events.acme.*.task.>", new_only=True)
+    task = asyncio.current_task()
+    assert task is not None
+    try:
+        task.cancel()
+        try:
+            await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            pass  # lost, as nats-py's next_msg loses one that meets a heartbeat
+        with pytest.raises(asyncio.CancelledError):  # not a wait for the next event
+            await feed.next()
+    finally:
+        task.uncancel()
+        await feed.close()
+        await nc.close()

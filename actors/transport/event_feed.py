@@ -60,6 +60,16 @@ def _within(subject: str, pattern: str) -> bool:
     return len(want) == len(got)
 
 
+def _honour_cancellation() -> None:
+    """Raise CancelledError if this task was asked to stop. nats-py's ``next_msg`` returns a
+    message (a heartbeat) that arrived as it was cancelled, and the cancellation is lost
+    (``asyncio.wait_for`` in Python 3.11): without this, a caller's timeout falling on a
+    heartbeat waited for the next event, for ever if none came."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class Refusals:
     """The permissions violations a connection's server reports (fed by its error
     callback), for a request to stop waiting on: the server drops a request it refuses
@@ -183,6 +193,7 @@ class EventFeed:
     async def next(self) -> Msg:
         """The next event message (waits as long as it takes; the caller bounds it)."""
         while True:
+            _honour_cancellation()
             if self._sub is None:
                 await self._reopen()
             assert self._sub is not None
