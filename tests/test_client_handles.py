@@ -22,6 +22,7 @@ from ratchet.protocol.subjects import STREAM_EVENTS
 from ratchet.protocol.task_outcomes import OutcomeReader
 from tests.apps import ten, three
 from tests.conftest import NodeFactory, wait_terminal
+from tests.keys import Secured, issued
 
 
 class Note(BaseModel):
@@ -307,3 +308,20 @@ async def test_a_feed_honours_a_cancellation_that_was_swallowed_below_it(
         task.uncancel()
         await feed.close()
         await nc.close()
+
+
+async def test_a_tenants_key_awaits_its_results_and_may_not_await_another_tenants(
+        secured: Secured) -> None:
+    ann = await issued(secured.admin, "ann", "acme", ["producer", "subscriber"])
+    client = await ratchet.Client.connect(secured.url, "acme", creds=ann)
+    try:
+        handles = [await client.submit("three", {}, key=f"own-{i}") for i in range(3)]
+        outcomes = [o async for o in client.results(handles, timeout=30)]
+        assert sorted(o.handle.task_id for o in outcomes) == sorted(h.task_id for h in handles)
+        assert await handles[0].result(timeout=30) == {"count": 3}
+        nosy = ratchet.Client(client.nc, "globex", ann, client.refusals)
+        with pytest.raises(ratchet.RatchetError) as refused:  # NATS refuses the consumer
+            await nosy.handle(task_id_for("globex", "x")).result(timeout=10)
+        assert refused.value.code == ratchet.ErrorCode.PERMISSION_DENIED
+    finally:
+        await client.close()
