@@ -325,3 +325,11 @@ async def test_a_tenants_key_awaits_its_results_and_may_not_await_another_tenant
         assert refused.value.code == ratchet.ErrorCode.PERMISSION_DENIED
     finally:
         await client.close()
+
+
+async def test_a_request_nobody_serves_is_unavailable_not_a_nats_exception(
+        client: ratchet.Client) -> None:
+    with pytest.raises(ratchet.RatchetError) as unserved:  # NATS is up, no node runs
+        await client.submit_sync("three", {}, key="nobody")
+    assert unserved.value.code == ratchet.ErrorCode.UNAVAILABLE
+    assert unserved.value.message == "no node serves ratchet.api.acme.submit"

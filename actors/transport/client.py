@@ -31,6 +31,7 @@ from ratchet.protocol.errors import (
     NotFound,
     RemoteError,
     Unauthenticated,
+    Unavailable,
 )
 from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import new_id, task_id_for
@@ -258,11 +259,23 @@ class Client:
 
     async def request(self, verb: str, type_: str, body: dict[str, Any],
                       timeout: float = 10.0, subject: str | None = None) -> dict[str, Any]:
+        """One signed request; its error reply raised as RemoteError.
+
+        Raises:
+            Unavailable: no node answered (none serves the subject, or not within
+                ``timeout`` seconds; a key NATS does not let publish there looks the same).
+        """
         env = self._envelope(type_, body)
         subject = subject or api_subject(self.tenant, verb)
         data = encode(env)
-        msg = await self.nc.request(subject, data, timeout=timeout,
-                                    headers=self.sign(subject, data) or None)
+        try:
+            msg = await self.nc.request(subject, data, timeout=timeout,
+                                        headers=self.sign(subject, data) or None)
+        except nats.errors.NoRespondersError:
+            raise Unavailable(f"no node serves {subject}", subject=subject) from None
+        except nats.errors.TimeoutError:
+            raise Unavailable(f"no answer on {subject} within {timeout:g} s", subject=subject,
+                              timeout_s=timeout) from None
         reply = Reply.model_validate(decode_map(msg.data))
         if not reply.ok:
             err = reply.error
@@ -331,6 +344,6 @@ class Client:
             if exc.code != ErrorCode.NOT_FOUND:
                 raise
             return False
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+        except Unavailable:
             return None
         return True
