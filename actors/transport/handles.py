@@ -142,8 +142,8 @@ class _Waiting:
         return [TaskOutcome(h, output=outcome) for h in handles]
 
     async def bounded(self, step: Awaitable[T]) -> T:
-        """``step``, or ResultTimeout once the deadline passes (the only timeout this
-        turns into one: a NATS request's own timeout is not the caller's)."""
+        """``step``, or ResultTimeout once the deadline passes (only the deadline's
+        TimeoutError becomes one: another raised inside ``step`` is not the caller's)."""
         if self.deadline is None:
             return await step
         loop = asyncio.get_running_loop()
