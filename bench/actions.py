@@ -74,8 +74,8 @@ async def main() -> None:
                                               creds=admin_key_path(node.config.state_dir))
         try:
             direct = await asyncio.to_thread(_direct_calls, sim.url, n)
-            task_id = await client.submit("bench.calls", {"n": n, "report": "seq", "timed": True},
-                                          key="seq")
+            task_id = (await client.submit("bench.calls", {"n": n, "report": "seq", "timed": True},
+                                          key="seq")).task_id
             events = [e async for e in client.watch(task_id, idle_timeout=120)]
             assert events[-1].type == "task.succeeded", events[-1]
 

@@ -66,7 +66,7 @@ async def main() -> None:
                 rtts.append((time.perf_counter() - started) * 1000)
             rtts.sort()
 
-            hang_id = await client.submit("hang100", {}, key="hang")
+            hang_id = (await client.submit("hang100", {}, key="hang")).task_id
             async for event in client.watch(hang_id, idle_timeout=60):
                 if event.type == "fanout.started":
                     break

@@ -172,7 +172,7 @@ async def main() -> None:
         client = await ratchet.Client.connect(url, "bench",
                                               creds=admin_key_path(node.config.state_dir))
         try:
-            task_id = await client.submit("fast", {}, key="fast")
+            task_id = (await client.submit("fast", {}, key="fast")).task_id
             events = [e async for e in client.watch(task_id, idle_timeout=120)]
             assert events[-1].type == "task.succeeded", events[-1]
             stamps = [e.occurred_at for e in events if e.type == "agent.turn"]

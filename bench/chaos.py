@@ -157,9 +157,9 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
     wait, the audit of the probes)."""
     fail, point, kind = _draw(rng, kinds, run)
     report = f"chaos-{run}-{rng.randrange(10**9)}"
-    task_id = await client.submit("expense.split", {
+    task_id = (await client.submit("expense.split", {
         "report_id": report, "employee": "e-1", "travel": 10 + run, "hotel": 20 + run,
-        "fail_after_writes": fail}, key=report)
+        "fail_after_writes": fail}, key=report)).task_id
     killed = False
     settle: Settle | None = None
     events: list[ratchet.Event] = []

@@ -36,7 +36,7 @@ PARKED = 10_000
 
 
 async def fanout(client: ratchet.Client) -> float:
-    task_id = await client.submit("wide", {}, key=f"wide-{time.time_ns()}")
+    task_id = (await client.submit("wide", {}, key=f"wide-{time.time_ns()}")).task_id
     events = [e async for e in client.watch(task_id, idle_timeout=120)]
     assert events[-1].type == "task.succeeded", events[-1]
     started = next(e for e in events if e.type == "fanout.started").occurred_at

@@ -100,9 +100,9 @@ async def run(mb: float, kind: str, limit_mb: float | None, restart: bool) -> di
                 hold.touch()
             rss_before = reset_peak(node)
             started = time.perf_counter()
-            task_id = await client.submit("big", {"mb": mb, "kind": kind,
+            task_id = (await client.submit("big", {"mb": mb, "kind": kind,
                                                   "hold": str(hold) if restart else None},
-                                          key=f"big-{time.time_ns()}")
+                                          key=f"big-{time.time_ns()}")).task_id
             if restart:
                 async for event in client.watch(task_id, idle_timeout=120):
                     if event.type == "step.completed":

@@ -156,7 +156,7 @@ async def sequential(client: ratchet.Client, runs: int = 5) -> dict[str, Any]:
     rates, walls = [], []
     for _ in range(runs):
         t0 = time.perf_counter()
-        task_id = await client.submit("seq1000", {}, key=f"seq-{time.time_ns()}")
+        task_id = (await client.submit("seq1000", {}, key=f"seq-{time.time_ns()}")).task_id
         events = await _until_terminal(client, task_id)
         walls.append(time.perf_counter() - t0)
         started = next(e for e in events if e.type == "task.started").occurred_at
@@ -215,7 +215,7 @@ async def big_document(nats_url: str, base: Path) -> dict[str, Any]:
         before = _store_bytes(db)
         io_before = node.io_write_bytes()
         client = await ratchet.Client.connect(nats_url, "bench", creds=node.creds)
-        task_id = await client.submit("big_document", {}, key=f"big-{time.time_ns()}")
+        task_id = (await client.submit("big_document", {}, key=f"big-{time.time_ns()}")).task_id
         events = await _until_terminal(client, task_id)
         assert events[-1].type == "task.succeeded"
         io_after = node.io_write_bytes()
@@ -231,7 +231,7 @@ async def resume_after_kill(nats_url: str, base: Path) -> dict[str, Any]:
     node = NodeProc(base / "kill", nats_url)
     node.start()
     client = await ratchet.Client.connect(nats_url, "bench", creds=node.creds)
-    task_id = await client.submit("sleepy", {}, key=f"sleepy-{time.time_ns()}")
+    task_id = (await client.submit("sleepy", {}, key=f"sleepy-{time.time_ns()}")).task_id
     async for event in client.watch(task_id, idle_timeout=60):
         if event.type == "step.completed" and event.payload["index"] == 9:
             node.kill()

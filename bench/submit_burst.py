@@ -3,7 +3,7 @@ submissions are queued in it.
 
 What a purge can take, and what it must not (docs/operations.md, "What Ratchet
 survives"): a submit is *acknowledged* by Ratchet once its task is committed — the node
-answered OK (``ratchet.api.<tenant>.submit``, ``ratchet submit --sync``), or the task is in
+answered OK (``ratchet.api.<tenant>.submit``, ``ratchet submit``), or the task is in
 the store (``status``, ``task.queued``). A JetStream publish ack (what ``Client.submit`` and
 ``ratchet submit`` wait for) only says the stream holds the message: it survives node
 crashes and restarts (intake acks a message after its task committed), not a purge of the
@@ -74,9 +74,9 @@ class SubmitBurst:
             self.purged.append(await self._purge())
 
     async def _publish(self, report: str) -> None:
-        task_id = await self.producer.submit("expense.split", {
+        task_id = (await self.producer.submit("expense.split", {
             "report_id": report, "employee": "e-3", "travel": 3, "hotel": 4,
-            "fail_after_writes": False}, key=report)
+            "fail_after_writes": False}, key=report)).task_id
         self.published[task_id] = report
         assert task_id == task_id_for(self.producer.tenant, report)
 

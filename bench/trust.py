@@ -67,7 +67,7 @@ async def confirmer_confirms_a_shipment(rng: Range) -> bool:
 
 @legit
 async def subscriber_follows_its_tenants_task(rng: Range) -> bool:
-    task_id = await rng.clients["acme-producer"].submit("quick", {}, key="legit-watch")
+    task_id = (await rng.clients["acme-producer"].submit("quick", {}, key="legit-watch")).task_id
     types = []
     async with asyncio.timeout(20):
         async for event in rng.clients["acme-subscriber"].watch(task_id):
@@ -90,7 +90,7 @@ async def viewer_reads_and_operator_cancels(rng: Range) -> bool:
 async def producer_submits_and_reads_its_own(rng: Range) -> bool:
     globex = rng.clients["globex-producer"]
     accepted = await globex.submit_sync("quick", {}, key="legit-globex")
-    snapshot = await globex.get(accepted["task_id"])
+    snapshot = await globex.get(accepted.task_id)
     return snapshot.tenant == "globex"
 
 

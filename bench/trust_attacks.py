@@ -119,7 +119,7 @@ async def tenant_freeze_stops_other_tenants(rng: Range) -> bool:
     except Exception:
         pass
     try:
-        task_id = await rng.clients["acme-producer"].submit("quick", {}, key="freeze-probe")
+        task_id = (await rng.clients["acme-producer"].submit("quick", {}, key="freeze-probe")).task_id
         await rng.wait_for(task_id, {"task.succeeded"}, timeout=10.0)
         return False
     except TimeoutError:
@@ -144,7 +144,7 @@ async def read_other_tenants_events(rng: Range) -> bool:
             await spy.nc.subscribe(subject, cb=got)
         except Exception:
             pass
-    task_id = await rng.clients["acme-producer"].submit("quick", {}, key="spied")
+    task_id = (await rng.clients["acme-producer"].submit("quick", {}, key="spied")).task_id
     await rng.wait_for(task_id, {"task.succeeded"})
     await asyncio.sleep(0.5)
     return any(".acme." in s for s in seen)
@@ -252,7 +252,7 @@ async def decision_on_another_tenants_subject(rng: Range) -> bool:
 
 async def _deputy(rng: Range, send: Callable[[str], Awaitable[None]]) -> bool:
     """Whether the node published on ``target`` (acme's event subject) for globex."""
-    task_id = await rng.clients["acme-producer"].submit("quick", {}, key=new_id("deputy"))
+    task_id = (await rng.clients["acme-producer"].submit("quick", {}, key=new_id("deputy"))).task_id
     await rng.wait_for(task_id, {"task.succeeded"})
     target = f"ratchet.events.acme.{task_id}.task.succeeded"
     landed: list[bytes] = []

@@ -130,13 +130,13 @@ class Range:
 
     async def parked_payment(self, key: str, amount: int = 100) -> tuple[str, dict[str, Any]]:
         producer = self.clients["acme-producer"]
-        task_id = await producer.submit("payment", {"amount": amount}, key=key)
+        task_id = (await producer.submit("payment", {"amount": amount}, key=key)).task_id
         event = await self.wait_for(task_id, {"approval.requested"})
         return task_id, event["payload"]
 
     async def parked_shipment(self, order: int) -> str:
-        task_id = await self.clients["acme-producer"].submit("ship", {"order": order},
-                                                             key=f"ship-{order}")
+        task_id = (await self.clients["acme-producer"].submit("ship", {"order": order},
+                                                             key=f"ship-{order}")).task_id
         await self.wait_for(task_id, {"wait.started"})
         return task_id
 

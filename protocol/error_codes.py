@@ -26,6 +26,11 @@ class ErrorCode(StrEnum):
     INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    # A task's outcome and the wait for it, as a client raises them (never in a reply).
+    TASK_FAILED = "TASK_FAILED"
+    TASK_CANCELLED = "TASK_CANCELLED"
+    TASK_HANDED_OFF = "TASK_HANDED_OFF"
+    TIMEOUT = "TIMEOUT"
     # A node's refused start (StartRefused): never in a reply (docs/operations.md).
     NODE_ID_IN_USE = "NODE_ID_IN_USE"
     PARTITION_COUNT_MISMATCH = "PARTITION_COUNT_MISMATCH"

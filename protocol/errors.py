@@ -7,8 +7,10 @@ error replies (see ``docs/protocol.md``).
 Every error class of the runtime is listed here, whichever layer raises it, so one module
 lists them all with their codes: the root and the codes are defined in
 protocol/error_codes.py, the outcomes of tool calls in protocol/tool_errors.py (both
-imported from here), the rest below. Control signals that are not errors (a task suspending,
-a request forwarded to another node) stay beside the code that raises and catches them.
+imported from here), the rest below — but for a task's outcome as a client awaiting it
+raises it (``protocol/task_outcomes.py``: failed, cancelled, handed off, timed out).
+Control signals that are not errors (a task suspending, a request forwarded to another
+node) stay beside the code that raises and catches them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
+    "NatsUnreachable",
 ]
 
 
@@ -129,6 +132,11 @@ class Unavailable(RatchetError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+class NatsUnreachable(Unavailable):
+    """A client found no NATS server at the URL within its connect timeout. The message is
+    the one line a user sees; the URL in it has its credentials redacted."""
 
 
 class StoreUnavailable(Unavailable):

@@ -26,6 +26,7 @@ __all__ = [
     "mail_subject",
     "event_subject",
     "task_events_filter",
+    "task_life_filter",
     "dlq_subject",
     "mail_route",
     "request_route",
@@ -82,6 +83,13 @@ def event_subject(tenant: str, task_id: str, event_type: str) -> str:
 
 def task_events_filter(tenant: str, task_id: str) -> str:
     return f"ratchet.events.{check_token(tenant, 'tenant')}.{check_token(task_id, 'task_id')}.>"
+
+
+def task_life_filter(tenant: str, task_id: str | None = None) -> str:
+    """The events of a task's life (``task.*``: its outcomes among them, no step or action
+    events) of one task, or of every task of ``tenant`` when ``task_id`` is None."""
+    who = "*" if task_id is None else check_token(task_id, "task_id")
+    return f"ratchet.events.{check_token(tenant, 'tenant')}.{who}.task.>"
 
 
 def dlq_subject(source: str, tenant: str) -> str:

@@ -10,6 +10,10 @@
 
     app = ratchet.Registry([expense])      # ratchet serve --app mymodule:app
 
+    client = await ratchet.Client.connect(url, "acme", creds="ann.nk")
+    handle = await client.submit("expense.submit", {"amount": 12}, key="r-1")
+    output = await handle.result(timeout=60)   # or raises TaskFailed, TaskCancelled, ...
+
 Secrets: type a field of a workflow's ``input_model`` or of a tool's argument or result
 model as ``ratchet.SecretStr`` (pydantic's) and its value is sealed at rest and shown as
 ``ratchet.REDACTED`` everywhere else (docs/security-secrets.md).
@@ -22,6 +26,7 @@ finance and model simulators, the demo) as ``ratchet.testing``.
 from pydantic import SecretStr
 
 from ratchet.actors.transport.client import Client
+from ratchet.actors.transport.handles import TaskHandle, TaskOutcome
 from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
 from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
 from ratchet.actors.workflow.tools import (
@@ -39,6 +44,7 @@ from ratchet.protocol.errors import (
     ErrorCode,
     IllegalTransition,
     InvalidMessage,
+    NatsUnreachable,
     NotFound,
     RatchetError,
     RemoteError,
@@ -50,6 +56,14 @@ from ratchet.protocol.errors import (
 from ratchet.protocol.messages import Event, TaskSnapshot
 from ratchet.protocol.redaction import REDACTED, redact_log_event
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
+from ratchet.protocol.task_outcomes import (
+    ResultTimeout,
+    TaskBudgetExhausted,
+    TaskCancelled,
+    TaskError,
+    TaskFailed,
+    TaskHandedOff,
+)
 from ratchet.supervisors.node.node import Node, NodeConfig
 
 __version__ = "0.2.0"
@@ -69,6 +83,15 @@ __all__ = [
     "ToolContext",
     "tool",
     "Client",
+    "TaskHandle",
+    "TaskOutcome",
+    "TaskError",
+    "TaskFailed",
+    "TaskBudgetExhausted",
+    "TaskCancelled",
+    "TaskHandedOff",
+    "ResultTimeout",
+    "NatsUnreachable",
     "RemoteError",
     "Registry",
     "StepContext",

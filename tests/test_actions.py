@@ -46,7 +46,7 @@ def types(events: list[ratchet.Event]) -> list[str]:
 
 async def run(client: ratchet.Client, workflow: str, input: dict[str, Any], key: str,
               **submit: Any) -> list[ratchet.Event]:
-    task_id = await client.submit(workflow, input, key=key, **submit)
+    task_id = (await client.submit(workflow, input, key=key, **submit)).task_id
     events = await wait_terminal_or_parked(client, task_id)
     assert_contiguous(events)
     return events
@@ -156,7 +156,7 @@ async def test_retry_after_is_honoured_on_the_injected_clock(
     clock = ratchet.FakeClock()
     await start_node(expense_app, clock=clock)
     finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 30}])
-    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    task_id = (await client.submit("expense.agent", REPORT, key="r-1")).task_id
     async for event in client.watch(task_id):
         if event.type == "action.retry":
             assert event.payload["reason"] == "retry_after"
@@ -261,7 +261,7 @@ async def test_an_accepted_action_waits_for_its_confirmation(
 ) -> None:
     node = await start_node(expense_app)
     finance.add_faults([{"op": "claims", "mode": "accept"}])
-    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    task_id = (await client.submit("expense.agent", REPORT, key="r-1")).task_id
     events = await wait_terminal_or_parked(client, task_id)
     assert events[-1].type == "task.waiting_external"
     assert (await client.get(task_id)).status == "WAITING_EXTERNAL"
@@ -283,7 +283,7 @@ async def test_an_unconfirmed_action_is_reconciled_when_its_timer_fires(
     clock = ratchet.FakeClock()
     node = await start_node(expense_app, clock=clock)
     finance.add_faults([{"op": "claims", "mode": "accept"}])
-    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    task_id = (await client.submit("expense.agent", REPORT, key="r-1")).task_id
     events = await wait_terminal_or_parked(client, task_id)
     assert events[-1].payload["timeout_s"] == 30.0
     finance.confirm(CLAIM_KEY)  # the provider finished, but nobody told us
@@ -346,7 +346,7 @@ async def test_a_still_pending_action_rearms_its_timer_then_goes_to_a_human(
     clock = ratchet.FakeClock()
     await start_node(expense_app, clock=clock)
     finance.add_faults([{"op": "claims", "mode": "accept"}])
-    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    task_id = (await client.submit("expense.agent", REPORT, key="r-1")).task_id
     events = await wait_terminal_or_parked(client, task_id)
     seen = events[-1].sequence
     for rearm in range(1, MAX_PENDING_REARMS + 1):
@@ -383,9 +383,9 @@ async def test_compensation_still_runs_when_the_task_failed_on_its_deadline(
     await start_node(expense_app, clock=clock)
     finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 5,
                          "key": "claim:s8:hotel:submit"}])
-    task_id = await client.submit("expense.split", {"report_id": "s8", "employee": "e",
+    task_id = (await client.submit("expense.split", {"report_id": "s8", "employee": "e",
                                                     "travel": 10, "hotel": 20},
-                                  key="s8", deadline_s=10.0)
+                                  key="s8", deadline_s=10.0)).task_id
     async for event in client.watch(task_id):
         if event.type == "action.retry":
             break
@@ -406,7 +406,7 @@ async def test_a_retry_delay_survives_a_node_killed_during_it(
                         app_spec="ratchet.testing.expense:app")
     await asyncio.to_thread(node.start)
     finance.add_faults([{"op": "claims", "mode": "status_429", "retry_after": 1.5}])
-    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    task_id = (await client.submit("expense.agent", REPORT, key="r-1")).task_id
     retry = None
     async for event in client.watch(task_id):
         if event.type == "action.retry":
@@ -484,7 +484,7 @@ async def test_an_agent_whose_write_is_accepted_parks_and_resumes_without_asking
                                 resources=expense_app.resources)
     await start_node(registry)
     finance.add_faults([{"op": "claims", "mode": "accept"}])
-    task_id = await client.submit("agent.files", {}, key="ag1")
+    task_id = (await client.submit("agent.files", {}, key="ag1")).task_id
     events = await wait_terminal_or_parked(client, task_id)
     assert events[-1].type == "task.waiting_external"
     confirmed = finance.confirm("claim:ag1:all:submit")
@@ -543,7 +543,7 @@ async def test_cancel_during_a_tool_call_that_cannot_be_interrupted_marks_it_unk
 
     node = await start_node(expense_app)
     finance.add_faults([{"op": "claims", "mode": "slow", "delay": 1.0}])
-    task_id = await client.submit("expense.agent", REPORT, key="r-1")
+    task_id = (await client.submit("expense.agent", REPORT, key="r-1")).task_id
     async for event in client.watch(task_id):
         if event.type == "action.started":
             break
@@ -574,7 +574,7 @@ async def test_a_cancel_compensates_when_the_workflow_declares_it(
     registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
                                 resources=expense_app.resources)
     await start_node(registry)
-    task_id = await client.submit("undoable", {}, key="u1")
+    task_id = (await client.submit("undoable", {}, key="u1")).task_id
     async for event in client.watch(task_id):
         if event.type == "step.completed":
             break
@@ -630,7 +630,7 @@ async def test_a_pause_takes_effect_at_the_next_tool_call_inside_a_step(
     await start_node(registry)
     finance.add_faults([{"op": "claims", "mode": "slow", "delay": 0.5,
                          "key": "claim:pz:a:submit"}])
-    task_id = await client.submit("two_calls", {}, key="pz")
+    task_id = (await client.submit("two_calls", {}, key="pz")).task_id
     async for event in client.watch(task_id):
         if event.type == "action.started":
             break
@@ -668,7 +668,7 @@ async def test_a_cancel_whose_undo_fails_goes_to_a_human(
                                 resources=expense_app.resources)
     await start_node(registry)
     finance.add_faults([{"op": "refunds", "mode": "status_500", "times": 100}])
-    task_id = await client.submit("undo_fails", {}, key="uf")
+    task_id = (await client.submit("undo_fails", {}, key="uf")).task_id
     async for event in client.watch(task_id):
         if event.type == "step.completed":
             break

@@ -30,7 +30,7 @@ async def admin(client: ratchet.Client, verb: str, *, command_id: str,
 @pytest.fixture
 async def done_task(start_node: NodeFactory, client: ratchet.Client) -> str:
     await start_node()
-    task_id = await client.submit("three", {}, key="admin-1")
+    task_id = (await client.submit("three", {}, key="admin-1")).task_id
     await wait_terminal(client, task_id)
     return task_id
 
@@ -55,7 +55,7 @@ async def test_another_tenants_task_is_not_found_and_roles_are_checked(
     start_node: NodeFactory, client: ratchet.Client, nats_url: str
 ) -> None:
     node = await start_node()
-    done_task = await client.submit("three", {}, key="admin-1")
+    done_task = (await client.submit("three", {}, key="admin-1")).task_id
     await wait_terminal(client, done_task)
     stranger = await admin(client, "get", command_id="c4", task_id=done_task, tenant="other")
     assert not stranger.ok and stranger.error is not None
@@ -110,7 +110,7 @@ async def test_cancel_interrupts_a_running_step_and_ends_cancelled_not_failed(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node()
-    task_id = await client.submit("ten", {"sleep": 30}, key="long")
+    task_id = (await client.submit("ten", {"sleep": 30}, key="long")).task_id
     async for event in client.watch(task_id):
         if event.type == "task.started":
             break
@@ -134,7 +134,7 @@ async def test_cancel_during_a_fanout_stops_every_branch(
     from tests.graph_apps import app as graph_app
 
     node = await start_node(graph_app)
-    task_id = await client.submit("fan.all", {"hang": ["a", "b", "c"]}, key="fan")
+    task_id = (await client.submit("fan.all", {"hang": ["a", "b", "c"]}, key="fan")).task_id
     async for event in client.watch(task_id):
         if event.type == "fanout.started":
             break
@@ -150,7 +150,7 @@ async def test_pause_takes_effect_at_a_step_boundary_and_resume_continues(
     from tests.apps import RUNS
 
     node = await start_node()
-    task_id = await client.submit("ten", {"sleep": 0.05}, key="pause")
+    task_id = (await client.submit("ten", {"sleep": 0.05}, key="pause")).task_id
     async for event in client.watch(task_id):
         if event.type == "step.completed":
             break
@@ -176,7 +176,7 @@ async def test_pause_takes_effect_at_a_step_boundary_and_resume_continues(
 async def test_a_viewer_cannot_cancel(start_node: NodeFactory, client: ratchet.Client,
                                       nats_url: str) -> None:
     node = await start_node()
-    task_id = await client.submit("three", {}, key="admin-1")
+    task_id = (await client.submit("three", {}, key="admin-1")).task_id
     await wait_terminal(client, task_id)
     vic = await client_as(node, nats_url, "vic", "acme", roles=["viewer"])
     denied = await admin(vic, "cancel", command_id="v1", task_id=task_id, principal=OPERATOR)
@@ -198,7 +198,7 @@ async def test_approvals_are_one_time_bound_to_the_request_and_expire(
     vic = await client_as(node, nats_url, "vic", "acme", roles=["viewer"])
     ids = []
     for key in ("a1", "a2"):
-        task_id = await client.submit("approve", {"amount": 70}, key=key)
+        task_id = (await client.submit("approve", {"amount": 70}, key=key)).task_id
         async for event in client.watch(task_id):
             if event.type == "approval.requested":
                 ids.append((task_id, event.payload))
@@ -230,7 +230,7 @@ async def test_restart_gives_a_task_a_fresh_actor_from_its_checkpoint(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node()
-    task_id = await client.submit("ten", {"sleep": 0.05}, key="restart")
+    task_id = (await client.submit("ten", {"sleep": 0.05}, key="restart")).task_id
     async for event in client.watch(task_id):
         if event.type == "step.completed":
             break
@@ -249,7 +249,7 @@ async def test_fork_from_checkpoint_3_runs_from_there_and_leaves_the_original_al
     from tests.apps import RUNS
 
     node = await start_node()
-    original = await client.submit("ten", {}, key="orig")
+    original = (await client.submit("ten", {}, key="orig")).task_id
     before = await wait_terminal(client, original)
     reply = await admin(client, "fork", command_id="f1", principal=OPERATOR, task_id=original,
                         args={"checkpoint": 3})
@@ -275,7 +275,7 @@ async def test_a_disabled_tool_is_refused_and_freeze_holds_new_steps_until_thawe
     node = await start_node()
     frozen = await admin(client, "freeze", command_id="z1", principal=OPERATOR)
     assert frozen.result is not None and frozen.result["frozen"] is True
-    task_id = await client.submit("three", {}, key="frozen")
+    task_id = (await client.submit("three", {}, key="frozen")).task_id
     async for event in client.watch(task_id):
         if event.type == "task.queued":
             break
@@ -310,7 +310,7 @@ async def test_purge_and_retention_remove_finished_tasks_and_unreferenced_blobs(
     assert store is not None
     running_ids = []
     for n in (1, 2):
-        task_id = await client.submit("bulky", {"n": n}, key=f"bulk-{n}")
+        task_id = (await client.submit("bulky", {"n": n}, key=f"bulk-{n}")).task_id
         await wait_terminal(client, task_id)
         running_ids.append(task_id)
     assert await store.count("blobs") == 2  # each document stored once for both tasks
@@ -335,7 +335,7 @@ async def test_an_expired_approval_is_rejected(
 
     clock = ratchet.FakeClock()
     await start_node(graph_app, clock=clock)
-    task_id = await client.submit("approve", {"amount": 5}, key="exp")
+    task_id = (await client.submit("approve", {"amount": 5}, key="exp")).task_id
     async for event in client.watch(task_id):
         if event.type == "approval.requested":
             asked = event.payload
@@ -351,7 +351,7 @@ async def test_a_repeated_cancel_command_answers_once_and_acts_once(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node()
-    task_id = await client.submit("ten", {"sleep": 30}, key="twice")
+    task_id = (await client.submit("ten", {"sleep": 30}, key="twice")).task_id
     async for event in client.watch(task_id):
         if event.type == "task.started":
             break
@@ -373,7 +373,7 @@ async def test_list_pages_through_the_tenants_tasks(
 ) -> None:
     await start_node()
     for i in range(5):
-        await wait_terminal(client, await client.submit("three", {}, key=f"page-{i}"))
+        await wait_terminal(client, (await client.submit("three", {}, key=f"page-{i}")).task_id)
     seen: list[str] = []
     cursor = None
     for n in range(3):
@@ -443,7 +443,7 @@ async def test_a_join_restarted_mid_fanout_still_hears_the_later_branches(
     from tests.graph_apps import app as graph_app
 
     await start_node(graph_app)
-    task_id = await client.submit("fan.all", {"slow": {"b": 0.3, "c": 0.3}}, key="join-rs")
+    task_id = (await client.submit("fan.all", {"slow": {"b": 0.3, "c": 0.3}}, key="join-rs")).task_id
     async for event in client.watch(task_id):
         if event.type == "branch.completed":  # a is done; b and c are still working
             break

@@ -23,7 +23,7 @@ def types(events: list[ratchet.Event]) -> list[str]:
 
 
 async def run(client: ratchet.Client, workflow: str, key: str, **submit: Any) -> list[ratchet.Event]:
-    task_id = await client.submit(workflow, {"category": "travel"}, key=key, **submit)
+    task_id = (await client.submit(workflow, {"category": "travel"}, key=key, **submit)).task_id
     events = await wait_terminal(client, task_id)
     assert_contiguous(events)
     return events
@@ -92,7 +92,7 @@ async def test_the_wall_time_budget_reads_the_injected_clock(
     monkeypatch.setenv("RATCHET_TEST_TOOL_DELAY", "0.05")  # turns slower than the test
     clock = ratchet.FakeClock()
     await start_node(app, clock=clock)
-    task_id = await client.submit("agent.spender", {}, key="wall", budget={"wall_time_s": 60})
+    task_id = (await client.submit("agent.spender", {}, key="wall", budget={"wall_time_s": 60})).task_id
     async for event in client.watch(task_id):
         if event.type == "agent.turn":
             break
@@ -154,7 +154,7 @@ async def test_a_node_killed_mid_conversation_resumes_it_without_asking_again(
                                    "RATCHET_TEST_TOOL_DELAY": "0.1"},
                         app_spec="tests.agent_apps:app")
     await asyncio.to_thread(node.start)
-    task_id = await client.submit("agent.slow", {}, key="slow")
+    task_id = (await client.submit("agent.slow", {}, key="slow")).task_id
     turns = 0
     async for event in client.watch(task_id):
         if event.type == "agent.turn":

@@ -260,7 +260,7 @@ async def _decide(client: ratchet.Client, task_id: str, approval_id: str, decisi
 
 
 async def _approval(client: ratchet.Client, amount: int, key: str) -> tuple[str, dict[str, Any]]:
-    task_id = await client.submit("approve", {"amount": amount}, key=key)
+    task_id = (await client.submit("approve", {"amount": amount}, key=key)).task_id
     events = await run_until(client, task_id, PARKED)
     return task_id, events[-1].payload
 
@@ -296,7 +296,7 @@ async def test_decisions_handoff_resolutions_and_credential_changes_are_in_a_cha
     await _decide(dana, declined, asked_b["approval_id"], "reject")
     await run_until(client, declined, DONE)
     # 3. A crash-loop handoff resolved by a rejection on ratchet.decisions.
-    looping = await client.submit("three", {"always_fail_at": 1}, key="loop")
+    looping = (await client.submit("three", {"always_fail_at": 1}, key="loop")).task_id
     await run_until(client, looping, {"task.recovery_stopped"})
     [handoff] = await node.store.handoffs(looping)
     await _decide(dana, looping, handoff["package"]["approval_id"], "reject")
@@ -360,7 +360,7 @@ async def test_tampering_is_reported_at_start_and_by_verify_audit_and_the_node_s
     assert answer.result["problems"][0]["seq"] == (10 if name == "delete-newest" else first)
     code, printed = await _cli_verify(nats_url, tmp_path / "node")
     assert code == 1 and not printed["ok"]
-    task_id = await client.submit("three", {}, key=f"after-{name}")  # it serves on
+    task_id = (await client.submit("three", {}, key=f"after-{name}")).task_id  # it serves on
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
 
 

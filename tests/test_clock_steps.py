@@ -89,7 +89,7 @@ async def _parked_tasks(client: ratchet.Client) -> dict[str, str]:
     task with a 1,800 s deadline, all parked."""
     approval, _ = await submit(client, "approve", {"amount": 900}, "apr", PARKED)
     waiting, _ = await submit(client, "wait", {"order": 1}, "wait", {"wait.started"})
-    deadline = await client.submit("wait", {"order": 2}, key="deadline", deadline_s=1800.0)
+    deadline = (await client.submit("wait", {"order": 2}, key="deadline", deadline_s=1800.0)).task_id
     await run_until(client, deadline, {"wait.started"})
     return {"approval": approval, "wait": waiting, "deadline": deadline}
 

@@ -45,7 +45,7 @@ async def test_a_node_killed_mid_task_resumes_and_runs_committed_steps_once(
     step_log = tmp_path / "steps.log"
     node = node_process(nats_url, {"RATCHET_TEST_STEP_LOG": str(step_log)})
     await asyncio.to_thread(node.start)
-    task_id = await client.submit("ten", {"sleep": 0.05}, key="crash-me")
+    task_id = (await client.submit("ten", {"sleep": 0.05}, key="crash-me")).task_id
     async for event in client.watch(task_id):
         if event.type == "step.completed" and event.payload["index"] == 4:
             break

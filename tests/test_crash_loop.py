@@ -178,7 +178,7 @@ async def _recover_until_stopped(start_node: NodeFactory, client: ratchet.Client
     """Run a task, stopping its node mid-task and starting another ``restarts`` times (each
     guarding tasks with ``max_recoveries=limit``); the last start makes the crash loop."""
     node = await start_node(node_id="node-0", max_recoveries=limit, **QUICK_LEASES)
-    task_id = await client.submit("twenty", {"sleep": 0.05}, key=key)
+    task_id = (await client.submit("twenty", {"sleep": 0.05}, key=key)).task_id
     for n in range(1, restarts + 1):
         await _a_step_after(client, task_id, n - 1)
         await _die(node)
@@ -264,7 +264,7 @@ async def test_a_step_that_keeps_crashing_its_actor_is_stopped_with_its_errors_a
     # Past the supervisor's intensity and the step's attempts, only the guard stops it.
     node = await start_node(task_max_restarts=10, max_step_attempts=10, task_backoff_base=0.01,
                             max_recoveries=2)
-    task_id = await client.submit("three", {"always_fail_at": 1}, key="crashy")
+    task_id = (await client.submit("three", {"always_fail_at": 1}, key="crashy")).task_id
     async for event in client.watch(task_id):
         if event.type == "task.recovery_stopped":
             break

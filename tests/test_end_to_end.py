@@ -20,7 +20,7 @@ async def test_a_submitted_task_runs_to_succeeded_with_contiguous_events(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node()
-    task_id = await client.submit("three", {"x": 1}, key="order-1")
+    task_id = (await client.submit("three", {"x": 1}, key="order-1")).task_id
     events = await wait_terminal(client, task_id)
     assert_contiguous(events)
     assert [e.type for e in events] == ["task.queued", "task.started"] + ["step.completed"] * 4 + [
@@ -37,10 +37,12 @@ async def test_the_same_request_twice_makes_one_task(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node()
-    first = await client.submit("three", {"x": 1}, key="dup")
+    first = (await client.submit("three", {"x": 1}, key="dup")).task_id
     await wait_terminal(client, first)
     again = await client.submit_sync("three", {"x": 1}, key="dup")
-    assert again == {"task_id": first, "status": "SUCCEEDED", "created": False}
+    assert again.accepted is not None
+    assert again.accepted.model_dump() == {"task_id": first, "status": "SUCCEEDED",
+                                           "created": False}
     assert await node.store.count("tasks") == 1  # type: ignore[union-attr]
     assert RUNS[f"{first}:s0"] == 1
 
@@ -62,7 +64,7 @@ async def test_a_conflicting_resubmission_over_jetstream_is_answered_and_recorde
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node()
-    task_id = await client.submit("three", {"x": 1}, key="k2")
+    task_id = (await client.submit("three", {"x": 1}, key="k2")).task_id
     await wait_terminal(client, task_id)
     # A different body under the same key, past JetStream's own dedup (other Nats-Msg-Id),
     # asking for an answer on a reply subject.
@@ -87,7 +89,7 @@ async def test_a_step_that_raises_once_is_retried_by_a_restart_and_earlier_steps
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(task_backoff_base=0.001, task_backoff_cap=0.01)
-    task_id = await client.submit("ten", {"fail_once_at": 4}, key="flaky")
+    task_id = (await client.submit("ten", {"fail_once_at": 4}, key="flaky")).task_id
     events = await wait_terminal(client, task_id)
     assert_contiguous(events)
     assert events[-1].type == "task.succeeded"
@@ -113,12 +115,12 @@ async def test_a_step_that_keeps_failing_ends_the_task_failed_not_the_node(
     reason: str,
 ) -> None:
     await start_node(task_backoff_base=0.001, task_backoff_cap=0.01, **config)
-    bad = await client.submit("three", {"always_fail_at": 1}, key="bad")
+    bad = (await client.submit("three", {"always_fail_at": 1}, key="bad")).task_id
     events = await wait_terminal(client, bad)
     assert events[-1].type == "task.failed"
     assert events[-1].payload["reason"] == reason
     assert RUNS[f"{bad}:s0"] == 1 and RUNS[f"{bad}:s1"] == runs
-    good = await client.submit("three", {}, key="good")  # the node still serves
+    good = (await client.submit("three", {}, key="good")).task_id  # the node still serves
     assert (await wait_terminal(client, good))[-1].type == "task.succeeded"
     assert (await client.get(bad)).status == "FAILED"
 
@@ -148,7 +150,7 @@ async def test_a_malformed_submission_is_dead_lettered_and_the_node_keeps_servin
     assert msg.headers is not None and msg.headers["Ratchet-Error-Code"] == code
     rows = await node.store.dead_letters()  # type: ignore[union-attr]
     assert [(r["code"], r["subject"]) for r in rows] == [(code, "ratchet.submit.acme")]
-    task_id = await client.submit("three", {}, key="after-bad")
+    task_id = (await client.submit("three", {}, key="after-bad")).task_id
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
 
 
@@ -156,7 +158,7 @@ async def test_a_task_of_another_tenant_is_not_found(
     start_node: NodeFactory, client: ratchet.Client, nats_url: str
 ) -> None:
     node = await start_node()
-    task_id = await client.submit("three", {}, key="mine")
+    task_id = (await client.submit("three", {}, key="mine")).task_id
     await wait_terminal(client, task_id)
     other = await client_as(node, nats_url, "ivan", "intruder", roles=["producer"])
     try:
@@ -171,7 +173,7 @@ async def test_a_node_restart_recovers_unfinished_tasks_from_their_checkpoints(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node()
-    task_id = await client.submit("ten", {"sleep": 0.02}, key="long")
+    task_id = (await client.submit("ten", {"sleep": 0.02}, key="long")).task_id
     async for event in client.watch(task_id):
         if event.type == "step.completed" and event.payload["index"] == 3:
             break

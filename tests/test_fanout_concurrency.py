@@ -75,7 +75,7 @@ async def test_twenty_branches_with_max_concurrency_three_never_run_more_than_th
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(app)
-    task_id = await client.submit("fan.twenty", {}, key="twenty")
+    task_id = (await client.submit("fan.twenty", {}, key="twenty")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert sorted(e.payload["branch"] for e in events if e.type == "branch.completed") == TWENTY
@@ -90,8 +90,8 @@ async def test_a_branch_time_budget_counts_from_its_turn_not_from_the_fanout_sta
     clock = ratchet.FakeClock()
     node = await start_node(app, clock=clock)
     started = clock.now()
-    task_id = await client.submit("fan.timed", {"mode": {"first": "gated", "second": "hang"}},
-                                  key="timed")
+    task_id = (await client.submit("fan.timed", {"mode": {"first": "gated", "second": "hang"}},
+                                  key="timed")).task_id
     await asyncio.wait_for(_signal("first:started").wait(), 20)
     asleep = clock.sleepers
     clock.advance(4.0)  # "second" has waited 4 s of its 5 s budget, had it started counting
@@ -124,7 +124,7 @@ async def test_branches_waiting_for_their_turn_are_stopped_once_the_join_has_dec
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node(app)
-    task_id = await client.submit("fan.any", {"mode": {"b": "hang", "c": "hang"}}, key="any")
+    task_id = (await client.submit("fan.any", {"mode": {"b": "hang", "c": "hang"}}, key="any")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     join = next(e for e in events if e.type == "join.completed")

@@ -28,7 +28,7 @@ async def _submit(client: ratchet.Client, key: str) -> tuple[str, str]:
         return exc.wire_code, key
     except Exception:  # no responders, a timeout: the node is gone or going
         return "none", key
-    return "ok", str(result["task_id"])
+    return "ok", result.task_id
 
 
 async def test_a_database_deleted_under_a_running_node_stops_it_and_loses_no_acknowledged_task(
@@ -133,7 +133,7 @@ async def test_a_full_disk_under_the_log_and_the_store_refuses_work_and_resumes_
     await asyncio.to_thread(node.start)
     assert node.proc is not None
     try:
-        acked = [(await client.submit_sync("three", {}, f"k-{i}"))["task_id"] for i in range(20)]
+        acked = [(await client.submit_sync("three", {}, f"k-{i}")).task_id for i in range(20)]
         for task_id in acked:
             assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
 
@@ -187,7 +187,7 @@ async def test_a_stop_on_a_full_disk_keeps_a_multi_mb_wal_whole(
     assert node.proc is not None
     try:
         pad = "x" * 100_000
-        acked = [(await client.submit_sync("three", {"pad": pad}, f"w-{i}"))["task_id"]
+        acked = [(await client.submit_sync("three", {"pad": pad}, f"w-{i}")).task_id
                  for i in range(40)]
         for task_id in acked:
             assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"

@@ -148,7 +148,7 @@ async def test_every_inbound_handler_answers_or_dead_letters_random_input_and_ke
     assert node.store is not None
     for row in await node.store.dead_letters():
         assert row["code"] in CODES, row
-    task_id = await client.submit("three", {}, key="after-the-fuzz")
+    task_id = (await client.submit("three", {}, key="after-the-fuzz")).task_id
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
     listed = await request(client, "ratchet.admin.acme.list", encode(Envelope(
         type="admin.list", message_id="m", correlation_id="c", body=valid("admin", -1)["body"])))

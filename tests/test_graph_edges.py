@@ -54,7 +54,7 @@ async def test_a_loop_bounded_on_its_join_stops_at_the_bound(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(_registry())
-    task_id = await client.submit("looping", {}, key="loop")
+    task_id = (await client.submit("looping", {}, key="loop")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].payload["reason"] == "loop bound exceeded"
     assert [e.type for e in events].count("join.completed") == 2
@@ -64,7 +64,7 @@ async def test_a_routing_key_that_raises_fails_the_task_once(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(_registry())
-    events = await wait_terminal(client, await client.submit("broken", {}, key="broken"))
+    events = await wait_terminal(client, (await client.submit("broken", {}, key="broken")).task_id)
     assert events[-1].type == "task.failed"
     assert events[-1].payload["reason"] == "routing key of r raised"
     assert "task.recovered" not in [e.type for e in events]  # no crash loop
@@ -74,7 +74,7 @@ async def test_a_wait_told_of_a_failure_fails_the_task(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(_registry())
-    task_id = await client.submit("waiting", {}, key="wait")
+    task_id = (await client.submit("waiting", {}, key="wait")).task_id
     async for event in client.watch(task_id):
         if event.type == "wait.started":
             break
@@ -90,7 +90,7 @@ async def test_a_branch_step_past_its_timeout_fails_the_branch(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(_registry())
-    events = await wait_terminal(client, await client.submit("timed", {"sleep": 2}, key="t"))
+    events = await wait_terminal(client, (await client.submit("timed", {"sleep": 2}, key="t")).task_id)
     failed = next(e for e in events if e.type == "branch.failed")
     assert failed.payload["error"]["type"] == "TimeoutError"
     assert events[-1].type == "task.failed"
@@ -102,7 +102,7 @@ async def test_an_unhashable_routing_key_or_a_bad_branch_input_fails_the_task_on
     await start_node(_registry())
     for workflow, reason in (("unhashable", "routing key of r raised"),
                              ("bad_input", "branch_input of f raised")):
-        events = await wait_terminal(client, await client.submit(workflow, {}, key=workflow))
+        events = await wait_terminal(client, (await client.submit(workflow, {}, key=workflow)).task_id)
         assert events[-1].type == "task.failed" and events[-1].payload["reason"] == reason
         assert "task.recovered" not in [e.type for e in events]
 
@@ -131,7 +131,7 @@ async def test_an_agent_node_visited_twice_starts_a_fresh_conversation(
         return {"output": {"rounds": ctx.state["round"]}}
 
     await start_node(ratchet.Registry([wf]))
-    events = await wait_terminal(client, await client.submit("twice", {}, key="twice"))
+    events = await wait_terminal(client, (await client.submit("twice", {}, key="twice")).task_id)
     assert events[-1].type == "task.succeeded", events[-1]
     assert [e.payload["turn"] for e in events if e.type == "agent.answered"] == [0, 0]
     assert model.calls == 2

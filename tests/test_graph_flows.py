@@ -35,7 +35,7 @@ async def run_until(client: ratchet.Client, task_id: str, stop: set[str], after:
 
 async def submit(client: ratchet.Client, workflow: str, input: dict[str, Any], key: str,
                  stop: set[str] = DONE) -> tuple[str, list[ratchet.Event]]:
-    task_id = await client.submit(workflow, input, key=key)
+    task_id = (await client.submit(workflow, input, key=key)).task_id
     return task_id, await run_until(client, task_id, stop)
 
 
@@ -143,7 +143,7 @@ async def test_a_join_timeout_degrades_missing_branches_to_their_defaults(
 ) -> None:
     clock = ratchet.FakeClock()
     await start_node(app, clock=clock)
-    task_id = await client.submit("fan.degrade", {"hang": ["c"], "fail": ["b"]}, key="deg")
+    task_id = (await client.submit("fan.degrade", {"hang": ["c"], "fail": ["b"]}, key="deg")).task_id
     await until_settled(client, task_id, 2)
     clock.advance(10.0)  # the join's 10 s timeout, without waiting 10 s
     events = await run_until(client, task_id, DONE)
@@ -159,7 +159,7 @@ async def test_each_branch_has_its_own_time_budget(
 ) -> None:
     clock = ratchet.FakeClock()
     await start_node(app, clock=clock)
-    task_id = await client.submit("fan.budget", {"hang": ["c"]}, key="budget")
+    task_id = (await client.submit("fan.budget", {"hang": ["c"]}, key="budget")).task_id
     await until_settled(client, task_id, 2)
     clock.advance(5.0)  # c's 5 s budget runs out; a and b are untouched
     events = await run_until(client, task_id, DONE)
@@ -172,7 +172,7 @@ async def test_duplicate_and_forged_branch_notifications_leave_the_join_correct(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node(app)
-    task_id = await client.submit("fan.k", {"hang": ["c"], "slow": {"b": 0.3}}, key="dup")
+    task_id = (await client.submit("fan.k", {"hang": ["c"], "slow": {"b": 0.3}}, key="dup")).task_id
     await run_until(client, task_id, {"branch.completed"})  # a is done; b is still working
     for branch, status in (("a", "SUCCEEDED"), ("a", "SUCCEEDED"),  # repeats
                            ("c", "SUCCEEDED"), ("b", "FAILED")):  # claims the store denies

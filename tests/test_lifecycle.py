@@ -33,7 +33,7 @@ REFUSED_WITHIN = 5.0
 
 #: `ratchet serve`'s exit statuses (supervisors/cli/serve.py, docs/operations.md).
 EXIT_NODE_ID_IN_USE, EXIT_PARTITIONS, EXIT_READ_ONLY, EXIT_NATS_UNREACHABLE, EXIT_PORT_TAKEN = (
-    4, 5, 6, 7, 8)
+    10, 11, 12, 13, 14)
 
 
 def _serve_args(state: Path, *flags: str, app: str = "tests.apps:app",

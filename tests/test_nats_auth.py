@@ -99,7 +99,7 @@ async def test_a_producer_reaches_only_its_own_tenants_submit_and_api_subjects(
     client = await ratchet.Client.connect(secured.url, "acme", creds=producer)
     spy = await Spy.connect(secured.url, producer)
     try:
-        task_id = (await client.submit_sync("three", {}, "mine"))["task_id"]
+        task_id = (await client.submit_sync("three", {}, "mine")).task_id
         await wait_terminal(secured.as_tenant("acme"), task_id)
         events, submits = (await _messages(secured.node, STREAM_EVENTS),
                            await _messages(secured.node, STREAM_SUBMIT))
@@ -133,12 +133,12 @@ async def test_a_subscriber_follows_its_own_tenants_task_and_no_other_tenants(
     client = await ratchet.Client.connect(secured.url, "acme", creds=reader)
     spy = await Spy.connect(secured.url, reader)
     try:
-        task_id = await client.submit("three", {}, "mine")
+        task_id = (await client.submit("three", {}, "mine")).task_id
         events = await wait_terminal(client, task_id)
         assert events[-1].type == "task.succeeded"
         assert_contiguous(events)
         globex = secured.as_tenant("globex")
-        theirs = await globex.submit("three", {}, "theirs")
+        theirs = (await globex.submit("three", {}, "theirs")).task_id
         await wait_terminal(globex, theirs)
         nosy = ratchet.Client(client.nc, "globex", reader, client.refusals)
         with pytest.raises(PermissionDenied):
@@ -174,7 +174,7 @@ async def test_ratchet_creds_issues_a_working_key_and_revoke_shuts_it_out(
         "inbox_prefix": f"_INBOX.{alice.public_key}"}
     assert _mode(out) == 0o600
     client = await ratchet.Client.connect(secured.url, "acme", creds=out)
-    task_id = (await client.submit_sync("three", {}, "a1"))["task_id"]
+    task_id = (await client.submit_sync("three", {}, "a1")).task_id
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
     await client.close()
     spy = await Spy.connect(secured.url, alice)  # within its roles only: no admin verb
@@ -273,7 +273,7 @@ async def test_a_node_joins_an_external_nats_configured_with_the_block_nats_conf
         await node.start()
         try:
             client = await ratchet.Client.connect(url, "acme", creds=admin_key_path(state))
-            task_id = (await client.submit_sync("three", {}, "ext"))["task_id"]
+            task_id = (await client.submit_sync("three", {}, "ext")).task_id
             assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
             await client.close()
         finally:

@@ -27,7 +27,7 @@ async def test_nats_server_killed_and_restarted_loses_no_acknowledged_task(
     assert node.proc is not None
     client = await ratchet.Client.connect(url, "acme", creds=node_key(tmp_path))
     try:
-        acked = [(await client.submit_sync("three", {"sleep": 0.05}, f"n-{i}"))["task_id"]
+        acked = [(await client.submit_sync("three", {"sleep": 0.05}, f"n-{i}")).task_id
                  for i in range(50)]
         proc = server._proc
         assert proc is not None
@@ -40,7 +40,7 @@ async def test_nats_server_killed_and_restarted_loses_no_acknowledged_task(
             sequences = [e.sequence for e in events]
             assert sequences == list(range(1, len(sequences) + 1))  # contiguous, no gaps
         assert node.proc.poll() is None  # the node rode it out
-        after = (await client.submit_sync("three", {}, "after-outage"))["task_id"]
+        after = (await client.submit_sync("three", {}, "after-outage")).task_id
         assert (await wait_terminal(client, after, timeout=30))[-1].type == "task.succeeded"
     finally:
         await client.close()

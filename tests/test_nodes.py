@@ -286,7 +286,7 @@ async def test_a_flooding_tenant_does_not_starve_a_small_one(
 
         async def one(i: int) -> float:
             started = asyncio.get_running_loop().time()
-            task_id = await small.submit("three", {"sleep": 0.01}, key=f"b{i}")
+            task_id = (await small.submit("three", {"sleep": 0.01}, key=f"b{i}")).task_id
             async for event in small.watch(task_id):
                 assert event.type != "task.failed"
             return asyncio.get_running_loop().time() - started

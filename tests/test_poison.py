@@ -133,7 +133,7 @@ async def test_a_submission_whose_handling_keeps_raising_is_dead_lettered_with_t
     [row] = await node.store.dead_letters()
     assert row["code"] == "INTERNAL" and "RuntimeError" in row["message"]
     await nothing_pending(client)
-    task_id = await client.submit("three", {}, key="after-boom")
+    task_id = (await client.submit("three", {}, key="after-boom")).task_id
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
 
 
@@ -210,7 +210,7 @@ async def test_wrong_admin_argument_types_and_out_of_range_values_are_invalid(
     start_node: NodeFactory, client: ratchet.Client, verb: str, args: dict[str, Any]
 ) -> None:
     await start_node()
-    task_id = await client.submit("three", {}, key="args")
+    task_id = (await client.submit("three", {}, key="args")).task_id
     await wait_terminal(client, task_id)
     answer = await admin(client, verb, command_id=f"{verb}-{args}", task_id=task_id, args=args,
                          principal={"name": "o", "roles": ["operator", "approver"]})

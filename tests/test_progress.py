@@ -85,7 +85,7 @@ async def test_progress_events_come_at_most_once_per_interval_with_rising_percen
     clock = ratchet.FakeClock()
     await start_node(ratchet.Registry([_slow_workflow(clock)]), clock=clock,
                             node_id="node-p")
-    task_id = await client.submit("slow", {}, key="progress")
+    task_id = (await client.submit("slow", {}, key="progress")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert_contiguous(events)

@@ -80,7 +80,9 @@ def test_tenant_tokens_are_validated() -> None:
 
 def test_the_facade_exports_exactly_its_public_names() -> None:
     assert sorted(ratchet.__all__) == sorted([
-        "Client", "RemoteError", "Registry", "StepContext", "Workflow", "WorkflowDefinitionError",
+        "Client", "TaskHandle", "TaskOutcome", "TaskError", "TaskFailed",
+        "TaskBudgetExhausted", "TaskCancelled", "TaskHandedOff", "ResultTimeout",
+        "NatsUnreachable", "RemoteError", "Registry", "StepContext", "Workflow", "WorkflowDefinitionError",
         "Clock", "FakeClock", "SystemClock", "ErrorCode", "IllegalTransition", "InvalidMessage",
         "NotFound", "RatchetError", "RequestConflict", "UnknownWorkflow", "Event",
         "TaskSnapshot", "TaskEvent", "TaskStatus", "transition", "Node", "NodeConfig",

@@ -24,7 +24,7 @@ async def test_racing_activations_of_one_task_share_one_actor(
     assert node.root is not None and node.tasks is not None
     await node.root.ask(StopChild("mail"), timeout=10)  # keep the start mail away
     accepted = await client.submit_sync("three", {"sleep": 0.01}, key="race")
-    task_id = accepted["task_id"]
+    task_id = accepted.task_id
     refs = await asyncio.gather(*(node.tasks.ensure_running(task_id) for _ in range(5)))
     assert len({id(r) for r in refs}) == 1
     events = await wait_terminal(client, task_id)
@@ -39,7 +39,7 @@ async def test_the_sweeper_starts_a_task_whose_start_mail_was_lost(
     node = await start_node()
     assert node.root is not None and node.tasks is not None and node.store is not None
     await node.root.ask(StopChild("mail"), timeout=10)
-    task_id = (await client.submit_sync("three", {}, key="lost-mail"))["task_id"]
+    task_id = (await client.submit_sync("three", {}, key="lost-mail")).task_id
     assert (await client.get(task_id)).status == "QUEUED"
     sweeper = RecoverySweeper(node.store, node.tasks, node.clock)
     assert await sweeper.sweep() == 0  # idle once: its mail may be on the way
@@ -54,7 +54,7 @@ async def test_the_sweeper_leaves_a_task_alone_that_became_live_between_sweeps(
     node = await start_node()
     assert node.root is not None and node.tasks is not None and node.store is not None
     await node.root.ask(StopChild("mail"), timeout=10)
-    task_id = (await client.submit_sync("three", {}, key="late-mail"))["task_id"]
+    task_id = (await client.submit_sync("three", {}, key="late-mail")).task_id
     sweeper = RecoverySweeper(node.store, node.tasks, node.clock)
     assert await sweeper.sweep() == 0
     await node.tasks.ensure_running(task_id)  # its mail arrived after all
@@ -81,7 +81,7 @@ async def test_a_task_whose_workflow_is_gone_fails_once_instead_of_crash_looping
     node = await start_node()
     assert node.root is not None
     await node.root.ask(StopChild("mail"), timeout=10)
-    task_id = (await client.submit_sync("three", {}, key="orphan"))["task_id"]
+    task_id = (await client.submit_sync("three", {}, key="orphan")).task_id
     await node.stop()
     wf = ratchet.Workflow("other", version=1)
 
@@ -102,7 +102,7 @@ async def test_a_parked_task_stays_passivated_when_its_node_restarts(
     from tests.graph_apps import app as graph_app
 
     node = await start_node(graph_app)
-    task_id = await client.submit("approve", {"amount": 3}, key="parked")
+    task_id = (await client.submit("approve", {"amount": 3}, key="parked")).task_id
     async for event in client.watch(task_id):
         if event.type == "approval.requested":
             break
@@ -116,7 +116,7 @@ async def test_a_malformed_timer_mail_does_not_hurt_a_running_task(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node()
-    task_id = await client.submit("ten", {"sleep": 0.02}, key="poison")
+    task_id = (await client.submit("ten", {"sleep": 0.02}, key="poison")).task_id
     for kind in ("branch_timeout", "join_timeout", "approval_timeout", "wait_timeout"):
         env = Envelope(type="timer.fired", message_id=f"bad-{kind}", correlation_id="x",
                        body={"kind": kind, "payload": {}})
@@ -138,10 +138,10 @@ async def test_an_event_too_large_for_nats_does_not_stall_other_tasks(
     from tests.apps import three
 
     node = await start_node(ratchet.Registry([wf, three]))
-    huge = await client.submit("huge", {}, key="huge")
+    huge = (await client.submit("huge", {}, key="huge")).task_id
     events = await wait_terminal(client, huge)
     assert events[-1].payload == {"truncated": True, "bytes": events[-1].payload["bytes"]}
-    small = await client.submit("three", {}, key="small")
+    small = (await client.submit("three", {}, key="small")).task_id
     assert (await wait_terminal(client, small))[-1].type == "task.succeeded"
     assert node.store is not None and (await node.store.load_task(huge)).status == "SUCCEEDED"
 
@@ -151,7 +151,7 @@ async def test_the_sweeper_finishes_a_join_whose_branch_done_mail_was_lost(
 ) -> None:
     node = await start_node(graph_app)
     assert node.root is not None and node.tasks is not None and node.store is not None
-    task_id = await client.submit("fan.all", {"sleep": 0.3}, key="lost-branch-mail")
+    task_id = (await client.submit("fan.all", {"sleep": 0.3}, key="lost-branch-mail")).task_id
     await run_until(client, task_id, {"fanout.started"})
     await node.root.ask(StopChild("mail"), timeout=10)  # branch.done mail goes nowhere...
     seen: list[str] = []

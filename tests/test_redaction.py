@@ -121,7 +121,7 @@ async def test_a_secret_input_reaches_the_tool_in_clear_and_no_stored_or_shown_b
     secret = new_secret()
     secret_apps.FLAKY.add(secret)  # its first call fails with an error quoting the token
     node = await start_node(secret_apps.app)
-    task_id = await client.submit("signup", signup_input(secret), key="k1")
+    task_id = (await client.submit("signup", signup_input(secret), key="k1")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded", events[-1]
     assert SEEN == [("charge", secret), ("charge", secret)]  # the tool got the clear value
@@ -162,7 +162,7 @@ async def test_an_agent_prompt_quoting_a_secret_reaches_the_model_and_is_kept_se
 ) -> None:
     secret = new_secret()
     node = await start_node(secret_apps.app)
-    task_id = await client.submit("signup.agent", signup_input(secret, "c8"), key="k8")
+    task_id = (await client.submit("signup.agent", signup_input(secret, "c8"), key="k8")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded", events[-1]
     assert secret_apps.PROMPTS[0] == f"Charge c8 with the key {secret}"  # the model's is clear
@@ -183,7 +183,7 @@ async def test_a_handoff_package_shows_the_input_and_requests_redacted(
 ) -> None:
     secret = new_secret()
     node = await start_node(secret_apps.app)
-    task_id = await client.submit("signup.lost", signup_input(secret), key="k2")
+    task_id = (await client.submit("signup.lost", signup_input(secret), key="k2")).task_id
     events = await until(client, task_id, {"task.unknown"})
     assert SEEN == [("lost", secret)]
     unknown = next(e for e in events if e.type == "action.unknown")
@@ -205,7 +205,7 @@ async def test_an_approval_request_shows_the_secret_redacted_to_its_approver(
 ) -> None:
     secret = new_secret()
     await start_node(secret_apps.app)
-    task_id = await client.submit("signup.approved", signup_input(secret, "c9"), key="k9")
+    task_id = (await client.submit("signup.approved", signup_input(secret, "c9"), key="k9")).task_id
     events = await until(client, task_id, {"approval.requested"})
     requested = events[-1].payload
     assert requested["request"] == {"customer": "c9", "key": ratchet.REDACTED}
@@ -225,7 +225,7 @@ async def test_admin_replies_and_the_audit_of_a_fork_show_no_secret(
 ) -> None:
     secret, other = new_secret(), new_secret()
     node = await start_node(secret_apps.app)
-    task_id = await client.submit("signup.refused", signup_input(secret), key="k3")
+    task_id = (await client.submit("signup.refused", signup_input(secret), key="k3")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.failed"
     get, snapshot = await admin_raw(client, "get", task_id=task_id)
@@ -255,7 +255,7 @@ async def test_a_task_reloaded_by_a_restarted_node_gets_the_clear_secret_from_it
         monkeypatch.setenv("RATCHET_SECRET_KEY", base64.b64encode(os.urandom(32)).decode())
     secret = new_secret()
     first = await start_node(secret_apps.app)
-    task_id = await client.submit("signup.held", signup_input(secret, "c5"), key="k5")
+    task_id = (await client.submit("signup.held", signup_input(secret, "c5"), key="k5")).task_id
     await until(client, task_id, {"wait.started"})
     await first.stop()  # the task is parked; its state lives only in the store
     assert secret.encode() not in db_bytes(tmp_path / "node")
@@ -276,7 +276,7 @@ async def test_a_node_with_another_key_or_none_refuses_to_start_with_a_clear_err
     node = await start_node(secret_apps.app)
     assert node.store is not None
     [key_id] = await node.store.secret_key_ids()
-    task_id = await client.submit("signup", signup_input(new_secret()), key="k6")
+    task_id = (await client.submit("signup", signup_input(new_secret()), key="k6")).task_id
     await wait_terminal(client, task_id)
     await node.stop()
     other = os.urandom(32)
@@ -343,7 +343,7 @@ async def test_an_input_model_refuses_a_bad_submission_up_front_and_steps_see_a_
     assert refused.value.details["problems"] == [{"field": "card",
                                                   "problem": "Input should be a valid string"}]
     accepted = await client.submit_sync("order", {"item": "pen", "card": "4111-1111"}, key="o2")
-    events = await wait_terminal(client, accepted["task_id"])
+    events = await wait_terminal(client, accepted.task_id)
     assert events[-1].payload["output"] == {"quantity": 1}
     assert seen == [{"item": "pen", "quantity": 1, "card": ratchet.SecretStr("4111-1111")}]
     with pytest.raises(ratchet.WorkflowDefinitionError, match="input_model must be a pydantic"):

@@ -59,7 +59,7 @@ async def test_a_step_returning_state_that_cannot_be_checkpointed_fails_at_once(
 ) -> None:
     RUNS.clear()
     await start_node(app, max_value_mb=1.0, max_checkpoint_mb=1.0)
-    task_id = await client.submit(workflow, {}, key=workflow)
+    task_id = (await client.submit(workflow, {}, key=workflow)).task_id
     events = await wait_terminal(client, task_id)
     [failed] = [e for e in events if e.type == "step.failed"]
     error = failed.payload["error"]

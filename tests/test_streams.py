@@ -25,7 +25,7 @@ async def _parked(client: ratchet.Client, n: int) -> list[tuple[str, dict[str, A
     """``n`` approve tasks, each parked at its approval: (task id, approval.requested)."""
     parked = []
     for i in range(n):
-        task_id = (await client.submit_sync("approve", {"amount": i}, f"park-{i}"))["task_id"]
+        task_id = (await client.submit_sync("approve", {"amount": i}, f"park-{i}")).task_id
 
         async def requested(task_id: str = task_id) -> dict[str, Any]:
             async for event in client.watch(task_id):
@@ -55,7 +55,7 @@ async def _publish_until_taken(client: ratchet.Client, key: str) -> str:
     """A JetStream submit, retried (bounded) while its stream is missing."""
     for _ in range(100):
         try:
-            return await client.submit("three", {}, key)
+            return (await client.submit("three", {}, key)).task_id
         except Exception:  # no stream takes it yet: the node creates it again
             await asyncio.sleep(0.1)  # a producer's retry pacing
     raise AssertionError("the submit stream never came back")
@@ -67,11 +67,11 @@ async def test_mail_purged_while_tasks_run_and_park_is_made_good_from_the_store(
     node = node_process(nats_url, args=ARGS[:2], app_spec="tests.fault_apps:app")
     await asyncio.to_thread(node.start)
     parked = await _parked(client, 5)
-    running = [(await client.submit_sync("ten", {"sleep": 0.1}, f"run-{i}"))["task_id"]
+    running = [(await client.submit_sync("ten", {"sleep": 0.1}, f"run-{i}")).task_id
                for i in range(20)]
     # A burst over JetStream, purged while its task.start mail is on the way: some of it
     # is lost for certain only in a few runs; every task must finish in all of them.
-    burst = [await client.submit("three", {}, f"burst-{i}") for i in range(60)]
+    burst = [(await client.submit("three", {}, f"burst-{i}")).task_id for i in range(60)]
     purged = 0
     for _ in range(10):
         purged += (await client.js.stream_info(STREAM_MAIL)).state.messages
@@ -90,13 +90,13 @@ async def test_streams_deleted_under_a_running_node_are_created_again_and_work_g
     node = node_process(nats_url, args=ARGS[:2], app_spec="tests.fault_apps:app")
     await asyncio.to_thread(node.start)
     parked = await _parked(client, 3)
-    running = [(await client.submit_sync("ten", {"sleep": 0.1}, f"run-{i}"))["task_id"]
+    running = [(await client.submit_sync("ten", {"sleep": 0.1}, f"run-{i}")).task_id
                for i in range(10)]
     await client.js.delete_stream(STREAM_MAIL)
     await client.js.delete_stream(STREAM_SUBMIT)
     # Work keeps coming: over the API (its task.start mail needs the mail stream) and over
     # JetStream (needs the submit stream, which the node creates again).
-    later = [(await client.submit_sync("three", {}, f"api-{i}"))["task_id"] for i in range(10)]
+    later = [(await client.submit_sync("three", {}, f"api-{i}")).task_id for i in range(10)]
     later += [await _publish_until_taken(client, f"js-{i}") for i in range(10)]
     for task_id, request in parked:
         await _approve(client, task_id, request)

@@ -31,7 +31,7 @@ async def test_a_tenant_cannot_reach_another_tenants_subjects(secured: Secured) 
     spy = await Spy.connect(secured.url, globex_key)
     try:
         accepted = await acme.submit_sync("three", {}, key="mine")
-        task_id = accepted["task_id"]
+        task_id = accepted.task_id
         assert task_id == task_id_for("acme", "mine")
         assert (await wait_terminal(acme, task_id))[-1].type == "task.succeeded"
         body = {"command_id": new_id("cmd"), "task_id": task_id}
@@ -74,9 +74,9 @@ async def test_a_reply_subject_in_another_tenants_events_makes_the_node_publish_
     globex_key = await issued(secured.admin, "shop", "globex", ROLES)
     globex = await ratchet.Client.connect(secured.url, "globex", creds=globex_key)
     try:
-        task_id = await acme.submit("three", {}, key="target")
+        task_id = (await acme.submit("three", {}, key="target")).task_id
         await wait_terminal(acme, task_id)
-        theirs = await globex.submit("three", {}, key="own")
+        theirs = (await globex.submit("three", {}, key="own")).task_id
         await wait_terminal(globex, theirs)
         assert secured.node.bus is not None
         before = (await secured.node.bus.js.stream_info(STREAM_EVENTS)).state.messages

@@ -127,7 +127,7 @@ async def test_a_confirmation_of_an_accepted_action_must_name_its_wait(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node(app)
-    task_id = await client.submit("shipping", {"order": 7}, key="cid-3")
+    task_id = (await client.submit("shipping", {"order": 7}, key="cid-3")).task_id
     await run_until(client, task_id, {"task.waiting_external"})
     before = await snapshot(node, task_id)
     ref = await node.tasks.ensure_running(task_id)
@@ -160,9 +160,9 @@ async def test_a_tenants_freeze_holds_only_its_tasks_and_a_system_freeze_holds_a
     gus = await client_as(node, nats_url, "gus", "globex", ["operator", "producer"])
     frozen = await admin(olga, "freeze", command_id="f1")
     assert frozen.result is not None and frozen.result["scope"] == "acme"
-    held = await olga.submit("three", {}, key="held")
+    held = (await olga.submit("three", {}, key="held")).task_id
     await asyncio.wait_for(queued(olga, held), 10)
-    free = await gus.submit("three", {}, key="free")
+    free = (await gus.submit("three", {}, key="free")).task_id
     assert (await wait_terminal(gus, free))[-1].type == "task.succeeded"
     assert (await olga.get(held)).status == "QUEUED" and RUNS[f"{held}:s0"] == 0
     # Only the platform's operators freeze the cluster.
@@ -170,7 +170,7 @@ async def test_a_tenants_freeze_holds_only_its_tasks_and_a_system_freeze_holds_a
     assert denied.error is not None and denied.error.code == "PERMISSION_DENIED"
     everywhere = await admin(client, "freeze", command_id="f3", tenant="_system")
     assert everywhere.result is not None and everywhere.result["scope"] == "_system"
-    later = await gus.submit("three", {}, key="later")
+    later = (await gus.submit("three", {}, key="later")).task_id
     await asyncio.wait_for(queued(gus, later), 10)
     thawed = await admin(olga, "thaw", command_id="f4")
     assert thawed.result is not None and thawed.result["frozen"] is True  # the cluster's
@@ -192,14 +192,14 @@ async def test_a_tenants_disabled_tool_is_refused_to_its_tasks_only(
     gus = await client_as(node, nats_url, "gus", "globex", ["operator", "producer"])
     off = await admin(olga, "disable-tool", command_id="t1", args={"tool": "lookup"})
     assert off.result == {"disabled": ["lookup"]}
-    refused = await wait_terminal(olga, await olga.submit("looks", {}, key="t-acme"))
+    refused = await wait_terminal(olga, (await olga.submit("looks", {}, key="t-acme")).task_id)
     assert refused[-1].type == "task.failed"
     assert refused[-1].payload["error"]["code"] == "UNAVAILABLE"
-    allowed = await wait_terminal(gus, await gus.submit("looks", {}, key="t-globex"))
+    allowed = await wait_terminal(gus, (await gus.submit("looks", {}, key="t-globex")).task_id)
     assert allowed[-1].payload["output"] == {"tracking": "TRK-1"}
     await admin(client, "disable-tool", command_id="t2", tenant="_system",
                 args={"tool": "lookup"})
-    now_refused = await wait_terminal(gus, await gus.submit("looks", {}, key="t-globex-2"))
+    now_refused = await wait_terminal(gus, (await gus.submit("looks", {}, key="t-globex-2")).task_id)
     assert now_refused[-1].type == "task.failed"
     assert node.store is not None
     assert sorted(await node.store.switches()) == [("_system", "tool", "lookup"),
@@ -290,7 +290,7 @@ async def test_a_forged_branch_timeout_does_not_fail_the_fanout(
     clock = ratchet.FakeClock()
     node = await start_node(graph_app, clock=clock)
     # a is required and hangs; b (required) and c finish: the join waits for a alone.
-    task_id = await client.submit("fan.budget", {"hang": ["a"]}, key="forge-4")
+    task_id = (await client.submit("fan.budget", {"hang": ["a"]}, key="forge-4")).task_id
     await until_settled(client, task_id, 2)
     before = await snapshot(node, task_id)
     await forge(client, task_id, mail("timer.fired", {
@@ -377,7 +377,7 @@ async def test_a_get_replying_into_another_tenants_events_is_not_answered_there(
     start_node: NodeFactory, client: ratchet.Client, nats_url: str
 ) -> None:
     node = await start_node()
-    victim = await client.submit("three", {}, key="victim")
+    victim = (await client.submit("three", {}, key="victim")).task_id
     await wait_terminal(client, victim)
     target = f"ratchet.events.acme.{victim}.task.succeeded"
     watcher = await nats.connect(nats_url)
@@ -399,7 +399,7 @@ async def test_a_submits_reply_to_is_answered_only_under_an_inbox_of_its_tenants
     start_node: NodeFactory, client: ratchet.Client, nats_url: str
 ) -> None:
     node = await start_node()
-    victim = await client.submit("three", {}, key="victim")
+    victim = (await client.submit("three", {}, key="victim")).task_id
     await wait_terminal(client, victim)
     gus = await client_as(node, nats_url, "gus", "globex", ["producer"])
     alice = await client_as(node, nats_url, "alice", "acme", ["producer"])

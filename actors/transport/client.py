@@ -1,4 +1,5 @@
-"""A client for producers, subscribers and tools: submit, get, watch.
+"""A client for producers, subscribers and tools: submit (a :class:`TaskHandle` to await),
+results of many tasks, get, watch.
 
 Everything here is the documented wire protocol (docs/protocol.md); a producer in another
 language does the same with a NATS client and msgpack.
@@ -7,8 +8,9 @@ language does the same with a NATS client and msgpack.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +21,18 @@ from nats.aio.client import Client as NATS
 from pydantic import BaseModel
 
 from ratchet.actors.transport.event_feed import EventFeed, Refusals
-from ratchet.protocol.auth import Signer, inbox_prefix
-from ratchet.protocol.catalogue import EventType, MessageType, admin_type
+from ratchet.actors.transport.handles import TaskHandle, TaskOutcome, await_outcomes
+from ratchet.protocol.auth import Signer, inbox_prefix, redact_url
+from ratchet.protocol.catalogue import MessageType, admin_type
 from ratchet.protocol.codec import decode_map, encode
-from ratchet.protocol.errors import RemoteError, Unauthenticated
+from ratchet.protocol.errors import (
+    ErrorCode,
+    NatsUnreachable,
+    NotFound,
+    RemoteError,
+    Unauthenticated,
+    Unavailable,
+)
 from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import (
@@ -33,6 +43,7 @@ from ratchet.protocol.messages import (
     GetTask,
     Reply,
     SubmitTask,
+    TaskAccepted,
     TaskSnapshot,
 )
 from ratchet.protocol.redaction import reveal
@@ -42,13 +53,23 @@ from ratchet.protocol.subjects import (
     submit_subject,
     task_events_filter,
 )
+from ratchet.protocol.task_outcomes import TERMINAL_EVENTS
 
-__all__ = ["Client", "TERMINAL_EVENTS"]
+__all__ = ["CONNECT_TIMEOUT_S", "Client", "TERMINAL_EVENTS"]
 
 log = structlog.get_logger("ratchet.client")
 
-TERMINAL_EVENTS = frozenset({EventType.TASK_SUCCEEDED, EventType.TASK_FAILED,
-                             EventType.TASK_CANCELLED})
+#: Seconds ``Client.connect`` keeps trying to reach NATS before it raises NatsUnreachable:
+#: a server restarting is back within it, an address nobody serves fails within it.
+CONNECT_TIMEOUT_S = 5.0
+#: Pause between two connection attempts (pacing; the timeout bounds the whole).
+_CONNECT_RETRY_S = 0.25
+#: How long ``watch`` asks the node whether a task without events exists.
+_GET_TIMEOUT_S = 5.0
+#: Pause between reconnection attempts once connected (nats-py's default).
+_RECONNECT_WAIT_S = 2.0
+#: Seconds a single connection attempt may take (TCP, TLS, the server's INFO and PONG).
+_ATTEMPT_S = 2.0
 
 
 def _refused(exc: BaseException) -> bool:
@@ -56,6 +77,41 @@ def _refused(exc: BaseException) -> bool:
     AuthorizationError, or at connect as the server's ``Authorization Violation``)."""
     return isinstance(exc, nats.errors.AuthorizationError) \
         or "authorization violation" in str(exc).lower()
+
+
+def _nats_with_error_handler(
+        refusals: Refusals) -> tuple[NATS, Callable[[Exception], Awaitable[None]],
+                                     Callable[[], None]]:
+    """A NATS connection, its error callback, and what to call once it is connected (from
+    then on, a reconnect and errors are logged; before, the caller reports the failure)."""
+    nc = NATS()
+    closing: set[asyncio.Task[None]] = set()
+    connected = False
+
+    async def on_error(exc: Exception) -> None:
+        refusals.report(exc)
+        if not connected:
+            return
+        log.warning("nats error", error=str(exc) or type(exc).__name__)
+        if not _refused(exc):
+            return
+        # A key the server refuses (revoked) stays refused: stop trying instead of
+        # retrying for minutes; closed from a task of its own since close() cancels the
+        # reconnect loop calling us.
+        nc.options["allow_reconnect"] = False
+        task = asyncio.get_running_loop().create_task(nc.close())
+        closing.add(task)
+        task.add_done_callback(closing.discard)
+
+    def now_connected() -> None:
+        nonlocal connected
+        connected = True
+        # From now on, ride out server restarts at nats-py's own pace.
+        nc.options["allow_reconnect"] = True
+        nc.options["connect_timeout"] = _ATTEMPT_S
+        nc.options["reconnect_time_wait"] = _RECONNECT_WAIT_S
+
+    return nc, on_error, now_connected
 
 
 class Client:
@@ -71,45 +127,45 @@ class Client:
 
     @classmethod
     async def connect(cls, url: str, tenant: str = "default",
-                      creds: Path | str | Signer | None = None) -> Client:
+                      creds: Path | str | Signer | None = None, *,
+                      connect_timeout: float = CONNECT_TIMEOUT_S) -> Client:
         """``creds``: a key file (``SU…`` seed, e.g. from ``ratchet creds``) or a Signer.
         It authenticates the connection (NATS nkey auth) and signs every request; replies
         come under the key's own inbox (docs/security.md). Without it only unsigned
-        operations work (JetStream submits where NATS allows them)."""
+        operations work (JetStream submits where NATS allows them).
+
+        Raises:
+            NatsUnreachable: no server answered at ``url`` within ``connect_timeout``
+                seconds (default 5); its message is ``cannot reach NATS at <url>``.
+            Unauthenticated: the server refused the key.
+        """
         signer = creds if isinstance(creds, Signer) or creds is None else Signer.from_file(creds)
         options: dict[str, Any] = {}
         if signer is not None:
             options = {"nkeys_seed_str": signer.seed.decode(),
                        "inbox_prefix": inbox_prefix(signer.public_key)}
-        nc = NATS()
-        closing: set[asyncio.Task[None]] = set()
-        connected = False
         refusals = Refusals()
-
-        async def on_error(exc: Exception) -> None:
-            log.warning("nats error", error=str(exc) or type(exc).__name__)
-            refusals.report(exc)
-            if not _refused(exc):
-                return
-            # A key the server refuses (unknown, revoked) stays refused: stop trying instead
-            # of retrying for minutes. At connect nats-py reads this option right after
-            # calling us; a reconnect (the server dropped a revoked key) is closed outright,
-            # from a task of its own since close() cancels the reconnect loop calling us.
-            nc.options["allow_reconnect"] = False
-            if connected:
-                task = asyncio.get_running_loop().create_task(nc.close())
-                closing.add(task)
-                task.add_done_callback(closing.discard)
-
+        nc, on_error, connected = _nats_with_error_handler(refusals)
+        # nats-py retries a missing server for about two minutes (60 attempts, 2 s apart):
+        # here attempts come every 0.25 s, and the timeout bounds them all.
+        attempts: dict[str, Any] = {"connect_timeout": min(_ATTEMPT_S, connect_timeout),
+                                    "reconnect_time_wait": _CONNECT_RETRY_S}
         try:
-            await nc.connect(url, name="ratchet-client", error_cb=on_error, **options)
-            connected = True
-        except nats.errors.Error as exc:
-            if not _refused(exc):
-                raise
-            raise Unauthenticated("the NATS server refused the connection: no key, or a key"
-                                  " it does not know (docs/security.md)",
-                                  key=signer.public_key if signer else None) from None
+            async with asyncio.timeout(connect_timeout):
+                await nc.connect(url, name="ratchet-client", error_cb=on_error,
+                                 allow_reconnect=False, **attempts, **options)
+        except (OSError, TimeoutError, nats.errors.Error) as exc:
+            with contextlib.suppress(Exception):
+                await nc.close()
+            if _refused(exc):
+                raise Unauthenticated(
+                    "the NATS server refused the connection: no key, or a key it does not"
+                    " know (docs/security.md)",
+                    key=signer.public_key if signer else None) from None
+            shown = redact_url(url)
+            raise NatsUnreachable(f"cannot reach NATS at {shown}", url=shown,
+                                  timeout_s=connect_timeout) from None
+        connected()
         return cls(nc, tenant, signer, refusals)
 
     async def close(self) -> None:
@@ -122,19 +178,68 @@ class Client:
 
     async def submit(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                      version: int | None = None, deadline_s: float | None = None,
-                     budget: dict[str, Any] | None = None) -> str:
-        """Publish a task request on JetStream; returns the task id (known up front).
+                     budget: dict[str, Any] | None = None) -> TaskHandle:
+        """Publish a task request on JetStream (fire and forget); returns the task's handle,
+        whose id is known up front. ``await handle.result()`` awaits its outcome.
+
+        Nothing confirms acceptance: a request the node refuses (an unknown workflow, an
+        invalid input) is dead-lettered and never becomes a task. :meth:`submit_sync`
+        is validated by the node before it returns.
 
         ``input``: a map, or the workflow's ``input_model`` instance. Its secrets
         (``SecretStr``) travel in clear to the node, which seals them: use TLS to NATS.
         """
-        body = SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
-                          idempotency_key=key, deadline_s=deadline_s,
-                          budget=Budget.model_validate(budget) if budget else None)
+        body = self._submission(workflow, input, key, version, deadline_s, budget)
         env = self._envelope(MessageType.TASK_SUBMIT, body.model_dump())
         await self.js.publish(submit_subject(self.tenant), encode(env),
                               headers={"Nats-Msg-Id": f"{self.tenant}:{key}"})
-        return task_id_for(self.tenant, key)
+        return self.handle(task_id_for(self.tenant, key), key)
+
+    async def submit_sync(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
+                          version: int | None = None, deadline_s: float | None = None,
+                          budget: dict[str, Any] | None = None) -> TaskHandle:
+        """Submit over request/reply: the node validates and accepts (or finds the task
+        this key made before) before it answers; ``handle.accepted`` holds its answer.
+
+        Raises:
+            RemoteError: refused — ``INVALID_ARGUMENT`` (unknown workflow, invalid input),
+                ``CONFLICT`` (the key was used with another request), ``UNAVAILABLE``.
+        """
+        body = self._submission(workflow, input, key, version, deadline_s, budget)
+        result = await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump())
+        accepted = TaskAccepted.model_validate(result)
+        return TaskHandle(accepted.task_id, self.tenant, key, self, accepted)
+
+    def handle(self, task_id: str, key: str | None = None) -> TaskHandle:
+        """The handle of a task of this tenant submitted earlier (by id)."""
+        return TaskHandle(task_id, self.tenant, key, self)
+
+    def results(self, handles: Iterable[TaskHandle], timeout: float | None = None,
+                ) -> AsyncGenerator[TaskOutcome, None]:
+        """Each task's outcome as it ends, over ONE subscription, whatever their number::
+
+            async for outcome in client.results(handles, timeout=60):
+                if outcome.ok: print(outcome.handle.task_id, outcome.output)
+                else: print(outcome.error.code, outcome.error.message)
+
+        A failed task does not stop the iteration (``outcome.error`` holds its
+        TaskFailed, TaskCancelled or TaskHandedOff; ``outcome.result()`` raises it).
+        Needs the roles producer (``get``) and subscriber (events). Leaving the loop early,
+        wrap it in ``contextlib.aclosing`` to drop the subscription at once.
+
+        Raises:
+            ResultTimeout: ``timeout`` seconds passed before every task ended (those
+                yielded stand; ``pending`` names the rest).
+        """
+        return await_outcomes(self, handles, timeout)
+
+    @staticmethod
+    def _submission(workflow: str, input: dict[str, Any] | BaseModel, key: str,
+                    version: int | None, deadline_s: float | None,
+                    budget: dict[str, Any] | None) -> SubmitTask:
+        return SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
+                          idempotency_key=key, deadline_s=deadline_s,
+                          budget=Budget.model_validate(budget) if budget else None)
 
     def sign(self, subject: str, data: bytes) -> dict[str, str]:
         """The signature headers of a request (none without credentials)."""
@@ -154,11 +259,23 @@ class Client:
 
     async def request(self, verb: str, type_: str, body: dict[str, Any],
                       timeout: float = 10.0, subject: str | None = None) -> dict[str, Any]:
+        """One signed request; its error reply raised as RemoteError.
+
+        Raises:
+            Unavailable: no node answered (none serves the subject, or not within
+                ``timeout`` seconds; a key NATS does not let publish there looks the same).
+        """
         env = self._envelope(type_, body)
         subject = subject or api_subject(self.tenant, verb)
         data = encode(env)
-        msg = await self.nc.request(subject, data, timeout=timeout,
-                                    headers=self.sign(subject, data) or None)
+        try:
+            msg = await self.nc.request(subject, data, timeout=timeout,
+                                        headers=self.sign(subject, data) or None)
+        except nats.errors.NoRespondersError:
+            raise Unavailable(f"no node serves {subject}", subject=subject) from None
+        except nats.errors.TimeoutError:
+            raise Unavailable(f"no answer on {subject} within {timeout:g} s", subject=subject,
+                              timeout_s=timeout) from None
         reply = Reply.model_validate(decode_map(msg.data))
         if not reply.ok:
             err = reply.error
@@ -166,36 +283,44 @@ class Client:
             raise RemoteError(err.code, err.message, err.retryable, err.details)
         return reply.result or {}
 
-    async def submit_sync(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
-                          version: int | None = None) -> dict[str, Any]:
-        """Validated synchronous accept over request/reply; raises RemoteError."""
-        body = SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
-                          idempotency_key=key)
-        return await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump())
-
     async def request_admin(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         """An admin command (``body`` is an AdminCommand); raises RemoteError on errors."""
         return await self.request(verb, admin_type(verb), body,
                                   subject=f"ratchet.admin.{self.tenant}.{verb}")
 
-    async def get(self, task_id: str) -> TaskSnapshot:
+    async def get(self, task_id: str, timeout: float = 10.0) -> TaskSnapshot:
         result = await self.request("get", MessageType.TASK_GET,
-                                    GetTask(task_id=task_id).model_dump())
+                                    GetTask(task_id=task_id).model_dump(), timeout=timeout)
         return TaskSnapshot.model_validate(result)
 
     async def watch(self, task_id: str, after: int = 0, *, follow_terminal: bool = False,
-                    idle_timeout: float | None = None) -> AsyncIterator[Event]:
+                    idle_timeout: float | None = None,
+                    missing_after: float | None = None) -> AsyncIterator[Event]:
         """Yield the task's events in sequence order, from ``after + 1``, live.
 
         Stops after a terminal event unless ``follow_terminal``; repeats are skipped by
         sequence. ``idle_timeout`` bounds the wait for each next event.
+
+        ``missing_after``: when the stream holds no event of the task and the node knows
+        no such task, wait this many seconds more (a JetStream submit may still be on its
+        way), then raise NotFound instead of waiting for ever.
         """
         feed = EventFeed(self.nc, task_events_filter(self.tenant, task_id), self.refusals)
         last = after
         try:
+            known = True if missing_after is None else await self._known(feed, task_id)
             while True:
-                msg = await asyncio.wait_for(feed.next(), idle_timeout) \
-                    if idle_timeout else await feed.next()
+                wait = idle_timeout if known else missing_after
+                try:
+                    msg = await asyncio.wait_for(feed.next(), wait) if wait \
+                        else await feed.next()
+                except TimeoutError:
+                    if known:
+                        raise
+                    unasked = "" if known is False else "; the node did not answer a get"
+                    raise NotFound(f"no such task: {task_id} (tenant {self.tenant}){unasked}",
+                                   task_id=task_id, tenant=self.tenant) from None
+                known = True
                 event = decode_event(msg.data)
                 if event.sequence <= last:
                     continue
@@ -205,3 +330,20 @@ class Client:
                     return
         finally:
             await feed.close()
+
+    async def _known(self, feed: EventFeed, task_id: str) -> bool | None:
+        """Whether the task exists: events of it are stored, or the node knows it; None
+        when the node cannot be asked (no API serving, a key without the producer role):
+        then, as for False, the task's first event must come within ``missing_after``."""
+        await feed.start()
+        if feed.backlog:
+            return True
+        try:
+            await self.get(task_id, timeout=_GET_TIMEOUT_S)
+        except RemoteError as exc:
+            if exc.code != ErrorCode.NOT_FOUND:
+                raise
+            return False
+        except Unavailable:
+            return None
+        return True

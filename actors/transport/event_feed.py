@@ -15,7 +15,10 @@ protocol, done here:
   answered at once, so the server keeps sending;
 - a gap in the consumer sequence (messages dropped on the way) or two missed heartbeats
   (a server restart lost the consumer) start a new consumer after the last stream sequence
-  seen: nothing is skipped, and a repeat is the caller's to ignore by event sequence.
+  seen: nothing is skipped, and a repeat is the caller's to ignore by event sequence;
+- ``new_only`` starts at the messages stored after the first consumer exists (a filter as
+  wide as a tenant's: awaiting many tasks' results with one consumer), and a new consumer
+  after the stream's last message at that time.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import ServiceUnavailableError
 
 from ratchet.protocol.errors import PermissionDenied
@@ -55,6 +58,16 @@ def _within(subject: str, pattern: str) -> bool:
         if i >= len(got) or token not in ("*", got[i]):
             return False
     return len(want) == len(got)
+
+
+def _honour_cancellation() -> None:
+    """Raise CancelledError if this task was asked to stop. nats-py's ``next_msg`` returns a
+    message (a heartbeat) that arrived as it was cancelled, and the cancellation is lost
+    (``asyncio.wait_for`` in Python 3.11): without this, a caller's timeout falling on a
+    heartbeat waited for the next event, for ever if none came."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class Refusals:
@@ -90,7 +103,8 @@ class EventFeed:
     ``refusals``: the connection's (Client's) report of permissions violations, so that a
     key without the right to follow these events is told at once rather than in 5 s."""
 
-    def __init__(self, nc: NATS, filter_subject: str, refusals: Refusals | None = None) -> None:
+    def __init__(self, nc: NATS, filter_subject: str, refusals: Refusals | None = None, *,
+                 new_only: bool = False) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.filter_subject = filter_subject
@@ -98,25 +112,33 @@ class EventFeed:
         self._sub: Subscription | None = None
         self._stream_seq = 0  # the last stream sequence delivered
         self._consumer_seq = 0  # the last consumer sequence of the current consumer
+        #: Only messages stored after the first consumer exists (no history): for a
+        #: filter as wide as a tenant's, whose history may be long.
+        self._new_only = new_only
+        #: How many stored messages the first consumer found to deliver (None before it
+        #: exists): 0 means the stream holds nothing under the filter yet.
+        self.backlog: int | None = None
 
     async def _open(self) -> None:
         await self.close()
         deliver = self.nc.new_inbox()  # under the client's own inbox prefix
         after, name = self._stream_seq, new_id("watch")
+        first_new = self._new_only and self.backlog is None
+        policy = DeliverPolicy.BY_START_SEQUENCE if after else DeliverPolicy.ALL
         config = ConsumerConfig(
             name=name, filter_subject=self.filter_subject,
             deliver_subject=deliver, ack_policy=AckPolicy.NONE, max_deliver=1,
             flow_control=True, idle_heartbeat=HEARTBEAT_S, inactive_threshold=INACTIVE_S,
             mem_storage=True, num_replicas=1,
-            deliver_policy=DeliverPolicy.BY_START_SEQUENCE if after else DeliverPolicy.ALL,
-            opt_start_seq=after + 1 if after else None)
+            deliver_policy=DeliverPolicy.NEW if first_new else policy,
+            opt_start_seq=after + 1 if after and not first_new else None)
         # Subscribed first: the consumer starts delivering as soon as it exists.
         self._sub = await self.nc.subscribe(deliver)
         self._consumer_seq = 0
         # Name and filter set: nats-py uses CONSUMER.CREATE.<stream>.<name>.<filter>.
         create = asyncio.ensure_future(self.js.add_consumer(STREAM_EVENTS, config))
         if self.refusals is None:
-            await create
+            self._created(await create)
             return
         refused = self.refusals.watch(f"$JS.API.CONSUMER.CREATE.{STREAM_EVENTS}.{name}.")
         try:
@@ -129,7 +151,16 @@ class EventFeed:
                 create.cancel()
         if not answered:
             raise self._denied()
-        create.result()
+        self._created(create.result())
+
+    def _created(self, info: ConsumerInfo) -> None:
+        if self.backlog is not None:
+            return
+        self.backlog = info.num_pending or 0
+        if self._new_only and info.delivered is not None:
+            # A consumer made anew (a gap, a lost consumer) resumes after the stream's last
+            # message when this one started, so nothing stored since is skipped.
+            self._stream_seq = info.delivered.stream_seq or 0
 
     async def _reopen(self) -> None:
         while True:
@@ -153,9 +184,16 @@ class EventFeed:
         return PermissionDenied("NATS refused to create the consumer: this key may not"
                                 " follow these events", filter=self.filter_subject)
 
+    async def start(self) -> None:
+        """Make the consumer now, if it does not exist yet: from here on, every message
+        stored under the filter is delivered (the caller bounds the wait)."""
+        if self._sub is None:
+            await self._reopen()
+
     async def next(self) -> Msg:
         """The next event message (waits as long as it takes; the caller bounds it)."""
         while True:
+            _honour_cancellation()
             if self._sub is None:
                 await self._reopen()
             assert self._sub is not None

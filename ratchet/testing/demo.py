@@ -44,10 +44,10 @@ async def run_demo(state_dir: Path, nats_url: str | None = None) -> int:
             client = await ratchet.Client.connect(node.url, tenant="demo",
                                                   creds=admin_key_path(node.config.state_dir))
             try:
-                task_id = await client.submit("expense.agent", {
+                task_id = (await client.submit("expense.agent", {
                     "report_id": report_id, "employee": "e-1042", "currency": "EUR",
                     "items": [{"what": "train", "amount": 89.5},
-                              {"what": "hotel", "amount": 240.0}]}, key=report_id)
+                              {"what": "hotel", "amount": 240.0}]}, key=report_id)).task_id
                 _say(f"submitted {task_id} over NATS; events:")
                 async for event in client.watch(task_id, idle_timeout=30.0):
                     _say(f"  #{event.sequence:<2} {event.type:<18} {json.dumps(event.payload)}")

@@ -37,14 +37,20 @@ class ExitCode(IntEnum):
     USAGE = 2
     #: The watched task ended FAILED.
     TASK_FAILED = 3
+    #: ``submit --wait`` (or ``watch``): the task was cancelled.
+    TASK_CANCELLED = 4
+    #: ``submit --wait``: the task waits for a human (UNKNOWN, a handoff).
+    TASK_HANDED_OFF = 5
+    #: ``submit --wait --timeout``: no outcome in time (the task goes on).
+    TIMEOUT = 6
     #: ``serve`` refused to start (docs/operations.md): its node id is in use (``serve``
     #: twice on one state dir), the store has another partition count, the store is read
     #: only, NATS cannot be reached, the asked NATS port is taken.
-    NODE_ID_IN_USE = 4
-    PARTITION_COUNT_MISMATCH = 5
-    STORE_READ_ONLY = 6
-    NATS_UNREACHABLE = 7
-    NATS_PORT_TAKEN = 8
+    NODE_ID_IN_USE = 10
+    PARTITION_COUNT_MISMATCH = 11
+    STORE_READ_ONLY = 12
+    NATS_UNREACHABLE = 13
+    NATS_PORT_TAKEN = 14
     #: Stopped by Ctrl-C before it was done (128 + SIGINT).
     INTERRUPTED = 130
 

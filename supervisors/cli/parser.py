@@ -26,6 +26,7 @@ from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR, ExitCode
 from ratchet.supervisors.cli.output import OutputMode
 from ratchet.supervisors.cli.schedule import schedule_flags
 from ratchet.supervisors.cli.serve import serve_flags
+from ratchet.supervisors.cli.tasks import submit_flags, watch_flags
 from ratchet.supervisors.node.log_output import LOG_LEVELS
 
 __all__ = ["RatchetArgumentParser", "json_object", "json_object_text", "parser"]
@@ -116,18 +117,8 @@ def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def task_commands(command: AddCommand) -> None:
     """``submit``, ``watch``, ``status``."""
-    s = with_nats(command("submit", help="publish a task request"))
-    s.add_argument("workflow")
-    s.add_argument("--input", default="{}", type=json_object_text,
-                   help="the task's input, a JSON object (default: {})")
-    s.add_argument("--key", required=True, help="idempotency key of the business request")
-    s.add_argument("--version", type=int, default=None)
-    s.add_argument("--sync", action="store_true", help="wait for the validated accept")
-
-    s = with_nats(command("watch", help="print a task's events live"))
-    s.add_argument("task_id")
-    s.add_argument("--after", type=int, default=0, help="start after this sequence")
-    s.add_argument("--follow", action="store_true", help="keep going after a terminal event")
+    submit_flags(with_nats(command("submit", help="submit a task (validated by the node)")))
+    watch_flags(with_nats(command("watch", help="print a task's events live")))
 
     s = with_nats(command("status", help="print a task's snapshot"))
     s.add_argument("task_id")
