@@ -185,6 +185,13 @@ def test_answers_are_json_lines_when_piped_and_tables_on_a_terminal(
     asked = _ratchet("status", task_id, "--state-dir", str(state), "--output", "human")
     assert "SUCCEEDED" in asked.stdout and not asked.stdout.startswith("{")
 
+    # watch of a finished task: its events, each a line above a bar that ends full
+    code, shown = _ratchet_on_a_terminal("watch", task_id, "--state-dir", str(state))
+    assert code == 0 and "task.succeeded" in shown and "━" in shown, shown
+    piped_watch = _ratchet("watch", task_id, "--state-dir", str(state))
+    lines = piped_watch.stdout.strip().splitlines()
+    assert json.loads(lines[-1])["type"] == "task.succeeded" and "━" not in piped_watch.stdout
+
     code, shown = _ratchet_on_a_terminal("status", "tsk_nope", "--state-dir", str(state))
     assert code == 2 and "NOT_FOUND" in shown and len(shown.strip().splitlines()) == 1, shown
     refused = _ratchet("status", "tsk_nope", "--state-dir", str(state))

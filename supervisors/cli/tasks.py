@@ -10,7 +10,6 @@ from typing import Any
 from ratchet.actors.transport.handles import TaskHandle
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import RatchetError
-from ratchet.protocol.messages import Event
 from ratchet.protocol.task_outcomes import (
     ResultTimeout,
     TaskCancelled,
@@ -19,6 +18,7 @@ from ratchet.protocol.task_outcomes import (
     TaskHandedOff,
 )
 from ratchet.supervisors.cli.common import ExitCode, connect, emit, load_app
+from ratchet.supervisors.cli.output import watch_view
 
 #: Exit codes of ``submit --wait`` and ``watch`` by how the task ended (0: it succeeded;
 #: 2: a refused request, as for every command).
@@ -61,11 +61,6 @@ def watch_flags(sp: argparse.ArgumentParser) -> None:
 def outcome_exit_code(error: RatchetError) -> int:
     """The exit code of a task's unsuccessful outcome (or of giving up waiting for it)."""
     return next((code for kind, code in _EXIT_BY_ERROR if isinstance(error, kind)), 2)
-
-
-def print_event(event: Event) -> None:
-    """How ``watch`` shows one event (one JSON line; a terminal may get a progress view)."""
-    emit(event.model_dump())
 
 
 def _input_object(text: str) -> dict[str, Any] | None:
@@ -125,11 +120,14 @@ async def watch(args: argparse.Namespace) -> int:
     client = await connect(args, args.tenant)
     code = 0
     try:
-        async for event in client.watch(args.task_id, after=args.after,
-                                        follow_terminal=args.follow,
-                                        missing_after=MISSING_AFTER_S):
-            print_event(event)
-            code = _EXIT_BY_EVENT.get(event.type, code)
+        # JSON mode: each event as its JSON line; on a terminal, a line per event above a
+        # progress bar fed by the task's progress events (supervisors/cli/output.py).
+        with watch_view(args.task_id) as view:
+            async for event in client.watch(args.task_id, after=args.after,
+                                            follow_terminal=args.follow,
+                                            missing_after=MISSING_AFTER_S):
+                view.show(event)
+                code = _EXIT_BY_EVENT.get(event.type, code)
     finally:
         await client.close()
     return code
