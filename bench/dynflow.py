@@ -33,7 +33,7 @@ from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 async def events_of(client: ratchet.Client, workflow: str,
                     input: dict[str, Any] | None = None) -> list[ratchet.Event]:
-    task_id = await client.submit(workflow, input or {}, key=f"{workflow}-{time.time_ns()}")
+    task_id = (await client.submit(workflow, input or {}, key=f"{workflow}-{time.time_ns()}")).task_id
     events = [e async for e in client.watch(task_id, idle_timeout=120)]
     assert events[-1].type == "task.succeeded", events[-1]
     return events

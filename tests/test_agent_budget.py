@@ -142,7 +142,7 @@ async def test_a_call_that_cannot_afford_one_token_is_not_made(
 
 
 async def _run(client: ratchet.Client, key: str, budget: dict[str, float]) -> list[ratchet.Event]:
-    task_id = await client.submit("spend", {}, key=key, budget=budget)
+    task_id = (await client.submit("spend", {}, key=key, budget=budget)).task_id
     return await wait_terminal(client, task_id)
 
 

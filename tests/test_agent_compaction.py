@@ -105,7 +105,7 @@ async def test_a_long_conversation_is_folded_and_the_pinned_facts_are_kept(
 ) -> None:
     planner, summarizer = Planner(), Summarizer()
     node = await start_node(_app(planner, summarizer))
-    task_id = await client.submit("trip", {}, key="t1")
+    task_id = (await client.submit("trip", {}, key="t1")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].payload["output"] == {"cities": [f"c{i}" for i in range(TURNS)]}
     compacted = [e.payload for e in events if e.type == "agent.compacted"]
@@ -131,7 +131,7 @@ async def test_a_resumed_task_sends_the_same_compacted_view_without_summarizing_
     planner, summarizer = Planner(), Summarizer()
     planner.hold_after_summary = True  # the first turn after the compaction is held
     first = await start_node(_app(planner, summarizer), drain_timeout=0.2)
-    task_id = await client.submit("trip", {}, key="t2")
+    task_id = (await client.submit("trip", {}, key="t2")).task_id
     await asyncio.wait_for(planner.held.wait(), 10)
     asked_before, calls = planner.requests[-1], summarizer.calls
     await first.stop()  # the held turn is cut at the drain's end: it never commits

@@ -66,7 +66,7 @@ def _app(big: Model, small: Model, **degrade: Any) -> ratchet.Registry:
 
 
 async def _run(client: ratchet.Client, key: str, **submit: Any) -> list[ratchet.Event]:
-    task_id = await client.submit("ask", {}, key=key, **submit)
+    task_id = (await client.submit("ask", {}, key=key, **submit)).task_id
     return await wait_terminal(client, task_id)
 
 

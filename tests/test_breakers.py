@@ -170,7 +170,7 @@ async def test_an_action_under_way_waits_for_the_probe_and_its_retries_tell_thei
 ) -> None:
     provider, clock = Provider(), ratchet.FakeClock()
     node = await start_node(_registry(provider, attempts=4), clock=clock)
-    task_id = await client.submit("plain", {"order": "w1"}, key="w1")
+    task_id = (await client.submit("plain", {"order": "w1"}, key="w1")).task_id
     retries: list[dict[str, Any]] = []
     async for event in client.watch(task_id):
         if event.type == "action.retry":
@@ -213,6 +213,6 @@ def _answer(ok: bool, value: Any) -> Any:
 
 
 async def _run(client: ratchet.Client, workflow: str, order: str) -> list[ratchet.Event]:
-    task_id = await client.submit(workflow, {"order": order}, key=order)
+    task_id = (await client.submit(workflow, {"order": order}, key=order)).task_id
     return await wait_terminal(client, task_id)
 

@@ -157,7 +157,7 @@ async def test_a_sleeping_task_holds_no_actor_and_goes_on_at_its_wake_time_once(
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap", {}, key="nap-1")
+    task_id = (await client.submit("nap", {}, key="nap-1")).task_id
     started = await _asleep(client, node, task_id)
     assert started.payload["wake_at"] == pytest.approx(clock.now() + HOUR)
     clock.advance(HOUR)  # an hour, in milliseconds
@@ -173,7 +173,7 @@ async def test_a_sleep_survives_a_node_restart_and_the_step_before_it_never_runs
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap", {}, key="nap-restart")
+    task_id = (await client.submit("nap", {}, key="nap-restart")).task_id
     started = await _asleep(client, node, task_id)
     await node.stop()
     clock.advance(HOUR / 2)  # half of it passes while no node runs
@@ -195,7 +195,7 @@ async def test_a_node_killed_during_a_sleep_wakes_the_task_after_it_starts_again
     node = node_process(nats_url, {"RATCHET_TEST_STEP_LOG": str(step_log)},
                         app_spec="tests.sleep_apps:app")
     await asyncio.to_thread(node.start)
-    task_id = await client.submit("nap.short", {}, key="nap-kill")
+    task_id = (await client.submit("nap.short", {}, key="nap-kill")).task_id
     started = (await _events(client, task_id, {"sleep.started"}))[-1]
     await asyncio.to_thread(node.kill)  # SIGKILL while the task sleeps (3 s, real clock)
     await asyncio.to_thread(node.start)
@@ -215,7 +215,7 @@ async def test_until_sleeps_to_a_time_taken_from_the_state(
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
     planned = clock.now() + 120.0
-    task_id = await client.submit("nap.until", {"in": 120}, key="until-1")
+    task_id = (await client.submit("nap.until", {"in": 120}, key="until-1")).task_id
     started = await _asleep(client, node, task_id)
     assert started.payload["wake_at"] == pytest.approx(planned)
     clock.advance(120.0)
@@ -228,7 +228,7 @@ async def test_a_sleep_inside_a_loop_sleeps_again_at_each_visit(
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap.loop", {}, key="loop-1")
+    task_id = (await client.submit("nap.loop", {}, key="loop-1")).task_id
     wakes, after = [], 0
     for _ in range(3):
         started = await _asleep(client, node, task_id, after=after)
@@ -245,7 +245,7 @@ async def test_a_cancel_ends_a_sleeping_task(
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap", {}, key="nap-cancel")
+    task_id = (await client.submit("nap", {}, key="nap-cancel")).task_id
     started = await _asleep(client, node, task_id)
     await _admin(client, "cancel", task_id)
     events = await _events(client, task_id, DONE, after=started.sequence)
@@ -260,7 +260,7 @@ async def test_a_pause_keeps_the_wake_time_and_a_resume_sleeps_only_the_rest(
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap", {}, key="nap-pause")
+    task_id = (await client.submit("nap", {}, key="nap-pause")).task_id
     first = await _asleep(client, node, task_id)
     await _admin(client, "pause", task_id)
     paused = (await _events(client, task_id, {"task.paused"}, after=first.sequence))[-1]
@@ -280,7 +280,7 @@ async def test_a_task_resumed_after_its_wake_time_goes_on_at_once(
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap", {}, key="nap-late")
+    task_id = (await client.submit("nap", {}, key="nap-late")).task_id
     first = await _asleep(client, node, task_id)
     await _admin(client, "pause", task_id)
     paused = (await _events(client, task_id, {"task.paused"}, after=first.sequence))[-1]
@@ -296,7 +296,7 @@ async def test_a_deadline_before_the_wake_time_fails_the_sleeping_task_at_the_de
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap", {}, key="nap-deadline", deadline_s=600.0)
+    task_id = (await client.submit("nap", {}, key="nap-deadline", deadline_s=600.0)).task_id
     started = await _asleep(client, node, task_id)
     assert started.payload["due_at"] == pytest.approx(started.payload["wake_at"] - HOUR + 600.0,
                                                       abs=1.0)
@@ -312,7 +312,7 @@ async def test_ctx_sleep_parks_the_task_and_the_step_goes_on_after_its_last_slee
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap.in_step", {}, key="in-step")
+    task_id = (await client.submit("nap.in_step", {}, key="in-step")).task_id
     first = await _asleep(client, node, task_id)
     assert (first.payload["step"], first.payload["n"], first.payload["seconds"]) == \
         ("naps", 0, 60)
@@ -332,7 +332,7 @@ async def test_a_sleep_in_a_step_survives_a_node_restart_and_sleeps_only_the_res
 ) -> None:
     clock = ratchet.FakeClock()
     node = await start_node(registry, clock=clock)
-    task_id = await client.submit("nap.in_step", {}, key="in-step-restart")
+    task_id = (await client.submit("nap.in_step", {}, key="in-step-restart")).task_id
     first = await _asleep(client, node, task_id)
     await node.stop()
     clock.advance(40.0)  # two thirds of the first sleep pass while no node runs

@@ -32,7 +32,7 @@ def types(events: list[ratchet.Event]) -> list[str]:
 
 async def run(client: ratchet.Client, workflow: str, input: dict[str, Any],
               key: str) -> list[ratchet.Event]:
-    task_id = await client.submit(workflow, input, key=key)
+    task_id = (await client.submit(workflow, input, key=key)).task_id
     return await wait_terminal(client, task_id)
 
 
@@ -121,7 +121,7 @@ async def test_at_least_k_of_a_map_leaves_none_for_the_items_that_did_not_succee
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node(app)
-    task_id = await client.submit("map.k", {"urls": ["a", "b", "c"], "hang": ["c"]}, key="k")
+    task_id = (await client.submit("map.k", {"urls": ["a", "b", "c"], "hang": ["c"]}, key="k")).task_id
     events = await wait_terminal(client, task_id)
     pages = events[-1].payload["output"]["pages"]
     assert [p and p["item"] for p in pages] == ["a", "b", None]
@@ -201,7 +201,7 @@ async def test_a_map_interrupted_by_sigkill_resumes_without_rerunning_finished_i
                         app_spec="tests.dynflow_apps:app")
     await asyncio.to_thread(node.start)
     urls = [f"u{i}" for i in range(40)]
-    task_id = await client.submit("map.all", {"urls": urls, "sleep": 0.05}, key="map-kill")
+    task_id = (await client.submit("map.all", {"urls": urls, "sleep": 0.05}, key="map-kill")).task_id
     finished_before: set[int] = set()
     async for event in client.watch(task_id):
         if event.type == "branch.completed":

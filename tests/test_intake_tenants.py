@@ -19,7 +19,7 @@ async def test_a_new_tenants_first_submission_is_accepted_without_waiting_for_a_
     await start_node(intake_rescan_interval=AN_HOUR)
     newcomer = ratchet.Client(client.nc, "newcomer", client.signer)  # no submit seen yet
 
-    task_id = await newcomer.submit("three", {}, key="first")
+    task_id = (await newcomer.submit("three", {}, key="first")).task_id
     events = await wait_terminal(newcomer, task_id, timeout=20.0)
 
     assert [e.type for e in events][:2] == ["task.queued", "task.started"]
@@ -31,7 +31,8 @@ async def test_tenants_arriving_together_each_get_their_own_consumer(
     await start_node(intake_rescan_interval=AN_HOUR)
     tenants = [ratchet.Client(client.nc, f"t{i}", client.signer) for i in range(5)]
 
-    task_ids = await asyncio.gather(*(t.submit("three", {}, key="k") for t in tenants))
+    handles = await asyncio.gather(*(t.submit("three", {}, key="k") for t in tenants))
+    task_ids = [h.task_id for h in handles]
     finished = await asyncio.gather(*(wait_terminal(t, task_id, timeout=20.0)
                                       for t, task_id in zip(tenants, task_ids, strict=True)))
 

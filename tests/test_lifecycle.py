@@ -313,7 +313,7 @@ async def test_a_stop_ends_within_its_drain_bound_while_a_step_never_returns(
         return {}
 
     node = await start_node(ratchet.Registry([wf]), drain_timeout=0.5)
-    task_id = await client.submit("hangs", {}, key="drain-1")
+    task_id = (await client.submit("hangs", {}, key="drain-1")).task_id
     await asyncio.wait_for(entered.wait(), 20)
 
     # The drain's bound, the root's second after an incomplete drain, closing: seconds.

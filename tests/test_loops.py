@@ -105,7 +105,7 @@ async def test_a_200_iteration_loop_commits_once_per_iteration(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     node = await start_node(app)
-    task_id = await client.submit("loop.counted", {}, key="counted")
+    task_id = (await client.submit("loop.counted", {}, key="counted")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded"
     assert events[-1].payload["output"] == {"ticks": 200, "last": 199}
@@ -127,7 +127,7 @@ async def test_a_loop_runs_until_its_predicate_holds(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(app)
-    task_id = await client.submit("loop.until", {"goal": 5}, key="until")
+    task_id = (await client.submit("loop.until", {"goal": 5}, key="until")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].payload["output"] == {"total": 5}
     assert [e.payload["iteration"] for e in iterations(events, "add")] == [0, 1, 2, 3, 4]
@@ -137,7 +137,7 @@ async def test_a_loop_whose_until_never_holds_fails_after_max_iterations(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(app)
-    task_id = await client.submit("loop.stubborn", {}, key="stubborn")
+    task_id = (await client.submit("loop.stubborn", {}, key="stubborn")).task_id
     events = await wait_terminal(client, task_id)
     assert len(iterations(events, "never")) == 3
     assert events[-1].type == "task.failed"
@@ -150,7 +150,7 @@ async def test_an_exhausted_loop_goes_to_its_on_exhausted_node(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(app)
-    task_id = await client.submit("loop.escalating", {}, key="escalating")
+    task_id = (await client.submit("loop.escalating", {}, key="escalating")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].payload["output"] == {"gave_up_after": 3}
     assert iterations(events, "again")[-1].payload["next"] == "give_up"
@@ -160,7 +160,7 @@ async def test_a_loop_entered_again_counts_its_iterations_from_zero(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(app)
-    task_id = await client.submit("loop.reentered", {}, key="reentered")
+    task_id = (await client.submit("loop.reentered", {}, key="reentered")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].payload["output"] == {"seen": [0, 1, 0, 1, 0, 1]}
 
@@ -169,7 +169,7 @@ async def test_an_iteration_that_crashes_its_actor_runs_again_as_the_same_iterat
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(app)
-    task_id = await client.submit("loop.flaky", {}, key="flaky")
+    task_id = (await client.submit("loop.flaky", {}, key="flaky")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].payload["output"] == {"seen": [[0, 1], [1, 1], [2, 2], [3, 1]]}
     failed = next(e for e in events if e.type == "step.failed")
@@ -182,7 +182,7 @@ async def test_an_until_that_raises_fails_the_task_once(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
     await start_node(app)
-    task_id = await client.submit("loop.unsure", {}, key="unsure")
+    task_id = (await client.submit("loop.unsure", {}, key="unsure")).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.failed"
     assert events[-1].payload["reason"] == "until of guess raised"
@@ -198,7 +198,7 @@ async def test_a_loop_interrupted_by_sigkill_resumes_at_the_iteration_after_the_
     node = node_process(nats_url, {"RATCHET_TEST_STEP_LOG": str(log)},
                         app_spec="tests.dynflow_apps:app")
     await asyncio.to_thread(node.start)
-    task_id = await client.submit("loop.until", {"goal": 30, "sleep": 0.05}, key="until-kill")
+    task_id = (await client.submit("loop.until", {"goal": 30, "sleep": 0.05}, key="until-kill")).task_id
     committed: list[int] = []
     async for event in client.watch(task_id):
         if event.type == "step.completed":

@@ -59,7 +59,7 @@ async def test_a_step_that_never_returns_fails_its_task_after_warnings_in_the_lo
 
     await start_node(ratchet.Registry([wf]))
     with structlog.testing.capture_logs() as logs:
-        task_id = await client.submit("hangs", {}, key="h-1")
+        task_id = (await client.submit("hangs", {}, key="h-1")).task_id
         events = await wait_terminal(client, task_id, timeout=30)
 
     assert events[-1].type == "task.failed"
