@@ -17,6 +17,7 @@ from ratchet.actors.agents.scripted_model import Reply, ScriptedModel, reply
 from ratchet.actors.effects.risk_policy import ToolRisk, parse_policy, tightening, why_gated
 from ratchet.actors.workflow.tools import Tool, ToolContext, tool
 from ratchet.protocol.errors import ToolDefinitionError
+from ratchet.supervisors.cli.serve import risk_policy
 from tests.conftest import NodeFactory, wait_terminal
 from tests.test_admin import APPROVER, VIEWER, admin
 
@@ -269,3 +270,14 @@ async def test_an_agent_calling_an_irreversible_tool_parks_and_gets_a_rejection_
     assert events[-1].payload["output"] == {"outcome": "APPROVAL_REJECTED"}
     assert p.calls == []
     assert model.calls == asked + 1  # the parked turn was not asked again, only the next
+
+
+def test_serve_reads_a_risk_policy_file_and_refuses_a_bad_one(tmp_path: Any) -> None:
+    good = tmp_path / "risk.json"
+    good.write_text(json.dumps({"acme": {"*": {"requires_approval": True}}}))
+    assert risk_policy(str(good)) == {"acme": {"*": ToolRisk(requires_approval=True)}}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"acme": {"pay": {"max_amount": "lots"}}}))
+    with pytest.raises(ratchet.RatchetError, match="max_amount must be a number"):
+        risk_policy(str(bad))
+    assert risk_policy(None) == {}

@@ -73,6 +73,8 @@ def parse_policy(raw: Any) -> dict[str, dict[str, ToolRisk]]:
 
 def tightening(policy: RiskPolicy, tenant: str, tool: str) -> ToolRisk | None:
     """The tenant's rules for ``tool``, combined to the tightest (None: no rule)."""
+    if not policy:
+        return None  # the usual case, on every write: no lookups
     rules = [r for scope in (tenant, ANY) for name in (tool, ANY)
              if (r := policy.get(scope, {}).get(name)) is not None]
     if not rules:

@@ -23,7 +23,7 @@ from typing import Any
 from ratchet.actors.effects.risk_policy import ToolRisk, parse_policy
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
-from ratchet.protocol.errors import ErrorCode, StartRefused, ToolDefinitionError
+from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
@@ -149,14 +149,13 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
 
 def risk_policy(path: str | None) -> dict[str, dict[str, ToolRisk]]:
     """``--risk-policy FILE``: the tenants' tightening of tool tiers, as JSON
-    (actors/effects/risk_policy.py); a bad file raises ``ToolDefinitionError``."""
+    (actors/effects/risk_policy.py); a bad file is a usage error naming the bad part."""
     if not path:
         return {}
     try:
-        raw = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise ToolDefinitionError(f"--risk-policy {path}: {exc}") from None
-    return parse_policy(raw)
+        return parse_policy(json.loads(Path(path).read_text()))
+    except (OSError, ValueError) as exc:  # ToolDefinitionError is a ValueError too
+        raise UsageError(f"--risk-policy {path}: {exc}") from None
 
 
 def risk_flags(s: argparse.ArgumentParser) -> None:
