@@ -134,7 +134,16 @@ def _registry(p: Provider) -> ratchet.Registry:
         done = await ctx.call(note, Order(order=ctx.input["order"]))
         return {"output": {"noted": done.provider_id}}
 
-    return ratchet.Registry([pay, pay_back, noting], tools=[note, wire, refund])
+    shaky = ratchet.Workflow("shaky")
+
+    @shaky.step
+    async def wire_then_crash(ctx: ratchet.StepContext) -> dict[str, Any]:
+        done = await ctx.call(wire, Order(order=ctx.input["order"]))
+        if ctx.attempt == 1:
+            raise RuntimeError("crash after the approved call")  # the step runs again
+        return {"output": {"paid": done.provider_id, "attempt": ctx.attempt}}
+
+    return ratchet.Registry([pay, pay_back, noting, shaky], tools=[note, wire, refund])
 
 
 async def _parked(client: ratchet.Client, workflow: str, order: str,
@@ -186,6 +195,20 @@ async def test_an_irreversible_call_is_parked_with_the_proposed_call_and_made_on
     assert (decided.payload["kind"], decided.payload["tool"]) == ("risk_gate", "wire")
     assert [e.payload["key"] for e in events if e.type == "action.reused"] == ["note:o1"]
     assert [a.status for a in await node.store.task_actions(task_id)] == ["SUCCEEDED"] * 2
+
+
+async def test_an_approved_call_is_made_once_even_when_its_step_runs_again(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    p = Provider()
+    await start_node(_registry(p))
+    task_id, requested = await _parked(client, "shaky", "s1")
+    await _decide(client, "approve", task_id, requested)
+    events = await wait_terminal(client, task_id)
+    assert events[-1].payload["output"] == {"paid": "wire-s1", "attempt": 2}
+    assert p.calls == ["wire:s1"]  # the re-run found it in the ledger, not at the gate
+    assert [e.type for e in events].count("approval.requested") == 1
+    assert [e.payload["key"] for e in events if e.type == "action.reused"] == ["wire:s1"]
 
 
 async def test_a_rejected_call_is_never_made_and_the_step_routes_on_the_typed_refusal(

@@ -5,7 +5,8 @@ A task that stood still is always loaded by a fresh actor (a parked task is pass
 recovered one is restarted), so the actor notes in ``on_start`` why it stood still
 (``TaskKernel.revalidation``, from the status it was loaded in) and, at its first
 ``Advance`` that runs something — after the decision, message or timer that woke it, after
-the recovery is recorded and the deadline checked — asks the workflow's hook once:
+the recovery is recorded and the deadline checked; not when the task's next move is its
+end — asks the workflow's hook once:
 
 - the plan holds: ``plan.revalidated`` (``valid: true``) and the task goes on;
 - it does not, with ``on_invalid`` a node: ``plan.revalidated`` (``then: replan``) in the
@@ -26,6 +27,7 @@ from ratchet.actors.task.decision_audit import decision_entry
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.pseudo_approvals import pending_decision
 from ratchet.actors.task.suspension import fail_with_saga, handoff_package
+from ratchet.actors.workflow.nodes import END
 from ratchet.actors.workflow.revalidate import RevalidateContext, verdict_of
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.protocol.catalogue import EventType
@@ -48,7 +50,8 @@ async def check_plan(actor: TaskKernel) -> bool:
     at the replan node), False when it went to a human and this actor stops."""
     after, actor.revalidation = actor.revalidation, None
     wf, record = actor.workflow, actor.record
-    if after is None or wf is None or record is None or wf.revalidate_hook is None:
+    if after is None or wf is None or record is None or wf.revalidate_hook is None \
+            or actor.current == END:  # nothing left to run: no plan to re-validate
         return True
     deps = actor.deps
     ctx = RevalidateContext(
