@@ -304,3 +304,26 @@ def test_serve_reads_a_risk_policy_file_and_refuses_a_bad_one(tmp_path: Any) -> 
     with pytest.raises(ratchet.RatchetError, match="max_amount must be a number"):
         risk_policy(str(bad))
     assert risk_policy(None) == {}
+
+
+async def test_a_gated_call_in_a_fan_out_branch_fails_the_branch_and_is_not_made(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    p = Provider()
+    wire = p.tool("wire", risk="irreversible")
+    branch = ratchet.Workflow("branch-wire")
+
+    @branch.step
+    async def send(ctx: ratchet.StepContext) -> dict[str, Any]:
+        await ctx.call(wire, Order(order=f"b-{ctx.branch}"))
+        return {"output": {}}
+
+    wf = ratchet.Workflow("spread.pay")
+    wf.fanout("spread", {"one": branch}, join="gather")
+    wf.join("gather", of="spread", policy=ratchet.JoinPolicy(mode="all"), next=ratchet.END)
+    await start_node(ratchet.Registry([wf], tools=[wire]))
+    task_id = await client.submit("spread.pay", {}, key="spread")
+    events = await wait_terminal(client, task_id)
+    [failed] = [e.payload for e in events if e.type == "branch.failed"]
+    assert failed["error"]["type"] == "ApprovalRequired"  # a branch cannot park its task
+    assert events[-1].type == "task.failed" and p.calls == []
