@@ -157,6 +157,8 @@ class EventType(StrEnum):
     WAIT_COMPLETED = "wait.completed"
     #: No message in time.
     WAIT_TIMED_OUT = "wait.timed_out"
+    #: A resumed task's plan re-validated (actors/task/revalidate.py): the hook's verdict.
+    PLAN_REVALIDATED = "plan.revalidated"
     #: RUNNING → SLEEPING at a sleep node (its wake time, and the timer's due time).
     SLEEP_STARTED = "sleep.started"
     #: SLEEPING → RUNNING: the wake time came; the task moves on.

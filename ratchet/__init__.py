@@ -25,10 +25,12 @@ finance and model simulators, the demo) as ``ratchet.testing``.
 
 from pydantic import SecretStr
 
+from ratchet.actors.effects.risk_policy import ToolRisk
 from ratchet.actors.transport.client import Client
 from ratchet.actors.transport.handles import TaskHandle, TaskOutcome
 from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
 from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
+from ratchet.actors.workflow.revalidate import RevalidateContext
 from ratchet.actors.workflow.tools import (
     Accepted,
     BreakerPolicy,
@@ -81,6 +83,7 @@ __all__ = [
     "RetryPolicy",
     "Tool",
     "ToolContext",
+    "ToolRisk",
     "tool",
     "Client",
     "TaskHandle",
@@ -95,6 +98,7 @@ __all__ = [
     "RemoteError",
     "Registry",
     "StepContext",
+    "RevalidateContext",
     "Workflow",
     "WorkflowDefinitionError",
     "Clock",

@@ -31,6 +31,7 @@ from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.core.backoff import backoff_delay
 from ratchet.actors.effects.action_reports import error_of, handoff_package, retry_payload
 from ratchet.actors.effects.breakers import circuit_open_failure, through_breaker
+from ratchet.actors.effects.risk import gate
 from ratchet.actors.effects.signals import (
     AwaitExternal,
     HandoffRequired,
@@ -58,7 +59,6 @@ from ratchet.protocol.redaction import dump_model, has_secrets, secret_values
 
 __all__ = ["ActionRunner", "PauseRequested", "AwaitExternal", "CallEnv", "HandoffRequired",
            "TaskSuspended"]
-
 
 Commit = Callable[..., Awaitable[None]]
 
@@ -115,10 +115,11 @@ class ActionRunner:
             raise PauseRequested(tool.name)  # a safe point: nothing of this call has started
         if self.env.switches is not None and compensates is None:
             self.env.switches.refuse_if_disabled(self.env.tenant, tool.name)
+        key = tool.key(args) if tool.key is not None else None
+        await gate(self.env, tool, args, key, compensates)  # risk tiers: actors/effects/risk.py
         # A new call to a provider whose circuit breaker is open fails at once, before
         # anything is recorded (CIRCUIT_OPEN, retryable: for the step to route on); an action
         # already under way (its ledger row exists) retries, waiting for the probe instead.
-        key = tool.key(args) if tool.key is not None else None
         refusal = self._refusal(tool) if compensates is None else None
         if refusal is not None and (key is None or await self.env.store.get_action(
                 self.env.tenant, key) is None):

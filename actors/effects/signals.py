@@ -23,11 +23,15 @@ class HandoffRequired(TaskSuspended):
     UNKNOWN) and True for a decision the runtime cannot take (WAITING_APPROVAL), such as a
     compensation that failed for good."""
 
-    def __init__(self, reason: str, package: dict[str, Any], *, approval: bool = False) -> None:
+    def __init__(self, reason: str, package: dict[str, Any], *, approval: bool = False,
+                 change: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.package = package
         self.approval = approval
+        #: More of the commit that parks the task (``TaskChange`` fields; ``events`` come
+        #: first): a gated call's pending approval and its ``approval.requested``.
+        self.change: dict[str, Any] = change or {}
 
 
 class AwaitExternal(TaskSuspended):

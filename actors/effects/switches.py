@@ -11,12 +11,14 @@ operators: every tenant's tasks).
   point, tasks wait (QUEUED or between steps) until thawed.
 
 The node's circuit breakers (actors/effects/breakers.py) ride along as ``breakers``: the
-switches no operator has to throw, read on the same calls.
+switches no operator has to throw, read on the same calls; and the tenants' risk policy
+(``risk``: actors/effects/risk_policy.py), the tightening of tool tiers a node is given.
 """
 
 from __future__ import annotations
 
 from ratchet.actors.effects.breakers import CircuitBreakers
+from ratchet.actors.effects.risk_policy import RiskPolicy
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT
 from ratchet.protocol.errors import ActionFailed, ErrorCode
 
@@ -24,13 +26,15 @@ __all__ = ["Switches"]
 
 
 class Switches:
-    def __init__(self) -> None:
+    def __init__(self, risk: RiskPolicy | None = None) -> None:
         #: Disabled tool names by scope.
         self._tools: dict[str, set[str]] = {}
         #: The scopes whose dispatch is frozen.
         self._frozen: set[str] = set()
         #: The automatic switches: a provider's calls stop while it keeps failing.
         self.breakers = CircuitBreakers()
+        #: Tenants' tightening of tool tiers (which calls wait for a human's approval).
+        self.risk: RiskPolicy = risk or {}
 
     def load(self, rows: list[tuple[str, str, str]]) -> None:
         """Replace every switch with the store's ``(scope, kind, name)`` rows."""

@@ -28,7 +28,7 @@ import structlog
 from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime
+from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime, revalidate
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
@@ -40,6 +40,7 @@ from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import END, StepContext, StepNode
 from ratchet.actors.workflow.registry import Workflow, bind_step_logger
+from ratchet.actors.workflow.revalidate import AFTER
 from ratchet.persistence import CheckpointWrite, StateDelta, StateTracker, TaskChange, TaskRecord
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
@@ -90,6 +91,7 @@ class TaskActor(Actor):
         self._scope: asyncio.Timeout | None = None
         self._interrupted = False
         self.pause_requested = False
+        self.revalidation: str | None = None  # why it stood still (actors/task/revalidate.py)
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -134,6 +136,7 @@ class TaskActor(Actor):
         if rec.control and await task_control.apply_pending_control(self):
             return
         self.pause_requested = "pause" in rec.control  # parked meanwhile: at the next point
+        self.revalidation = AFTER.get(self.status.value)  # re-validate once it goes on
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.ref.tell(Advance())
 
@@ -263,6 +266,8 @@ class TaskActor(Actor):
                 and self.deps.clock.due_now() >= self.record.deadline_at:
             await fail_with_saga(self, RatchetError("task deadline passed"), "deadline passed")
             return
+        if self.revalidation is not None and not await revalidate.check_plan(self):
+            return  # the plan no longer holds: handed to a human
         if self.current == END:
             await self._succeed()
             return

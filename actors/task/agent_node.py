@@ -232,8 +232,8 @@ async def _execute(actor: TaskKernel, runner: Any, tools: dict[str, Tool[Any, An
     spend["tool_calls"] = spend.get("tool_calls", 0) + 1
     try:
         result = await runner.call(tool, args)
-    except ActionFailed as exc:
-        return {"error": f"{name} failed: {exc.message}"}
+    except ActionFailed as exc:  # the code too: APPROVAL_REJECTED, CIRCUIT_OPEN, ...
+        return {"error": f"{name} failed: {exc.message}", "code": exc.code.value}
     return result.model_dump(mode="json")
 
 

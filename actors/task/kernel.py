@@ -49,6 +49,9 @@ class TaskKernel(Protocol):
     joins: dict[str, ActorRef[Any]]
     conversations: dict[str, Any]
     pause_requested: bool
+    #: Why the task stood still before this actor loaded it (``pause``, ``approval``, ...,
+    #: ``recovery``; None: it did not): its plan is re-validated once (actors/task/revalidate.py).
+    revalidation: str | None
     #: The clear values of the task's secrets (cut out of what it shows; agent_conversation
     #: seals the messages that quote them).
     secrets: TaskSecrets

@@ -10,7 +10,15 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, decision_audit, graph_runtime, sleep_node, step_sleep
+from ratchet.actors.task import (
+    crash_loop,
+    decision_audit,
+    graph_runtime,
+    revalidate,
+    risk_gate,
+    sleep_node,
+    step_sleep,
+)
 from ratchet.actors.task import waits as task_waits
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.protocol.catalogue import MessageType
@@ -34,10 +42,14 @@ async def _graph_timer(actor: TaskKernel, env: Envelope) -> str | None:
 
 
 async def _decision(actor: TaskKernel, env: Envelope) -> str:
-    # A crash-loop handoff's decision, else a graph approval node's. Applied ones are
-    # audited in their own commit; a refusal is audited here (a repeat of an applied one
-    # is answered "duplicate" by the inbox and raises past this).
+    # A crash-loop handoff's decision, a gated call's, a failed re-validation's, else a
+    # graph approval node's. Applied ones are audited in their own commit; a refusal is
+    # audited here (a repeat of an applied one is answered "duplicate" by the inbox and
+    # raises past this).
     outcome = await crash_loop.on_recovery_decision(actor, env)
+    for pseudo in (risk_gate.on_gate_decision, revalidate.on_revalidate_decision):
+        if outcome is None:
+            outcome = await pseudo(actor, env)
     if outcome is None:
         outcome = await graph_runtime.on_decision(actor, env)
     if outcome != "processed":

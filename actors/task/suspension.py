@@ -73,10 +73,12 @@ async def suspend(actor: TaskKernel, signal: TaskSuspended) -> None:
     elif isinstance(signal, HandoffRequired):
         package = await handoff_package(actor, signal)
         event = TaskEvent.WAITING_APPROVAL if signal.approval else TaskEvent.OUTCOME_UNKNOWN
+        change = dict(signal.change)  # a gated call's approval (actors/effects/risk.py)
+        first = change.pop("events", [])
         await actor.commit(
-            status_event=event, handoff=(signal.reason, package),
-            events=[(EventType.TASK_HANDOFF if signal.approval else EventType.TASK_UNKNOWN,
-                     {"reason": signal.reason, "why": package.get("why"),
+            status_event=event, handoff=(signal.reason, package), **change,
+            events=[*first, (EventType.TASK_HANDOFF if signal.approval
+                             else EventType.TASK_UNKNOWN, {"reason": signal.reason, "why": package.get("why"),
                       "key": package.get("key")})])
         actor.log.warning("task handed to a human", reason=signal.reason, status=actor.status)
     actor.passivate()

@@ -51,6 +51,7 @@ from ratchet.actors.workflow.nodes import (
     StepTimeout,
     WaitNode,
 )
+from ratchet.actors.workflow.revalidate import RevalidateBuilder
 from ratchet.actors.workflow.sleep import sleep_node
 from ratchet.protocol.errors import InvalidMessage, WorkflowDefinitionError
 from ratchet.protocol.redaction import dump_model, has_secrets
@@ -62,7 +63,7 @@ _BRANCH = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _BRANCH_KINDS = ("step", "choice", "route")
 
 
-class Workflow(MapBuilder, LoopBuilder):
+class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
     """A named, versioned graph of nodes; the first node declared is where a task starts.
 
     Its ``map`` (a fan-out over a list) and ``loop`` builders live with their node kinds
@@ -247,6 +248,7 @@ class Workflow(MapBuilder, LoopBuilder):
         self._resolve_implicit_next()
         for node in self.nodes.values():
             self._check_node(node, where, as_branch)
+        self._check_revalidate(where)  # actors/workflow/revalidate.py
         self._check_reachable(where)
         self._check_cycles(where)
 
@@ -335,7 +337,7 @@ class Workflow(MapBuilder, LoopBuilder):
             raise WorkflowDefinitionError(f"{here}: mode 'required' needs required branches")
 
     def _check_reachable(self, where: str) -> None:
-        seen, frontier = {self.start}, [self.start]
+        seen, frontier = set(self._roots), list(self._roots)
         while frontier:
             for target in self.nodes[frontier.pop()].successors():
                 if target != END and target not in seen:

@@ -6,6 +6,12 @@ logical action gives the same key across retries, restarts and replays), a timeo
 policy, and optionally ``query`` (look the outcome up by key, to reconcile an unknown one)
 and ``compensate`` (the idempotent action that undoes it, for sagas).
 
+A write also has a **risk tier** (``risk``): ``write`` (the default) or ``irreversible``
+(every call is parked for a human's approval first), and may ask approval for every call
+(``requires_approval``) or for calls whose ``amount`` (a field of its arguments, or a
+function of them) is above ``max_amount``. The gateway that parks such calls is
+``actors/effects/risk.py``.
+
 Tool code is either ``async def`` (runs on the event loop) or a plain ``def`` (blocking:
 runs on the tool session's pykka thread). It reports failures by raising the
 ``protocol.errors.Tool*`` classes; :func:`classify` is the policy table over them.
@@ -47,6 +53,7 @@ __all__ = [
 A = TypeVar("A", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 Kind = Literal["read", "write"]
+Risk = Literal["read", "write", "irreversible"]
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
@@ -156,6 +163,14 @@ class Tool(Generic[A, R]):
     compensate: Compensation | None = None
     session: str = "default"
     breaker: BreakerPolicy | None = None  # None: no circuit breaker for this tool
+    #: The risk tier: ``read``, ``write`` or ``irreversible`` (None: the tool's kind).
+    risk: Risk | None = None
+    #: Every call waits for a human's approval before it is made.
+    requires_approval: bool = False
+    #: A call whose amount is above this waits for approval (needs ``amount``).
+    max_amount: float | None = None
+    #: Where a call's amount is: a field of ``args`` (by name) or a function of the args.
+    amount: str | Callable[[A], float] | None = None
 
     @property
     def provider(self) -> str:
@@ -178,6 +193,27 @@ class Tool(Generic[A, R]):
             raise ToolDefinitionError(f"{where}: timeout must be > 0")
         if self.compensate is not None and self.kind != "write":
             raise ToolDefinitionError(f"{where}: only a write can declare a compensation")
+        self._check_risk(where)
+
+    @property
+    def tier(self) -> Risk:
+        """The risk tier the gateway applies (``risk``, else the kind)."""
+        return self.risk or self.kind
+
+    def _check_risk(self, where: str) -> None:
+        if self.risk not in (None, "read", "write", "irreversible"):
+            raise ToolDefinitionError(f"{where}: risk must be 'read', 'write' or 'irreversible'")
+        gated = self.requires_approval or self.max_amount is not None
+        if self.kind == "read" and (self.tier != "read" or gated):
+            # A read has no idempotency key: an approval could not make it exactly once.
+            raise ToolDefinitionError(f"{where}: a read cannot be gated; declare a write")
+        if self.kind == "write" and self.tier == "read":
+            raise ToolDefinitionError(f"{where}: a write's risk is 'write' or 'irreversible'")
+        if self.max_amount is not None and (self.amount is None or self.max_amount < 0):
+            raise ToolDefinitionError(f"{where}: max_amount needs amount= and must be >= 0")
+        if isinstance(self.amount, str) and self.amount not in self.args.model_fields:
+            raise ToolDefinitionError(
+                f"{where}: amount {self.amount!r} is not a field of {self.args.__name__}")
 
 
 def tool(
@@ -194,11 +230,16 @@ def tool(
     session: str = "default",
     name: str | None = None,
     breaker: BreakerPolicy | None = None,
+    risk: Risk | None = None,
+    requires_approval: bool = False,
+    max_amount: float | None = None,
+    amount: str | Callable[[A], float] | None = None,
 ) -> Callable[[Callable[[ToolContext, A], Any]], Tool[A, R]]:
     """Decorator making a :class:`Tool` of a function ``fn(ctx, args) -> result``."""
 
     def make(fn: Callable[[ToolContext, A], Any]) -> Tool[A, R]:
         return Tool(name or fn.__name__, fn, kind, args, result, key, timeout,
-                    retry or RetryPolicy(), query, compensate, session, breaker)
+                    retry or RetryPolicy(), query, compensate, session, breaker, risk,
+                    requires_approval, max_amount, amount)
 
     return make

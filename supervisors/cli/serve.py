@@ -20,9 +20,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ratchet.actors.effects.risk_policy import ToolRisk, parse_policy
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
-from ratchet.protocol.errors import ErrorCode, StartRefused
+from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
@@ -139,10 +140,27 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         recovery_interval=args.recovery_interval,
         tenant_quotas=pairs(args.tenant_quota, int),
         tenant_weights=pairs(args.tenant_weight, float),
+        risk_policy=risk_policy(args.risk_policy),
     )
     if args.node_id:
         config.node_id = args.node_id
     return config
+
+
+def risk_policy(path: str | None) -> dict[str, dict[str, ToolRisk]]:
+    """``--risk-policy FILE``: the tenants' tightening of tool tiers, as JSON
+    (actors/effects/risk_policy.py); a bad file is a usage error naming the bad part."""
+    if not path:
+        return {}
+    try:
+        return parse_policy(json.loads(Path(path).read_text()))
+    except (OSError, ValueError) as exc:  # ToolDefinitionError is a ValueError too
+        raise UsageError(f"--risk-policy {path}: {exc}") from None
+
+
+def risk_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--risk-policy", default=None, metavar="FILE", help="JSON: per tenant"
+                   " and tool, tighten risk tiers (requires_approval, max_amount)")
 
 
 def clock_flags(s: argparse.ArgumentParser) -> None:
@@ -273,3 +291,4 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
         metavar="TENANT=W",
         help="TENANT's share of the running slots relative to others (default 1)",
     )
+    risk_flags(s)

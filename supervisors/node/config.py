@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ratchet.actors.effects.risk_policy import ToolRisk
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS
 
@@ -69,6 +70,9 @@ class NodeConfig:
     max_queued: int = 20_000
     tenant_quotas: dict[str, int] = field(default_factory=dict)
     tenant_weights: dict[str, float] = field(default_factory=dict)
+    #: Tenants' tightening of tool risk tiers: tenant → tool → ToolRisk (``"*"``: every
+    #: tenant, every write; actors/effects/risk_policy.py). Give every node the same.
+    risk_policy: dict[str, dict[str, ToolRisk]] = field(default_factory=dict)
     #: Crash-loop guard: more than this many recoveries of a task within the window hand it
     #: to a human instead of recovering it again.
     max_recoveries: int = 3

@@ -150,7 +150,7 @@ class Node:
         # Before any timer is judged, and before this node's first heartbeat replaces the
         # reading its previous run left: a clock wrong since the start is a step too.
         self.clock.judge_start([n.info for n in await self._store.nodes()])
-        self.switches = Switches()
+        self.switches = Switches(risk=cfg.risk_policy)  # tool tiers tightened per tenant
         self.switches.load(await self._store.switches())
         self._task_supervision()
         acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
