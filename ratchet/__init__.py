@@ -22,7 +22,9 @@ finance and model simulators, the demo) as ``ratchet.testing``.
 from pydantic import SecretStr
 
 from ratchet.actors.transport.client import Client
+from ratchet.actors.workflow.node_loops import NodeLoops
 from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
+from ratchet.actors.workflow.reconcile import Reconcile, RecordedEffect
 from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
 from ratchet.actors.workflow.tools import (
     Accepted,
@@ -60,6 +62,9 @@ __all__ = [
     "CANCEL",
     "FAIL",
     "JoinPolicy",
+    "NodeLoops",
+    "Reconcile",
+    "RecordedEffect",
     "ActionFailed",
     "Accepted",
     "BreakerPolicy",

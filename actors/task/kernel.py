@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.effects.actions import ActionRunner
 from ratchet.actors.task.deps import TaskDeps
+from ratchet.actors.task.node_guard import NodeGuard
 from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import StepNode
 from ratchet.actors.workflow.registry import Workflow
@@ -49,6 +50,8 @@ class TaskKernel(Protocol):
     joins: dict[str, ActorRef[Any]]
     conversations: dict[str, Any]
     pause_requested: bool
+    #: Node loop detection: fingerprints of watched nodes' moves (actors/task/node_guard.py).
+    node_guard: NodeGuard
     #: The clear values of the task's secrets (cut out of what it shows; agent_conversation
     #: seals the messages that quote them).
     secrets: TaskSecrets
