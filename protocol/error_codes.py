@@ -26,6 +26,7 @@ class ErrorCode(StrEnum):
     INVALID_STATE_VALUE = "INVALID_STATE_VALUE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     CIRCUIT_OPEN = "CIRCUIT_OPEN"
+    RATE_LIMITED = "RATE_LIMITED"
     # A node's refused start (StartRefused): never in a reply (docs/operations.md).
     NODE_ID_IN_USE = "NODE_ID_IN_USE"
     PARTITION_COUNT_MISMATCH = "PARTITION_COUNT_MISMATCH"

@@ -39,6 +39,7 @@ __all__ = [
     "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
+    "RateLimited",
 ]
 
 
@@ -129,6 +130,18 @@ class Unavailable(RatchetError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+class RateLimited(RatchetError):
+    """A tenant submits faster than its rate limit (supervisors/services/rate_limits.py):
+    not accepted; retryable after ``retry_after`` seconds."""
+
+    code = ErrorCode.RATE_LIMITED
+    default_retryable = True
+
+    def __init__(self, message: str, *, retry_after: float, **details: Any) -> None:
+        super().__init__(message, retry_after=round(retry_after, 3), **details)
+        self.retry_after = retry_after
 
 
 class StoreUnavailable(Unavailable):

@@ -122,14 +122,15 @@ class Client:
 
     async def submit(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                      version: int | None = None, deadline_s: float | None = None,
-                     budget: dict[str, Any] | None = None) -> str:
+                     budget: dict[str, Any] | None = None, priority: int = 0) -> str:
         """Publish a task request on JetStream; returns the task id (known up front).
+        ``priority``: 0 to 9, higher admitted first within the tenant's share.
 
         ``input``: a map, or the workflow's ``input_model`` instance. Its secrets
         (``SecretStr``) travel in clear to the node, which seals them: use TLS to NATS.
         """
         body = SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
-                          idempotency_key=key, deadline_s=deadline_s,
+                          idempotency_key=key, deadline_s=deadline_s, priority=priority,
                           budget=Budget.model_validate(budget) if budget else None)
         env = self._envelope(MessageType.TASK_SUBMIT, body.model_dump())
         await self.js.publish(submit_subject(self.tenant), encode(env),
@@ -167,10 +168,11 @@ class Client:
         return reply.result or {}
 
     async def submit_sync(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
-                          version: int | None = None) -> dict[str, Any]:
-        """Validated synchronous accept over request/reply; raises RemoteError."""
+                          version: int | None = None, priority: int = 0) -> dict[str, Any]:
+        """Validated synchronous accept over request/reply; raises RemoteError
+        (RATE_LIMITED among others: ``details.retry_after``)."""
         body = SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
-                          idempotency_key=key)
+                          idempotency_key=key, priority=priority)
         return await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump())
 
     async def request_admin(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:

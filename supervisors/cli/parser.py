@@ -123,6 +123,8 @@ def task_commands(command: AddCommand) -> None:
     s.add_argument("--key", required=True, help="idempotency key of the business request")
     s.add_argument("--version", type=int, default=None)
     s.add_argument("--sync", action="store_true", help="wait for the validated accept")
+    s.add_argument("--priority", type=int, default=0, choices=range(10), metavar="0-9",
+                   help="higher is admitted first within the tenant's share (default 0)")
 
     s = with_nats(command("watch", help="print a task's events live"))
     s.add_argument("task_id")

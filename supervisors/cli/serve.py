@@ -139,6 +139,9 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         recovery_interval=args.recovery_interval,
         tenant_quotas=pairs(args.tenant_quota, int),
         tenant_weights=pairs(args.tenant_weight, float),
+        submit_rate=args.submit_rate,
+        tenant_submit_rates=pairs(args.tenant_submit_rate, float),
+        submit_burst=args.submit_burst,
     )
     if args.node_id:
         config.node_id = args.node_id
@@ -272,4 +275,30 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
         default=[],
         metavar="TENANT=W",
         help="TENANT's share of the running slots relative to others (default 1)",
+    )
+    submit_rate_flags(s)
+
+
+def submit_rate_flags(s: argparse.ArgumentParser) -> None:
+    """Per-tenant submit rate limits at intake (supervisors/services/rate_limits.py)."""
+    s.add_argument(
+        "--submit-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="each tenant submits at most R tasks a second to this node (else RATE_LIMITED)",
+    )
+    s.add_argument(
+        "--tenant-submit-rate",
+        action="append",
+        default=[],
+        metavar="TENANT=R",
+        help="TENANT's submit rate, overriding --submit-rate",
+    )
+    s.add_argument(
+        "--submit-burst",
+        type=int,
+        default=None,
+        metavar="N",
+        help="submissions a tenant may make at once (default: one second's worth)",
     )

@@ -16,9 +16,11 @@ async def submit(args: argparse.Namespace) -> int:
         if not isinstance(data, dict):
             raise SystemExit("--input must be a JSON object")
         if args.sync:
-            emit(await client.submit_sync(args.workflow, data, args.key, version=args.version))
+            emit(await client.submit_sync(args.workflow, data, args.key, version=args.version,
+                                          priority=args.priority))
         else:
-            task_id = await client.submit(args.workflow, data, args.key, version=args.version)
+            task_id = await client.submit(args.workflow, data, args.key, version=args.version,
+                                          priority=args.priority)
             emit({"task_id": task_id, "tenant": args.tenant})
     finally:
         await client.close()

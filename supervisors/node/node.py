@@ -56,6 +56,7 @@ from ratchet.supervisors.services.external import ExternalRouter
 from ratchet.supervisors.services.intake import Acceptor, IntakeActor
 from ratchet.supervisors.services.mail_router import MailRouter
 from ratchet.supervisors.services.outbox_relay import OutboxRelay
+from ratchet.supervisors.services.rate_limits import SubmitLimits
 from ratchet.supervisors.services.recovery import RecoverySweeper
 from ratchet.supervisors.services.request_service import Ready
 from ratchet.supervisors.services.retention import RetentionSweeper
@@ -155,7 +156,9 @@ class Node:
         self._task_supervision()
         acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
                             has_room=self.scheduler.has_room,
-                            wait_for_room=self._wait_for_room)
+                            wait_for_room=self._wait_for_room, limits=SubmitLimits(
+                                cfg.submit_rate, cfg.tenant_submit_rates, cfg.submit_burst,
+                                self.clock.monotonic))
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
         root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),
