@@ -168,6 +168,9 @@ class EventType(StrEnum):
     #: It did again: the task goes along the workflow's ``on_loop`` route, or fails.
     NODE_LOOP_DETECTED = "node.loop_detected"
 
+    #: A reconcile pass found an external object changed since the ledger recorded it.
+    DRIFT_DETECTED = "drift.detected"
+
     # -- agent nodes -----------------------------------------------------------------------
     #: An agent turn committed.
     AGENT_TURN = "agent.turn"

@@ -52,6 +52,7 @@ from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.admin_keys import KeyringHooks
 from ratchet.supervisors.services.api import ApiActor
 from ratchet.supervisors.services.decisions import DecisionRouter
+from ratchet.supervisors.services.drift import DriftService
 from ratchet.supervisors.services.external import ExternalRouter
 from ratchet.supervisors.services.intake import Acceptor, IntakeActor
 from ratchet.supervisors.services.mail_router import MailRouter
@@ -239,6 +240,8 @@ class Node:
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
             ChildSpec("schedules", lambda _: ScheduleService(store, tasks, acceptor, self.clock),
                       Restart.PERMANENT),
+            ChildSpec("drift", lambda _: DriftService(store, self.registry, tasks, self.clock,
+                                                      cfg.node_id, cfg.partitions), Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock,
                                                             cfg.recovery_interval),
                       Restart.PERMANENT),
