@@ -26,7 +26,9 @@ written again; its blob digest is of the sealed bytes, never of the clear value.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,6 +90,14 @@ def _digest(data: Encoded) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def _key_hash(key: str, content: Encoded) -> int:
+    """64 bits of one key's content: an order-free state digest xors them."""
+    h = hashlib.blake2b(key.encode(), digest_size=8)
+    h.update(b"\0")
+    h.update(content)
+    return int.from_bytes(h.digest(), "big")
+
+
 def _immutable(value: Any) -> Any:
     return value if type(value) in (str, bytes) else None
 
@@ -121,6 +131,14 @@ class StateTracker:
             self._known_blobs.add(digest)
         self.max_value_bytes = max_value_bytes
         self.max_checkpoint_bytes = max_checkpoint_bytes
+        #: Each key's content hash, combined (xor) into ``digest``: the state's digest,
+        #: kept up to date for the price of hashing what a diff writes (node loop detection
+        #: compares states without encoding them again). ``seen``: the digest before the
+        #: last diff, that is of the state the node that diffed saw.
+        self._hashes = {k: _key_hash(k, d) for k, d in self._encoded.items()}
+        self._hashes.update((k, _key_hash(k, b.digest.encode())) for k, b in self._blobs.items())
+        self.digest = functools.reduce(operator.xor, self._hashes.values(), 0)
+        self.seen = self.digest
 
     def diff(self, state: dict[str, Any]) -> StateDelta:
         """The delta from the last checkpoint to ``state``; advances the baseline, only
@@ -160,7 +178,9 @@ class StateTracker:
     def _advance(self, state: dict[str, Any],
                  changed: list[tuple[str, Encoded, _Blob | None]]) -> StateDelta:
         delta = StateDelta()
+        self.seen = self.digest
         for key, encoded, blob in changed:
+            self._rehash(key, bytes(encoded) if blob is None else blob.digest.encode())
             if blob is None:  # small: bytes already (bytes() of bytes is the same object)
                 self._encoded[key] = inline = bytes(encoded)
                 self._blobs.pop(key, None)
@@ -173,10 +193,18 @@ class StateTracker:
                 self._known_blobs.add(blob.digest)
             delta.values.append(ValueWrite(key, blob=blob.digest))
         for key in [k for k in (*self._encoded, *self._blobs) if k not in state]:
+            self._rehash(key, None)
             self._encoded.pop(key, None)
             self._blobs.pop(key, None)
             delta.values.append(ValueWrite(key, deleted=True))
         return delta
+
+    def _rehash(self, key: str, content: bytes | None) -> None:
+        """Swap ``key``'s hash in ``digest`` for that of ``content`` (None: deleted)."""
+        self.digest ^= self._hashes.pop(key, 0)
+        if content is not None:
+            self._hashes[key] = _key_hash(key, content)
+            self.digest ^= self._hashes[key]
 
     def _encode(self, key: Any, value: Any) -> Encoded:
         """``value``'s encoding: bytes when small, else a view of the buffer it was packed

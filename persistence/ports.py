@@ -16,8 +16,8 @@ The ports, by concern:
 - :class:`AdminStore` — the admin service and retention: forks, purge and expiry, kill
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
-- :class:`ScheduleStore` — schedules (persistence/schedule_rows.py, where it is declared
-  to keep this module a readable size).
+- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes
+  (persistence/schedule_rows.py, drift_rows.py: declared there for this module's size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.audit_check import AuditReport
+from ratchet.persistence.drift_rows import DriftStore
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
@@ -55,7 +56,7 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore",
+    "ScheduleStore", "DriftStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -344,7 +345,7 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                Protocol):
+                DriftStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

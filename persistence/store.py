@@ -17,6 +17,7 @@ from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.blobs import read_blob
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.connection import open_connection
+from ratchet.persistence.drift_rows import DriftRows
 from ratchet.persistence.file_watch import put_back
 from ratchet.persistence.keyring import KeyringRows
 from ratchet.persistence.leases import (
@@ -75,7 +76,7 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
     )
 
 
-class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows):
+class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:

@@ -164,6 +164,15 @@ class EventType(StrEnum):
     #: SLEEPING → RUNNING: the wake time came; the task moves on.
     SLEEP_COMPLETED = "sleep.completed"
 
+    # -- any node ---------------------------------------------------------------------------
+    #: A watched node left the state as it found it ``repeat`` times (actors/task/node_guard.py).
+    NODE_LOOP_SUSPECTED = "node.loop_suspected"
+    #: It did again: the task goes along the workflow's ``on_loop`` route, or fails.
+    NODE_LOOP_DETECTED = "node.loop_detected"
+
+    #: A reconcile pass found an external object changed since the ledger recorded it.
+    DRIFT_DETECTED = "drift.detected"
+
     # -- agent nodes -----------------------------------------------------------------------
     #: An agent turn committed.
     AGENT_TURN = "agent.turn"

@@ -32,6 +32,7 @@ class ErrorCode(StrEnum):
     TASK_HANDED_OFF = "TASK_HANDED_OFF"
     TIMEOUT = "TIMEOUT"
     APPROVAL_REJECTED = "APPROVAL_REJECTED"
+    RATE_LIMITED = "RATE_LIMITED"
     # A node's refused start (StartRefused): never in a reply (docs/operations.md).
     NODE_ID_IN_USE = "NODE_ID_IN_USE"
     PARTITION_COUNT_MISMATCH = "PARTITION_COUNT_MISMATCH"

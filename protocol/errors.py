@@ -42,6 +42,7 @@ __all__ = [
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
     "NatsUnreachable",
+    "RateLimited",
 ]
 
 
@@ -137,6 +138,18 @@ class Unavailable(RatchetError):
 class NatsUnreachable(Unavailable):
     """A client found no NATS server at the URL within its connect timeout. The message is
     the one line a user sees; the URL in it has its credentials redacted."""
+
+
+class RateLimited(RatchetError):
+    """A tenant submits faster than its rate limit (supervisors/services/rate_limits.py):
+    not accepted; retryable after ``retry_after`` seconds."""
+
+    code = ErrorCode.RATE_LIMITED
+    default_retryable = True
+
+    def __init__(self, message: str, *, retry_after: float, **details: Any) -> None:
+        super().__init__(message, retry_after=round(retry_after, 3), **details)
+        self.retry_after = retry_after
 
 
 class StoreUnavailable(Unavailable):

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "SCHEMA_VERSION",
+    "MIN_PRIORITY",
+    "MAX_PRIORITY",
     "Envelope",
     "SubmitTask",
     "TaskAccepted",
@@ -51,6 +53,10 @@ class Envelope(BaseModel):
     body: dict[str, Any] = Field(default_factory=dict)
 
 
+#: The range of a submission's ``priority`` (higher is served first within a tenant).
+MIN_PRIORITY, MAX_PRIORITY = 0, 9
+
+
 class Budget(BaseModel):
     """Limits for one task, set at submission; None = unlimited in that dimension."""
 
@@ -74,6 +80,10 @@ class SubmitTask(BaseModel):
     idempotency_key: str = Field(min_length=1, max_length=200)
     deadline_s: float | None = Field(default=None, gt=0)
     budget: Budget | None = None
+    #: 0 (lowest) to 9: a node admits a tenant's higher priorities first, within the
+    #: tenant's share (docs/operations.md); not part of the request (a repeat of the key
+    #: with another priority is the same request).
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
 
 
 class TaskAccepted(BaseModel):
@@ -122,6 +132,7 @@ class StartTask(BaseModel):
 
     task_id: str
     tenant: str
+    priority: int = Field(default=0, ge=MIN_PRIORITY, le=MAX_PRIORITY)
 
 
 class ApprovalDecision(BaseModel):

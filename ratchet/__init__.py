@@ -28,7 +28,9 @@ from pydantic import SecretStr
 from ratchet.actors.effects.risk_policy import ToolRisk
 from ratchet.actors.transport.client import Client
 from ratchet.actors.transport.handles import TaskHandle, TaskOutcome
+from ratchet.actors.workflow.node_loops import NodeLoops
 from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
+from ratchet.actors.workflow.reconcile import Reconcile, RecordedEffect
 from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
 from ratchet.actors.workflow.revalidate import RevalidateContext
 from ratchet.actors.workflow.tools import (
@@ -76,6 +78,9 @@ __all__ = [
     "CANCEL",
     "FAIL",
     "JoinPolicy",
+    "NodeLoops",
+    "Reconcile",
+    "RecordedEffect",
     "ActionFailed",
     "Accepted",
     "BreakerPolicy",

@@ -17,6 +17,7 @@ import pytest
 
 from ratchet.persistence.ports import (
     AdminStore,
+    DriftStore,
     Fence,
     KeyringStore,
     LeaseStore,
@@ -29,7 +30,7 @@ from ratchet.persistence.store import Store
 from tests.conftest import ROOT
 
 CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore,
-                             ScheduleStore]
+                             ScheduleStore, DriftStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
 #: Where a store is opened: the only modules of the upper layers that name the SQLite class
 #: (the node; and ``ratchet nats-config``, which reads the keyring with no node running).

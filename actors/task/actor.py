@@ -32,6 +32,7 @@ from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime, revalid
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
+from ratchet.actors.task.node_guard import NodeGuard
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.slow_step import warn_if_slow
 from ratchet.actors.task.step_runner import step_runner
@@ -92,6 +93,7 @@ class TaskActor(Actor):
         self._interrupted = False
         self.pause_requested = False
         self.revalidation: str | None = None  # why it stood still (actors/task/revalidate.py)
+        self.node_guard = NodeGuard()  # node loop detection, hooked into move
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -294,6 +296,8 @@ class TaskActor(Actor):
         for _, payload in events:
             if "changed" in payload and payload["changed"] is None:
                 payload["changed"] = [v.key for v in delta.values]  # the keys this node wrote
+        if count_visit:  # not an agent's turn: its own detector watches those
+            to = self.node_guard.observe(self.workflow, node, to, events, self.tracker)
         left = self.workflow.nodes.get(node) if self.workflow is not None else None
         if visits is None and count_visit and left is not None and left.counts_visits:
             visits = {**self.visits, node: self.visits.get(node, 0) + 1}  # not agent turns

@@ -53,6 +53,10 @@ __all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_don
 
 async def run_node(actor: TaskKernel, node: Node) -> bool:
     """Run the task's current node; True when the task moved on and can continue now."""
+    if actor.node_guard.failure is not None:  # the last move proved a loop (node_guard.py)
+        error, actor.node_guard.failure = actor.node_guard.failure, None
+        await fail_with_saga(actor, error, "loop detected")
+        return False
     if isinstance(node, LoopNode):  # before StepNode: a loop is a step that repeats
         return await run_loop(actor, node)
     if isinstance(node, StepNode):

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.effects.actions import ActionRunner
 from ratchet.actors.task.deps import TaskDeps
+from ratchet.actors.task.node_guard import NodeGuard
 from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import StepNode
 from ratchet.actors.workflow.registry import Workflow
@@ -52,6 +53,8 @@ class TaskKernel(Protocol):
     #: Why the task stood still before this actor loaded it (``pause``, ``approval``, ...,
     #: ``recovery``; None: it did not): its plan is re-validated once (actors/task/revalidate.py).
     revalidation: str | None
+    #: Node loop detection: fingerprints of watched nodes' moves (actors/task/node_guard.py).
+    node_guard: NodeGuard
     #: The clear values of the task's secrets (cut out of what it shows; agent_conversation
     #: seals the messages that quote them).
     secrets: TaskSecrets

@@ -178,9 +178,10 @@ class Client:
 
     async def submit(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                      version: int | None = None, deadline_s: float | None = None,
-                     budget: dict[str, Any] | None = None) -> TaskHandle:
+                     budget: dict[str, Any] | None = None, priority: int = 0) -> TaskHandle:
         """Publish a task request on JetStream (fire and forget); returns the task's handle,
         whose id is known up front. ``await handle.result()`` awaits its outcome.
+        ``priority``: 0 to 9, higher admitted first within the tenant's share.
 
         Nothing confirms acceptance: a request the node refuses (an unknown workflow, an
         invalid input) is dead-lettered and never becomes a task. :meth:`submit_sync`
@@ -189,7 +190,7 @@ class Client:
         ``input``: a map, or the workflow's ``input_model`` instance. Its secrets
         (``SecretStr``) travel in clear to the node, which seals them: use TLS to NATS.
         """
-        body = self._submission(workflow, input, key, version, deadline_s, budget)
+        body = self._submission(workflow, input, key, version, deadline_s, budget, priority)
         env = self._envelope(MessageType.TASK_SUBMIT, body.model_dump())
         await self.js.publish(submit_subject(self.tenant), encode(env),
                               headers={"Nats-Msg-Id": f"{self.tenant}:{key}"})
@@ -197,7 +198,8 @@ class Client:
 
     async def submit_sync(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                           version: int | None = None, deadline_s: float | None = None,
-                          budget: dict[str, Any] | None = None) -> TaskHandle:
+                          budget: dict[str, Any] | None = None,
+                          priority: int = 0) -> TaskHandle:
         """Submit over request/reply: the node validates and accepts (or finds the task
         this key made before) before it answers; ``handle.accepted`` holds its answer.
 
@@ -205,7 +207,7 @@ class Client:
             RemoteError: refused — ``INVALID_ARGUMENT`` (unknown workflow, invalid input),
                 ``CONFLICT`` (the key was used with another request), ``UNAVAILABLE``.
         """
-        body = self._submission(workflow, input, key, version, deadline_s, budget)
+        body = self._submission(workflow, input, key, version, deadline_s, budget, priority)
         result = await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump())
         accepted = TaskAccepted.model_validate(result)
         return TaskHandle(accepted.task_id, self.tenant, key, self, accepted)
@@ -236,9 +238,9 @@ class Client:
     @staticmethod
     def _submission(workflow: str, input: dict[str, Any] | BaseModel, key: str,
                     version: int | None, deadline_s: float | None,
-                    budget: dict[str, Any] | None) -> SubmitTask:
+                    budget: dict[str, Any] | None, priority: int = 0) -> SubmitTask:
         return SubmitTask(workflow=workflow, workflow_version=version, input=reveal(input),
-                          idempotency_key=key, deadline_s=deadline_s,
+                          idempotency_key=key, deadline_s=deadline_s, priority=priority,
                           budget=Budget.model_validate(budget) if budget else None)
 
     def sign(self, subject: str, data: bytes) -> dict[str, str]:

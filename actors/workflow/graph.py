@@ -32,6 +32,7 @@ from ratchet.actors.workflow.cycles import cycles
 from ratchet.actors.workflow.edges import node_edges
 from ratchet.actors.workflow.loop_node import LoopBuilder, LoopNode, check_loop
 from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map
+from ratchet.actors.workflow.node_loops import NodeLoops, check_node_loops
 from ratchet.actors.workflow.nodes import (
     CANCEL,
     DEFAULT_STEP_TIMEOUT,
@@ -51,6 +52,7 @@ from ratchet.actors.workflow.nodes import (
     StepTimeout,
     WaitNode,
 )
+from ratchet.actors.workflow.reconcile import Reconcile
 from ratchet.actors.workflow.revalidate import RevalidateBuilder
 from ratchet.actors.workflow.sleep import sleep_node
 from ratchet.protocol.errors import InvalidMessage, WorkflowDefinitionError
@@ -72,7 +74,8 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
     def __init__(self, name: str, version: int = 1, description: str = "", *,
                  compensate_on_cancel: bool = False,
                  input_model: type[BaseModel] | None = None,
-                 step_timeout: float | None = DEFAULT_STEP_TIMEOUT) -> None:
+                 step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
+                 loops: NodeLoops | None = None, reconcile: Reconcile | None = None) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(f"workflow name {name!r} must match {_NAME.pattern}")
         if not isinstance(version, int) or version < 1:
@@ -96,6 +99,9 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
         self.has_secret_input = input_model is not None and has_secrets(input_model)
         self.nodes: dict[str, Node] = {}
         self._implicit_next: set[str] = set()
+        #: Node loop detection (node_loops.py) and the nodes it watches (set by validate).
+        self.loops, self.looping_nodes = loops or NodeLoops(), frozenset[str]()
+        self.reconcile = reconcile  #: the drift reconciliation job (reconcile.py), if any
 
     # -- building ----------------------------------------------------------------------
 
@@ -251,6 +257,7 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
         self._check_revalidate(where)  # actors/workflow/revalidate.py
         self._check_reachable(where)
         self._check_cycles(where)
+        self.looping_nodes = check_node_loops(self.loops, self.nodes, where)
 
     def _resolve_implicit_next(self) -> None:
         names = list(self.nodes)

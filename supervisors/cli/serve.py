@@ -141,6 +141,9 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         tenant_quotas=pairs(args.tenant_quota, int),
         tenant_weights=pairs(args.tenant_weight, float),
         risk_policy=risk_policy(args.risk_policy),
+        submit_rate=args.submit_rate,
+        tenant_submit_rates=pairs(args.tenant_submit_rate, float),
+        submit_burst=args.submit_burst,
     )
     if args.node_id:
         config.node_id = args.node_id
@@ -219,19 +222,10 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
     s.add_argument("--partitions", type=int, default=16)
     s.add_argument("--node-id", default=None)
-    s.add_argument(
-        "--retention",
-        action="append",
-        default=[],
-        metavar="TENANT=SECONDS",
-        help="keep finished tasks this long (TENANT '*' for every other tenant)",
-    )
-    s.add_argument(
-        "--lease-ttl",
-        type=float,
-        default=5.0,
-        help="seconds a partition lease lasts unrenewed (bounds failover)",
-    )
+    s.add_argument("--retention", action="append", default=[], metavar="TENANT=SECONDS",
+                   help="keep finished tasks this long (TENANT '*' for every other tenant)")
+    s.add_argument("--lease-ttl", type=float, default=5.0,
+                   help="seconds a partition lease lasts unrenewed (bounds failover)")
     s.add_argument(
         "--lease-interval",
         type=float,
@@ -292,3 +286,29 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
         help="TENANT's share of the running slots relative to others (default 1)",
     )
     risk_flags(s)
+    submit_rate_flags(s)
+
+
+def submit_rate_flags(s: argparse.ArgumentParser) -> None:
+    """Per-tenant submit rate limits at intake (supervisors/services/rate_limits.py)."""
+    s.add_argument(
+        "--submit-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="each tenant submits at most R tasks a second to this node (else RATE_LIMITED)",
+    )
+    s.add_argument(
+        "--tenant-submit-rate",
+        action="append",
+        default=[],
+        metavar="TENANT=R",
+        help="TENANT's submit rate, overriding --submit-rate",
+    )
+    s.add_argument(
+        "--submit-burst",
+        type=int,
+        default=None,
+        metavar="N",
+        help="submissions a tenant may make at once (default: one second's worth)",
+    )

@@ -49,6 +49,8 @@ def submit_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                     help="with --wait: give up waiting after this long (the task goes on)")
     sp.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)  # the default now
+    sp.add_argument("--priority", type=int, default=0, choices=range(10), metavar="0-9",
+                    help="higher is admitted first within the tenant's share (default 0)")
 
 
 def watch_flags(sp: argparse.ArgumentParser) -> None:
@@ -88,11 +90,13 @@ async def submit(args: argparse.Namespace) -> int:
     client = await connect(args, args.tenant)
     try:
         if args.fire_and_forget:
-            handle = await client.submit(args.workflow, data, args.key, version=args.version)
+            handle = await client.submit(args.workflow, data, args.key, version=args.version,
+                                        priority=args.priority)
             accepted: dict[str, Any] = {"task_id": handle.task_id, "tenant": handle.tenant}
         else:
             handle = await client.submit_sync(args.workflow, data, args.key,
-                                              version=args.version)
+                                              version=args.version,
+                                              priority=args.priority)
             assert handle.accepted is not None
             accepted = {**handle.accepted.model_dump(), "tenant": handle.tenant}
         if not args.wait:

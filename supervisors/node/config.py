@@ -73,6 +73,12 @@ class NodeConfig:
     #: Tenants' tightening of tool risk tiers: tenant → tool → ToolRisk (``"*"``: every
     #: tenant, every write; actors/effects/risk_policy.py). Give every node the same.
     risk_policy: dict[str, dict[str, ToolRisk]] = field(default_factory=dict)
+    #: Submit rate limits at intake, per tenant and per node (submissions a second; None:
+    #: none), per-tenant overrides and the burst (None: one second's worth): past them a
+    #: submission is refused RATE_LIMITED (supervisors/services/rate_limits.py).
+    submit_rate: float | None = None
+    tenant_submit_rates: dict[str, float] = field(default_factory=dict)
+    submit_burst: int | None = None
     #: Crash-loop guard: more than this many recoveries of a task within the window hand it
     #: to a human instead of recovering it again.
     max_recoveries: int = 3

@@ -52,10 +52,12 @@ from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.admin_keys import KeyringHooks
 from ratchet.supervisors.services.api import ApiActor
 from ratchet.supervisors.services.decisions import DecisionRouter
+from ratchet.supervisors.services.drift import DriftService
 from ratchet.supervisors.services.external import ExternalRouter
 from ratchet.supervisors.services.intake import Acceptor, IntakeActor
 from ratchet.supervisors.services.mail_router import MailRouter
 from ratchet.supervisors.services.outbox_relay import OutboxRelay
+from ratchet.supervisors.services.rate_limits import SubmitLimits
 from ratchet.supervisors.services.recovery import RecoverySweeper
 from ratchet.supervisors.services.request_service import Ready
 from ratchet.supervisors.services.retention import RetentionSweeper
@@ -155,7 +157,9 @@ class Node:
         self._task_supervision()
         acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
                             has_room=self.scheduler.has_room,
-                            wait_for_room=self._wait_for_room)
+                            wait_for_room=self._wait_for_room, limits=SubmitLimits(
+                                cfg.submit_rate, cfg.tenant_submit_rates, cfg.submit_burst,
+                                self.clock.monotonic))
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
         root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),
@@ -236,6 +240,8 @@ class Node:
             ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
             ChildSpec("schedules", lambda _: ScheduleService(store, tasks, acceptor, self.clock),
                       Restart.PERMANENT),
+            ChildSpec("drift", lambda _: DriftService(store, self.registry, tasks, self.clock,
+                                                      cfg.node_id, cfg.partitions), Restart.PERMANENT),
             ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock,
                                                             cfg.recovery_interval),
                       Restart.PERMANENT),

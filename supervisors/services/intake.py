@@ -36,7 +36,13 @@ from ratchet.persistence.txns import NewTask
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import decode_envelope, decode_map, encode, parse_body, reply_route
-from ratchet.protocol.errors import InvalidMessage, RatchetError, RequestConflict, Unavailable
+from ratchet.protocol.errors import (
+    InvalidMessage,
+    RatchetError,
+    RateLimited,
+    RequestConflict,
+    Unavailable,
+)
 from ratchet.protocol.ids import new_id, request_hash, task_id_for
 from ratchet.protocol.messages import Envelope, Reply, StartTask, SubmitTask, TaskAccepted
 from ratchet.protocol.redaction import REDACTED
@@ -49,6 +55,7 @@ from ratchet.protocol.subjects import (
     tenant_of,
 )
 from ratchet.supervisors.services.authn import Authenticator
+from ratchet.supervisors.services.rate_limits import SubmitLimits
 from ratchet.supervisors.services.request_service import error_reply
 from ratchet.supervisors.services.routing import given_up
 
@@ -62,8 +69,11 @@ class Acceptor:
 
     def __init__(self, store: TaskStore, registry: Registry, clock: Clock, producer: str,
                  partitions: int, has_room: Callable[[], bool] | None = None,
-                 wait_for_room: Callable[[], Awaitable[Any]] | None = None) -> None:
+                 wait_for_room: Callable[[], Awaitable[Any]] | None = None,
+                 limits: SubmitLimits | None = None) -> None:
         self.store = store
+        #: Per-tenant submit rate limits (RATE_LIMITED past them); None: none.
+        self.limits = limits
         #: Backpressure: whether this node can take more queued work (its admission queue
         #: is bounded); the JetStream intake waits, the request/reply API answers BUSY.
         self.has_room = has_room or (lambda: True)
@@ -78,9 +88,12 @@ class Acceptor:
 
         Raises:
             InvalidMessage: wrong type or body; UnknownWorkflow: not served here;
-            RequestConflict: the key was used before with a different request.
+            RequestConflict: the key was used before with a different request;
+            RateLimited: the tenant submits faster than its limit.
         """
         check_token(tenant, "tenant")
+        if self.limits is not None:
+            self.limits.take(tenant)
         if not self.has_room():
             raise Unavailable("this node's queue of tasks waiting to run is full; retry later")
         if env.type != MessageType.TASK_SUBMIT:
@@ -100,7 +113,7 @@ class Acceptor:
         start = Envelope(
             type=MessageType.TASK_START, message_id=new_id("msg"),
             correlation_id=env.correlation_id, causation_id=env.message_id, sent_at=now,
-            body=StartTask(task_id=task_id, tenant=tenant).model_dump(),
+            body=StartTask(task_id=task_id, tenant=tenant, priority=body.priority).model_dump(),
         )
         result = await self.store.accept_submission(NewTask(
             task_id=task_id, tenant=tenant, workflow=workflow.name,
@@ -269,7 +282,9 @@ class IntakeActor(ServiceActor):
             result = exc
         except Exception as exc:
             failure = exc if isinstance(exc, RatchetError) else given_up(msg, exc)
-            if failure is None or failure.retryable:
+            # Over its rate the tenant is answered and the submit dead-lettered (kept,
+            # for an operator to replay), not left in the stream to come back for ever.
+            if failure is None or (failure.retryable and not isinstance(failure, RateLimited)):
                 # Retryable RatchetErrors are the node's condition (its store unavailable,
                 # its queue full): retried for as long as it lasts. Anything unexpected is
                 # retried up to GIVE_UP_AFTER deliveries, then dead-lettered with it.

@@ -29,7 +29,7 @@ from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import NotFound
 from ratchet.protocol.mail_seal import MailSeal
-from ratchet.protocol.messages import Envelope
+from ratchet.protocol.messages import MAX_PRIORITY, MIN_PRIORITY, Envelope
 from ratchet.protocol.subjects import STREAM_MAIL, dlq_subject, mail_route
 from ratchet.supervisors.services.routing import Target, TaskRouter
 from ratchet.supervisors.supervision.tasks import TaskSupervision
@@ -38,6 +38,12 @@ __all__ = ["MailRouter", "RecentIds", "mail_durable"]
 
 def mail_durable(partition: int) -> str:
     return f"mail-{partition}"
+
+
+def start_priority(body: dict[str, Any]) -> int:
+    """A start mail's priority (0 when absent or out of range: mail from an older node)."""
+    value = body.get("priority", 0)
+    return value if type(value) is int and MIN_PRIORITY <= value <= MAX_PRIORITY else 0
 
 
 class RecentIds:
@@ -92,8 +98,8 @@ class MailRouter(TaskRouter):
         if env.message_id in self._recent:
             await msg.ack()
             return None
-        if env.type == MessageType.TASK_START \
-                and not self.tasks.admitted(task_id, str(env.body.get("tenant", ""))):
+        if env.type == MessageType.TASK_START and not self.tasks.admitted(
+                task_id, str(env.body.get("tenant", "")), start_priority(env.body)):
             # Queued for a running slot (fair admission): the task is QUEUED in the
             # store, so the scheduler (or recovery after a restart) starts it later.
             self._recent.add(env.message_id)

@@ -14,7 +14,9 @@ Rules, in order:
 3. Among tenants with queued tasks and room under their quota, the slot goes to the one
    with the smallest ``running / weight`` (weights default to 1.0); a tie goes to the tenant
    whose oldest queued task arrived first (an arrival counter, not the clock).
-4. Within a tenant, first in, first out.
+4. Within a tenant, higher ``priority`` first (0 to 9, protocol/messages.py), then first
+   in, first out. Priorities never cross tenants: a tenant's urgent task takes the next
+   slot *its* share gets, not another tenant's.
 
 A new task never jumps the queue: when anything is queued it is admitted at once only if
 its tenant would win rule 3 against every queued tenant (and has nothing queued itself).
@@ -29,7 +31,8 @@ tenant's queue, which is compacted when it holds more dead entries than live one
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, deque
+import heapq
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -78,8 +81,8 @@ class FairScheduler:
         self._running: dict[str, str] = {}
         #: task_id -> (tenant, arrival), for every queued task (the truth; queues may lag).
         self._queued: dict[str, tuple[str, int]] = {}
-        #: tenant -> its queue of (arrival, task_id), possibly holding dead entries.
-        self._queues: dict[str, deque[tuple[int, str]]] = {}
+        #: tenant -> its heap of (-priority, arrival, task_id), possibly holding dead entries.
+        self._queues: dict[str, list[tuple[int, int, str]]] = {}
         self._tenant_running: Counter[str] = Counter()
         self._tenant_queued: Counter[str] = Counter()
         self._granted: Counter[str] = Counter()
@@ -130,8 +133,9 @@ class FairScheduler:
 
     # -- changing -----------------------------------------------------------------------
 
-    def admit(self, task_id: str, tenant: str) -> bool:
-        """Ask for a slot: True if ``task_id`` holds one now (it may run), False if queued.
+    def admit(self, task_id: str, tenant: str, priority: int = 0) -> bool:
+        """Ask for a slot: True if ``task_id`` holds one now (it may run), False if queued
+        (ahead of its tenant's tasks of lower ``priority``).
 
         Idempotent: a task already holding a slot gets True again, a queued one stays
         queued once, in its place.
@@ -146,7 +150,7 @@ class FairScheduler:
             return True
         self._arrivals += 1
         self._queued[task_id] = (tenant, self._arrivals)
-        self._queues.setdefault(tenant, deque()).append((self._arrivals, task_id))
+        heapq.heappush(self._queues.setdefault(tenant, []), (-priority, self._arrivals, task_id))
         self._tenant_queued[tenant] += 1
         self._room_changed()
         return False
@@ -180,7 +184,7 @@ class FairScheduler:
             tenant = self._fair_pick()
             if tenant is None:
                 break
-            _, task_id = self._queues[tenant].popleft()  # _fair_pick left a live head
+            _, _, task_id = heapq.heappop(self._queues[tenant])  # _fair_pick left a live head
             self._unqueue(task_id)
             self._hold(task_id, tenant)
             self._granted[tenant] += 1
@@ -232,13 +236,14 @@ class FairScheduler:
                 if n > 0 and self._tenant_running[t] < self.quota(t)]
 
     def _head(self, tenant: str) -> int:
-        """Arrival of the tenant's oldest live queued task (dead entries are dropped here)."""
+        """Arrival of the tenant's next live queued task, its most urgent (dead entries are
+        dropped here)."""
         queue = self._queues[tenant]
         while queue:
-            arrival, task_id = queue[0]
+            _, arrival, task_id = queue[0]
             if self._queued.get(task_id) == (tenant, arrival):
                 return arrival
-            queue.popleft()
+            heapq.heappop(queue)
         raise AssertionError(f"tenant {tenant} counted queued tasks it does not hold")
 
     def _hold(self, task_id: str, tenant: str) -> None:
@@ -270,8 +275,9 @@ class FairScheduler:
         if live == 0:
             del self._queues[tenant]
         elif force or len(queue) > 2 * live + 32:
-            self._queues[tenant] = deque(
-                e for e in queue if self._queued.get(e[1]) == (tenant, e[0]))
+            kept = [e for e in queue if self._queued.get(e[2]) == (tenant, e[1])]
+            heapq.heapify(kept)
+            self._queues[tenant] = kept
 
     def _room_changed(self) -> None:
         if self.has_room():

@@ -162,15 +162,16 @@ class TaskSupervision:
         ref.tell(message)
         return True
 
-    def admitted(self, task_id: str, tenant: str) -> bool:
+    def admitted(self, task_id: str, tenant: str, priority: int = 0) -> bool:
         """Whether the task may start now: it is live already, or admission gives it a slot
-        (if not, admission queues it and starts it later). A task of another node's
-        partition is not this node's to queue: True, and activating it says so."""
+        (if not, admission queues it, by ``priority`` within its tenant, and starts it
+        later). A task of another node's partition is not this node's to queue: True, and
+        activating it says so."""
         if self.scheduler is None or self.system.lookup(task_actor_name(task_id)) is not None:
             return True
         if not self.owns(task_id):
             return True
-        return self.scheduler.admit(task_id, tenant)
+        return self.scheduler.admit(task_id, tenant, priority)
 
     async def activate(self, task_id: str, tenant: str) -> ActorRef[Any] | None:
         """Start a QUEUED or RUNNING task through admission: its live actor, or None if it
