@@ -50,12 +50,12 @@ def test_the_quickstart_demo_runs_as_written_and_ends_with_one_claim(tmp_path: P
         pytest.skip("make demo runs the project's .venv, which this run has not installed")
     # -o: the venv counts as installed (the suite never reinstalls the environment it runs
     # in); the state goes to a fresh directory.
-    done = subprocess.run(["make", "-o", ".venv/.installed", *commands[0][1:]], cwd=ROOT,
+    done = subprocess.run(["make", "--no-print-directory", "-o", ".venv/.installed", *commands[0][1:]], cwd=ROOT,
                           env={**os.environ, "RATCHET_STATE_DIR": str(tmp_path)},
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, (done.stdout, done.stderr)
     assert "status: SUCCEEDED" in done.stdout
-    assert re.search(r"claims the finance system holds for \S+: 1$", done.stdout.strip())
+    assert re.search(r"claims the finance system holds for \S+: 1$", done.stdout.strip(), re.M)
     assert (tmp_path / "demo" / "ratchet.db").exists()
 
 
