@@ -32,6 +32,7 @@ from typing import Any
 
 import structlog
 
+from ratchet.actors.effects.action_reports import error_of
 from ratchet.actors.workflow.tools import BreakerPolicy, Decision, Tool, classify
 from ratchet.protocol.errors import ActionFailed, ErrorCode, ToolCircuitOpen, ToolDeadlineExceeded
 
@@ -166,6 +167,6 @@ def circuit_open_failure(tool: str, refusal: ToolCircuitOpen) -> ActionFailed:
     """The failure of a new call refused by an open breaker: retryable, CIRCUIT_OPEN."""
     failure = ActionFailed(f"{tool}: {refusal.message}", tool=tool, retryable=True,
                            retry_after=refusal.retry_after,
-                           error={**refusal.to_wire(), "type": type(refusal).__name__})
+                           error=error_of(refusal))
     failure.code = ErrorCode.CIRCUIT_OPEN
     return failure

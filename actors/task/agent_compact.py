@@ -4,8 +4,6 @@ with the compaction entry of the agent log, so a resumed task rebuilds the same 
 
 from __future__ import annotations
 
-from typing import Any
-
 from ratchet.actors.agents.compaction import (
     SUMMARIZER_SYSTEM,
     Compaction,
@@ -13,11 +11,17 @@ from ratchet.actors.agents.compaction import (
     summary_message,
     transcript,
 )
-from ratchet.actors.agents.models import Message, Model, ModelRequest
+from ratchet.actors.agents.models import Message, ModelRequest
 from ratchet.actors.effects.actions import ActionRunner
 from ratchet.actors.task.agent_budget import prompt_bound, reserve
 from ratchet.actors.task.agent_conversation import Conversation
-from ratchet.actors.task.agent_model_call import ModelAnswer, ModelCall, ledger_row, model_tool
+from ratchet.actors.task.agent_model_call import (
+    ModelAnswer,
+    ModelCall,
+    ledger_row,
+    model_tool,
+    resolve_model,
+)
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.workflow.nodes import AgentNode
 from ratchet.protocol.catalogue import EventType
@@ -34,7 +38,7 @@ async def maybe_compact(actor: TaskKernel, node: AgentNode, runner: ActionRunner
     policy: Compaction | None = node.compact
     if policy is None or actor.record is None:
         return
-    size = prompt_bound(_resolve(actor, node.model),
+    size = prompt_bound(resolve_model(actor, node.model),
                         ModelRequest(conv.view(), [], dict(node.params)))
     if size <= policy.at_tokens:
         return
@@ -44,7 +48,7 @@ async def maybe_compact(actor: TaskKernel, node: AgentNode, runner: ActionRunner
     if cut is None:
         return
     prior = [summary_message(conv.compaction["summary"], [])] if conv.compaction else []
-    summarizer = _resolve(actor, policy.summarizer)
+    summarizer = resolve_model(actor, policy.summarizer)
     request = ModelRequest([Message("system", SUMMARIZER_SYSTEM),
                             Message("user", transcript([*prior, *conv.messages[start:cut]]))])
     reserved = reserve(actor.record.budget, actor.spent, summarizer, request)
@@ -62,7 +66,7 @@ async def maybe_compact(actor: TaskKernel, node: AgentNode, runner: ActionRunner
     conv.compact(head, cut, str(answer.message.get("content") or ""), pinned)
     record = ledger_row(asked, answer, node, actor.next_step)
     record.result = conv.kept(record.result)
-    after = prompt_bound(_resolve(actor, node.model), ModelRequest(conv.view(), [],
+    after = prompt_bound(resolve_model(actor, node.model), ModelRequest(conv.view(), [],
                                                                    dict(node.params)))
     await actor.commit(
         agent_log=conv.flush(), action=record,
@@ -84,9 +88,3 @@ async def _pinned(actor: TaskKernel, policy: Compaction) -> list[str]:
     if policy.pinned is not None:
         facts += [str(f) for f in policy.pinned(actor.state, actor.record.input)]
     return [f[:MAX_FACT] for f in facts]
-
-
-def _resolve(actor: TaskKernel, model: Any) -> Model:
-    resolved: Model = model if not isinstance(model, str) else \
-        actor.deps.registry.resources[model]
-    return resolved

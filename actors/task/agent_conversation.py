@@ -75,6 +75,12 @@ class Conversation:
         self.hash = digest([self.hash, message])
         self._log("message", message)
 
+    def awaits_calls(self) -> bool:
+        """The last proposal's tool calls are still to be answered (the task parked on
+        one of them): they run again, and the model is not asked this turn again."""
+        last = self.messages[-1]
+        return last.role == "assistant" and bool(last.tool_calls)
+
     def view(self) -> list[Message]:
         """The messages the model is sent: all of them, or since a compaction its head,
         the summary with the pinned facts, and what came after the cut."""

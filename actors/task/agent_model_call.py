@@ -9,13 +9,15 @@ from pydantic import BaseModel
 
 from ratchet.actors.agents.models import Model, ModelRequest, ToolSpec
 from ratchet.actors.task.agent_conversation import digest
+from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.workflow.nodes import AgentNode
 from ratchet.actors.workflow.tools import RetryPolicy, Tool, ToolContext
 from ratchet.persistence.ledger import ActionWrite
 from ratchet.protocol.codec import canonical, encode
 from ratchet.protocol.ids import request_hash
 
-__all__ = ["ModelAnswer", "ModelCall", "ledger_row", "model_tool", "tool_specs"]
+__all__ = ["ModelAnswer", "ModelCall", "ledger_row", "model_tool", "resolve_model",
+           "tool_specs"]
 
 
 class ModelCall(BaseModel):
@@ -79,3 +81,10 @@ def tool_specs(node: AgentNode) -> tuple[list[ToolSpec], str]:
         cached = (specs, digest([(x.name, x.parameters) for x in specs]))
         _SPECS[id(node)] = cached
     return cached
+
+
+def resolve_model(actor: TaskKernel, model: Any) -> Model:
+    """A node's model: the object, or the registry resource it names."""
+    resolved: Model = model if not isinstance(model, str) else \
+        actor.deps.registry.resources[model]
+    return resolved

@@ -61,7 +61,7 @@ async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     if dim is not None or turn >= node.max_turns:
         return await _exhaust(actor, node, conv, spent, dim)
     runner = actor.runner(actor.next_step, None, count_tool_calls=False)  # the turn counts
-    if node.compact is not None and not _parked(conv):
+    if node.compact is not None and not conv.awaits_calls():
         await maybe_compact(actor, node, runner, conv, visit, turn)
         spent = dict(actor.spent)  # with what the summarizer spent
     t = await propose(actor, node, runner, conv, visit, turn, spent)
@@ -235,12 +235,6 @@ async def _execute(actor: TaskKernel, runner: Any, tools: dict[str, Tool[Any, An
     except ActionFailed as exc:  # the code too: APPROVAL_REJECTED, CIRCUIT_OPEN, ...
         return {"error": f"{name} failed: {exc.message}", "code": exc.code.value}
     return result.model_dump(mode="json")
-
-
-def _parked(conv: Conversation) -> bool:
-    """The last proposal's calls are still to be answered (the task parked on one)."""
-    last = conv.messages[-1]
-    return last.role == "assistant" and bool(last.tool_calls)
 
 
 async def _exhaust(actor: TaskKernel, node: AgentNode, conv: Conversation,

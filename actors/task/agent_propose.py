@@ -17,6 +17,7 @@ from ratchet.actors.task.agent_model_call import (
     ModelCall,
     ledger_row,
     model_tool,
+    resolve_model,
     tool_specs,
 )
 from ratchet.actors.task.kernel import TaskKernel
@@ -65,12 +66,11 @@ async def propose(actor: TaskKernel, node: AgentNode, runner: ActionRunner,
     """Ask for this turn's proposal (a read, recorded by the turn's commit)."""
     assert actor.record is not None
     specs, specs_digest = tool_specs(node)
-    last = conv.messages[-1]
-    if last.role == "assistant" and last.tool_calls:
+    if conv.awaits_calls():
         # The proposal was recorded before the task parked on one of its calls (an accepted
         # write, a handoff): run the calls again — the ledger answers for what already
         # happened — and do not ask the model again.
-        return Turn(conv, turn, spent, last)
+        return Turn(conv, turn, spent, conv.messages[-1])
     ask = _Ask(actor, node, runner, conv, f"model:{actor.task_id}:{node.name}:{visit}:{turn}",
                specs_digest, ModelRequest(conv.view(), specs, dict(node.params)))
     degrade: Degradation | None = node.degrade
@@ -114,11 +114,11 @@ async def propose(actor: TaskKernel, node: AgentNode, runner: ActionRunner,
 def _candidates(actor: TaskKernel, node: AgentNode,
                 spent: dict[str, float]) -> list[tuple[Model, str | None]]:
     """The models to ask in order; with budget pressure, why the node's own is skipped."""
-    primary = _resolve(actor, node.model)
+    primary = resolve_model(actor, node.model)
     degrade: Degradation | None = node.degrade
     if degrade is None or not degrade.models:
         return [(primary, None)]
-    fallbacks = [_resolve(actor, m) for m in degrade.models]
+    fallbacks = [resolve_model(actor, m) for m in degrade.models]
     assert actor.record is not None
     dim = under_pressure(degrade.pressure, actor.record.budget, spent)
     if dim is not None:  # the budget runs low: the cheaper models, not the node's own
@@ -167,11 +167,6 @@ def _digest(ask: _Ask) -> str:
     (not the model, nor the budget's ``max_tokens`` cap)."""
     return digest([ask.conv.hash, ask.specs_digest, dict(ask.node.params)])
 
-
-def _resolve(actor: TaskKernel, model: Any) -> Model:
-    resolved: Model = model if not isinstance(model, str) else \
-        actor.deps.registry.resources[model]
-    return resolved
 
 
 def _name(model: Model) -> str:

@@ -18,6 +18,7 @@ from ratchet.actors.effects.saga import pending_compensations
 from ratchet.actors.task.decision_audit import CRASH_LOOP, decision_entry
 from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.pseudo_approvals import Decided, pending_decision
 from ratchet.actors.task.suspension import fail_with_saga, handoff_package, unresolved_actions
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.protocol.catalogue import EventType
@@ -25,7 +26,7 @@ from ratchet.protocol.codec import canonical
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import Envelope
-from ratchet.protocol.states import TaskEvent, TaskStatus
+from ratchet.protocol.states import TaskEvent
 
 __all__ = ["RECOVERY_NODE", "crash_loop", "on_recovery_decision", "record_recovery"]
 
@@ -159,32 +160,15 @@ async def on_recovery_decision(actor: TaskKernel, env: Envelope) -> str | None:
     """A human's decision on a crash-loop handoff: approve resumes the task from its
     checkpoint, reject ends it FAILED (after compensating). None when the approval is not a
     crash-loop one: the graph's approval nodes handle it."""
-    body = env.body
-    decision = body.get("decision")
-    if decision not in ("approve", "reject"):
-        return None  # refused where every decision is checked
-    approval_id = str(body.get("approval_id", ""))
-    row = await actor.deps.store.approval(approval_id)
-    if row is None or row["node"] != RECOVERY_NODE:
-        return None
-    if row["task_id"] != actor.task_id:
-        return "unknown approval"
-    if actor.status is not TaskStatus.WAITING_APPROVAL:
-        return "late"
-    if row["status"] != "PENDING":
-        return f"already {row['status'].lower()}"  # one-time: a repeat changes nothing
-    if body.get("request_hash") not in (None, row["request_hash"]):
-        return "request changed"
-    decided_by = str(body.get("decided_by") or "unknown")
-    settle = ApprovalWrite(approval_id, "APPROVED" if decision == "approve" else "REJECTED",
-                           decided_by=decided_by, reason=body.get("reason"))
-    decided = (EventType.APPROVAL_DECIDED, {
-        "kind": "crash_loop", "approval_id": approval_id, "decision": decision,
-        "decided_by": decided_by, "reason": body.get("reason"), "at_node": actor.current})
+    decided = await pending_decision(actor, env, RECOVERY_NODE)
+    if not isinstance(decided, Decided):
+        return decided  # not a crash-loop approval (None), or a refusal
+    decision, decided_by, settle = decided.decision, decided.decided_by, decided.settle
+    event = (EventType.APPROVAL_DECIDED, decided.payload("crash_loop", actor.current))
     audit = decision_entry(actor, env, "applied", CRASH_LOOP)  # a handoff resolved
     back_to_running: dict[str, Any] = {
         "status_event": TaskEvent.APPROVAL_DECIDED, "approval": settle,
-        "inbox_message_id": env.message_id, "events": [decided], "audit": audit}
+        "inbox_message_id": env.message_id, "events": [event], "audit": audit}
     if decision == "approve":
         await actor.commit(**back_to_running)
         actor.log.warning("crash loop: resumed by a human", decided_by=decided_by)
@@ -204,7 +188,7 @@ async def on_recovery_decision(actor: TaskKernel, env: Envelope) -> str | None:
     error = error_of(cause, reason)
     await actor.commit(status_event=TaskEvent.FAILED, error=error, approval=settle,
                        inbox_message_id=env.message_id, audit=audit,
-                       events=[decided, (EventType.TASK_FAILED, {"reason": reason, "error": error,
+                       events=[event, (EventType.TASK_FAILED, {"reason": reason, "error": error,
                                                          "compensated": []})])
     actor.log.warning("crash loop: task ended by a human", decided_by=decided_by)
     actor.passivate()
