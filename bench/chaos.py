@@ -8,7 +8,13 @@ Each run submits ``expense.split`` (two claims; in about a third of the runs a l
 fails for good, so the saga refunds both) and kills the node at one of: before the call
 (right after IN_FLIGHT committed), after the provider committed but before the result was
 recorded (tools pause 100 ms after the provider answered), mid-compensation, or a random
-moment. The node is restarted at once. Prints one JSON object (last line).
+moment. The node is restarted at once. Two more points: ``rerun_detour`` kills after the
+provider committed the hotel claim of a task whose re-run takes another path (it looks the
+claim up and does not submit it again: the recovery must settle the first write by query),
+and ``cancel_during_call`` sends an operator's cancel while a claim is in flight (the
+cancel must wait for its outcome, then refund every claim made). ``unsettled_actions_after_run``
+counts writes still IN_FLIGHT or UNKNOWN on tasks that ended. Prints one JSON object (last
+line).
 
 With ``--nodes N`` (N > 1) N nodes share the store and NATS; each run kills the node that
 owns the task's partition at that moment and starts a replacement (see :class:`Nodes`).
@@ -56,7 +62,8 @@ from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 
-KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random")
+KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random",
+               "rerun_detour", "cancel_during_call")
 ALL_KINDS = KILL_POINTS + FAULT_KINDS
 PARKED = {"task.unknown", "task.handoff"}
 TERMINAL = {"task.succeeded", "task.failed", "task.cancelled"}
@@ -128,11 +135,15 @@ def _kill_condition(point: str, event: ratchet.Event) -> bool:
         return event.type == "action.started"
     if point == "mid_compensation":
         return event.type == "action.started" and bool(p.get("compensates"))
+    if point == "rerun_detour":
+        return event.type == "action.started" and ":hotel:" in str(p.get("key"))
+    if point == "cancel_during_call":
+        return event.type == "action.started" and not p.get("compensates")
     return False
 
 
-def _draw(rng: random.Random, kinds: tuple[str, ...] | None,
-          run: int) -> tuple[bool, str, str]:
+def _draw(rng: random.Random, kinds: tuple[str, ...] | None, run: int,
+          points: tuple[str, ...] = KILL_POINTS) -> tuple[bool, str, str]:
     """(fail, kill point or moment, fault kind). Without ``kinds`` the draws of the plain
     SIGKILL harness, unchanged, so its figures stay comparable. With them, the kinds take
     turns (each gets its share of the runs, also in a short test), a ``mid_compensation``
@@ -140,7 +151,8 @@ def _draw(rng: random.Random, kinds: tuple[str, ...] | None,
     a moment drawn as a kill point is."""
     if kinds is None:
         fail = rng.random() < 0.35
-        point = rng.choice(KILL_POINTS if fail else KILL_POINTS[:2] + KILL_POINTS[3:])
+        point = rng.choice(points if fail else tuple(p for p in points
+                                                     if p != "mid_compensation"))
         return fail, point, point
     kind = kinds[run % len(kinds)]
     fail = kind == "mid_compensation" or rng.random() < 0.35
@@ -151,15 +163,16 @@ def _draw(rng: random.Random, kinds: tuple[str, ...] | None,
 
 async def _one_run(run: int, rng: random.Random, strike: Strike,
                    client: ratchet.Client, finance: FinanceClient, db: Path,
-                   kinds: tuple[str, ...] | None = None) -> dict[str, Any]:
+                   kinds: tuple[str, ...] | None = None,
+                   points: tuple[str, ...] = KILL_POINTS) -> dict[str, Any]:
     """One task, one fault: ``strike(kind, task_id, run)`` strikes it (a SIGKILL: a node
     killed and replaced) and returns what to do once the task is done (repairs that can
     wait, the audit of the probes)."""
-    fail, point, kind = _draw(rng, kinds, run)
+    fail, point, kind = _draw(rng, kinds, run, points)
     report = f"chaos-{run}-{rng.randrange(10**9)}"
     task_id = (await client.submit("expense.split", {
         "report_id": report, "employee": "e-1", "travel": 10 + run, "hotel": 20 + run,
-        "fail_after_writes": fail}, key=report)).task_id
+        "fail_after_writes": fail, "detour": point == "rerun_detour"}, key=report)).task_id
     killed = False
     settle: Settle | None = None
     events: list[ratchet.Event] = []
@@ -171,7 +184,7 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
             events.append(event)
             if not killed and (_kill_condition(point, event) or (
                     deadline is not None and time.monotonic() >= deadline)):
-                if point == "after_provider_commit":
+                if point in ("after_provider_commit", "rerun_detour"):
                     await asyncio.sleep(rng.uniform(0.01, 0.09))  # inside the 100 ms pause
                 settle = await strike(kind, task_id, run)
                 killed = True
@@ -196,18 +209,23 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
         row = conn.execute("SELECT status FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
         handoffs = conn.execute("SELECT COUNT(*) FROM handoffs WHERE task_id = ?",
                                 (task_id,)).fetchone()[0]
+        unsettled = conn.execute(
+            "SELECT COUNT(*) FROM actions WHERE task_id = ? AND status IN ('IN_FLIGHT',"
+            " 'UNKNOWN') AND accepted = 0 AND kind = 'write'", (task_id,)).fetchone()[0]
     status = row[0] if row else None
     assert task_id == task_id_for("default", report)
     missing = False
     if status == "SUCCEEDED":
         missing = claims != [1, 1] or refunds != [0, 0]
-    elif status == "FAILED":
+    elif status in ("FAILED", "CANCELLED"):  # compensated on failure and on cancel
         missing = refunds != claims  # every claim made was refunded
     sequences = [e.sequence for e in events]
     return {
         **after, "kind": kind, "point": point, "fail": fail, "status": status, "final_event": final,
-        "lost": status is None or status not in ("SUCCEEDED", "FAILED", "UNKNOWN",
-                                                 "WAITING_APPROVAL"),
+        "lost": status is None or status not in (
+            "SUCCEEDED", "FAILED", "UNKNOWN", "WAITING_APPROVAL",
+            *(("CANCELLED",) if point == "cancel_during_call" else ())),
+        "unsettled": unsettled if status in ("SUCCEEDED", "FAILED", "CANCELLED") else 0,
         "handoff": status in ("UNKNOWN", "WAITING_APPROVAL") and handoffs > 0,
         "double": any(v > 1 for v in keys.values()),
         "missing": missing,
@@ -216,11 +234,12 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
 
 
 async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
-                    faults: tuple[str, ...] | None = None) -> dict[str, Any]:
+                    faults: tuple[str, ...] | None = None,
+                    points: tuple[str, ...] = KILL_POINTS) -> dict[str, Any]:
     """``faults``: the kinds each run draws from (kill points and bench/faults.py's
     FAULT_KINDS; those that cannot run here are skipped), on one node; None: SIGKILLs
     only, on ``nodes`` nodes, as the harness always did."""
-    unknown = set(faults or ()) - set(ALL_KINDS)
+    unknown = (set(faults or ()) - set(ALL_KINDS)) | (set(points) - set(KILL_POINTS))
     if unknown or (faults is not None and nodes != 1):
         raise ValueError(f"unknown fault kinds {sorted(unknown)}, or faults on several nodes")
     rng = random.Random(seed)
@@ -240,7 +259,7 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
                 k for k in faults if k not in bed.skipped)
             for run in range(runs):
                 results.append(await _one_run(run, rng, strike, client, finance,
-                                              harness.db, kinds))
+                                              harness.db, kinds, points))
         finally:
             await harness.stop()
             await server.stop()
@@ -261,6 +280,7 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
         "double_effects": sum(r["double"] for r in results),
         "missing_effects": sum(r["missing"] for r in results),
         "event_gaps": sum(r["gap"] for r in results),
+        "unsettled_actions_after_run": sum(r["unsettled"] for r in results),
         "kill_points": kills,
         **extra,
     }
@@ -305,6 +325,11 @@ class _Harness:
 
     def striker(self, client: ratchet.Client, finance: FinanceClient) -> Strike:
         async def strike(kind: str, task_id: str, run: int) -> Settle | None:
+            if kind == "cancel_during_call":  # an operator's cancel, not a kill
+                await client.request_admin("cancel", {
+                    "command_id": f"chaos-cancel-{run}", "task_id": task_id,
+                    "args": {"reason": "chaos"}})
+                return None
             if kind not in KILL_POINTS:
                 assert self.bed is not None
                 fault = Fault(kind, self.bed, client, finance, run)
@@ -342,13 +367,19 @@ def main() -> None:
                         help="each run draws one of these fault kinds (all: "
                              + ", ".join(ALL_KINDS) + "; one node; bench/faults.py)."
                              " Default: the SIGKILL points, as before")
+    parser.add_argument("--points", default=",".join(KILL_POINTS), metavar="POINT,...",
+                        help="the kill points runs draw from (default: all of "
+                             + ", ".join(KILL_POINTS) + ")")
     args = parser.parse_args()
     faults = None if args.faults is None else ALL_KINDS if args.faults == "all" else tuple(
         args.faults.split(","))
     if faults is not None and (args.nodes != 1 or not set(faults) <= set(ALL_KINDS)):
         parser.error(f"--faults takes kinds among {', '.join(ALL_KINDS)}, on one node")
     configure_logging("error")
-    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes, faults))))
+    points = tuple(args.points.split(","))
+    if not set(points) <= set(KILL_POINTS):
+        parser.error(f"--points takes kill points among {', '.join(KILL_POINTS)}")
+    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes, faults, points))))
 
 
 if __name__ == "__main__":

@@ -125,6 +125,11 @@ class EventType(StrEnum):
     ACTION_REUSED = "action.reused"
     #: A saga undid the action.
     ACTION_COMPENSATED = "action.compensated"
+    #: A cancel arrived while the call was in flight: the task waits for its outcome.
+    ACTION_CANCELLING = "action.cancelling"
+    #: The call outlived the cancel timeout: the task ended without its outcome, which the
+    #: action sweeper settles later (docs/side-effects.md, "Settling").
+    ACTION_DETACHED = "action.detached"
 
     # -- graph moves, fan-out and fan-in ---------------------------------------------------
     #: A choice node moved the task.

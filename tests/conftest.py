@@ -17,6 +17,8 @@ import pytest
 import ratchet
 from ratchet.supervisors.node.credentials import admin_key_path, ensure_key
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
+from ratchet.testing import FinanceClient, FinanceSimulatorProcess
+from ratchet.testing.expense import app as expense_app
 from tests.apps import RUNS, app
 from tests.keys import Secured
 
@@ -156,3 +158,19 @@ def node_process(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
         if p.proc is not None and p.proc.poll() is None:
             p.proc.kill()
             p.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def simulator() -> Iterator[FinanceSimulatorProcess]:
+    """The finance provider's simulator, one process per test module."""
+    with FinanceSimulatorProcess() as sim:
+        yield sim
+
+
+@pytest.fixture
+def finance(simulator: FinanceSimulatorProcess) -> FinanceClient:
+    """A client of the simulator, reset, and the expense app pointed at it."""
+    client = FinanceClient(simulator.url)
+    client.reset()
+    expense_app.resources["finance_url"] = simulator.url
+    return client

@@ -4,7 +4,6 @@ outcome path of the action protocol, retries, deadlines, sagas, confirmations.""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -16,25 +15,10 @@ from ratchet.protocol.codec import encode
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import external_subject
-from ratchet.testing import FinanceClient, FinanceSimulatorProcess
+from ratchet.testing import FinanceClient
 from ratchet.testing.expense import ClaimArgs, ClaimResult, _submit_claim
 from ratchet.testing.expense import app as expense_app
 from tests.conftest import NodeFactory, assert_contiguous, wait_terminal
-
-
-@pytest.fixture(scope="module")
-def simulator() -> Iterator[FinanceSimulatorProcess]:
-    with FinanceSimulatorProcess() as sim:
-        yield sim
-
-
-@pytest.fixture
-def finance(simulator: FinanceSimulatorProcess) -> FinanceClient:
-    client = FinanceClient(simulator.url)
-    client.reset()
-    expense_app.resources["finance_url"] = simulator.url
-    return client
-
 
 REPORT = {"report_id": "r-1", "employee": "e-7", "items": [{"amount": 40.0}, {"amount": 2.5}]}
 CLAIM_KEY = "claim:r-1:all:submit"
@@ -529,16 +513,49 @@ async def test_a_task_that_fails_with_a_write_in_flight_goes_to_a_human_not_fail
     registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
                                 resources=expense_app.resources)
     node = await start_node(registry, max_step_attempts=1)
-    finance.add_faults([{"op": "claims", "mode": "slow", "delay": 1.0}])
+    finance.add_faults([{"op": "claims", "mode": "slow", "delay": 1.0},
+                        {"op": "query", "mode": "status_500", "times": 100}])
     events = await run(client, "hasty", {}, "h1")
     assert events[-1].type == "task.unknown"  # not FAILED: the claim may have happened
     [handoff] = await node.store.handoffs(events[0].task_id)  # type: ignore[union-attr]
     assert handoff["package"]["unresolved"][0]["key"] == "claim:h1:all:submit"
 
 
-async def test_cancel_during_a_tool_call_that_cannot_be_interrupted_marks_it_unknown(
+async def test_a_task_that_fails_with_a_write_in_flight_settles_it_first(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
 ) -> None:
+    """The step gave up on a slow claim (its timeout), the claim went through at the
+    provider: before FAILED the task asks the provider (once the call cannot still be
+    running), finds it, and refunds it — no human needed."""
+    from ratchet.testing.expense import refund_claim, submit_claim
+
+    wf = ratchet.Workflow("hasty2")
+
+    @wf.step(timeout=0.3)
+    async def go(ctx: ratchet.StepContext) -> None:
+        await ctx.call(submit_claim, ClaimArgs(report_id="h2", employee="e", amount=1.0))
+
+    registry = ratchet.Registry([wf], tools=[submit_claim, refund_claim],
+                                resources=expense_app.resources)
+    node = await start_node(registry, max_step_attempts=1)
+    finance.add_faults([{"op": "claims", "mode": "slow", "delay": 1.0}])
+    events = await run(client, "hasty2", {}, "h2")
+    assert events[-1].type == "task.failed", [e.type for e in events]
+    settled = [e.payload for e in events if e.type == "action.reconciled"]
+    assert settled[0]["found"] is True and settled[0]["on"] == "failure"
+    assert events[-1].payload["compensated"] == ["claim:h2:all:submit"]
+    effects = finance.effects()
+    assert (effects["claim:h2:all:submit"], effects["refund:h2:all"]) == (1, 1)
+    statuses = {a.key: a.status for a in await node.store.task_actions(  # type: ignore[union-attr]
+        events[0].task_id)}
+    assert statuses["claim:h2:all:submit"] == "COMPENSATED"
+
+
+async def test_cancel_during_a_write_waits_for_its_outcome(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient
+) -> None:
+    """A cancel never abandons a write in flight: the task records the claim's outcome
+    first (``action.cancelling`` then ``action.succeeded``), then ends CANCELLED."""
     from tests.test_admin import OPERATOR, admin
 
     node = await start_node(expense_app)
@@ -549,10 +566,15 @@ async def test_cancel_during_a_tool_call_that_cannot_be_interrupted_marks_it_unk
             break
     await admin(client, "cancel", command_id="cx", principal=OPERATOR, task_id=task_id)
     events = await wait_terminal(client, task_id)
-    assert events[-1].type == "task.cancelled"
-    assert events[-1].payload["unknown_actions"] == [CLAIM_KEY]  # it may still happen
+    types = [e.type for e in events]
+    assert types[-1] == "task.cancelled"
+    # the step is cut short right after its outcome, or ends first if nothing of it is left
+    assert types.index("action.cancelling") < types.index("action.succeeded")
+    assert events[-1].payload["unknown_actions"] == [] and events[-1].payload["detached"] == []
     [action] = await node.store.task_actions(task_id)  # type: ignore[union-attr]
-    assert action.status == "UNKNOWN"
+    assert action.status == "SUCCEEDED"
+    assert finance.effects()[CLAIM_KEY] == 1
+    assert_contiguous(events)
 
 
 async def test_a_cancel_compensates_when_the_workflow_declares_it(

@@ -26,7 +26,8 @@ async def test_killing_one_of_three_nodes_on_one_store_never_doubles_or_loses_an
     # Seed 29 draws each kill point once: before the call, after the provider committed,
     # mid-compensation, and a random moment; odd runs replace the victim under a fresh id
     # (failover to the survivors), even runs restart it under its own.
-    result = await run_chaos(runs=4, seed=29, nodes=3)
+    result = await run_chaos(runs=4, seed=29, nodes=3, points=(
+        "before_call", "after_provider_commit", "mid_compensation", "random"))
     assert result["nodes"] == 3
     assert result["kill_points"] == {"before_call": 1, "after_provider_commit": 1,
                                      "mid_compensation": 1, "random": 1}
@@ -36,6 +37,19 @@ async def test_killing_one_of_three_nodes_on_one_store_never_doubles_or_loses_an
     assert result["event_gaps"] == 0
     assert result["succeeded"] + result["failed_and_compensated"] + result[
         "unknown_with_handoff"] == 4
+
+
+async def test_a_rerun_on_another_path_and_a_cancel_mid_call_leave_no_write_unsettled() -> None:
+    # rerun_detour: killed after the provider committed the hotel claim; the re-run looks
+    # the claim up and does not submit it again, so only the recovery's settling records
+    # it. cancel_during_call: the cancel waits for the claim in flight, then refunds.
+    result = await run_chaos(runs=4, seed=3, points=("rerun_detour", "cancel_during_call"))
+    assert set(result["kill_points"]) == {"rerun_detour", "cancel_during_call"}
+    assert result["lost_tasks"] == 0
+    assert result["double_effects"] == 0
+    assert result["missing_effects"] == 0
+    assert result["event_gaps"] == 0
+    assert result["unsettled_actions_after_run"] == 0
 
 
 async def test_each_other_fault_kind_loses_no_acknowledged_task_and_doubles_no_effect() -> None:

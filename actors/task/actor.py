@@ -11,11 +11,9 @@ reverse order (saga), then FAILED. Otherwise the actor crashes and its superviso
 fresh one from the last checkpoint, so committed steps never run again; the re-run step
 finds its completed actions in the ledger and does not repeat them.
 
-A step may also suspend the task (actors/task/suspension.py); the actor then passivates: a
-waiting task costs a store row, not a live actor. A boundary may carry a ``task.progress``
-heartbeat; a fresh actor for a RUNNING task records ``task.recovered`` (past the crash-loop
-guard's bound it hands the task to a human). The actor implements the TaskKernel its
-behaviours are written against (actors/task/kernel.py); its mail table is mail.py.
+A step may suspend the task (actors/task/suspension.py): the actor passivates. A fresh actor
+for a started task records ``task.recovered`` (crash_loop.py) and settles its writes first
+(settle_task.py). Behaviours see the actor as a TaskKernel (kernel.py); mail table: mail.py.
 """
 
 from __future__ import annotations
@@ -28,11 +26,12 @@ import structlog
 from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime, revalidate
+from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime, revalidate, settle_task
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.node_guard import NodeGuard
+from ratchet.actors.task.open_actions import OpenActions
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.slow_step import warn_if_slow
 from ratchet.actors.task.step_runner import step_runner
@@ -89,8 +88,7 @@ class TaskActor(Actor):
         self._attempt = 1
         self.joins: dict[str, ActorRef[Any]] = {}  # live join actors by fan-out key
         self.conversations: dict[str, Any] = {}  # agent nodes' conversations, by node
-        self._scope: asyncio.Timeout | None = None
-        self._interrupted = False
+        self.open_actions = OpenActions()  # writes under way; what a cancel may cut short
         self.pause_requested = False
         self.revalidation: str | None = None  # why it stood still (actors/task/revalidate.py)
         self.node_guard = NodeGuard()  # node loop detection, hooked into move
@@ -110,8 +108,10 @@ class TaskActor(Actor):
         self.checkpoint_seq = rec.last_checkpoint
         self._progress.mark(self.deps.clock.now())  # the first heartbeat one interval from now
         if is_terminal(self.status):
+            await settle_task.after_end(self)  # what it left unsettled (the action sweeper)
             self.ref.stop()
             return
+        self.open_actions.settle_due = self.status is not TaskStatus.QUEUED
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.deps.hooks.task_active(self.task_id, rec.tenant)
         try:
@@ -149,14 +149,16 @@ class TaskActor(Actor):
         self.pause_requested = True
 
     def interrupt(self) -> bool:
-        """Abandon the step in progress, if any (called on the loop, from outside, for an
-        operator's cancel; the step is not committed and the control mail comes next)."""
-        scope = self._scope
-        if scope is None:
-            return False
-        self._interrupted = True
-        scope.reschedule(asyncio.get_running_loop().time())
-        return True
+        """Abandon the step in progress, if any, once no write of it is in flight (called on
+        the loop, from outside, for an operator's cancel; the step is not committed and the
+        control mail comes next: actors/task/open_actions.py)."""
+        return self.open_actions.interrupt(self.deps.cancel_timeout, self._mark_cancelling)
+
+    async def _mark_cancelling(self, calls: dict[str, str]) -> None:
+        await self.deps.store.apply(TaskChange(
+            task_id=self.task_id, expected_version=None, producer=self.deps.producer,
+            now=self.deps.clock.now(), events=[(EventType.ACTION_CANCELLING, {
+                "key": key, "tool": tool}) for key, tool in calls.items()]))
 
     async def on_stop(self) -> None:
         self.secrets.release(running=self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING))
@@ -262,6 +264,8 @@ class TaskActor(Actor):
             reason, self._recovered_from = self._recovered_from, None
             if not await crash_loop.record_recovery(self, reason):
                 return  # a crash loop: handed to a human
+        if self.open_actions.settle_due and not await settle_task.on_recovery(self):
+            return  # a write nobody could settle: handed to a human
         assert self.record is not None
         # due_now: a forward step of the wall clock is held, not taken for the deadline passing.
         if self.record.deadline_at is not None \
@@ -340,21 +344,16 @@ class TaskActor(Actor):
         started = asyncio.get_running_loop().time()
         try:
             try:
-                # One cancel scope serves both the step's own timeout and an operator's
-                # interrupt (rescheduled to "now"), with no extra task per step.
-                async with asyncio.timeout(step.timeout) as scope, \
+                async with self.open_actions.interruptible(step.timeout), \
                         warn_if_slow(ctx.log, step.timeout, self._attempt):
-                    self._scope = scope
                     update = await step.fn(ctx)
             except TimeoutError:
-                if not self._interrupted:
+                if not self.open_actions.take_interrupt():
                     raise  # the step's own timeout: a step failure, handled below
-                self._interrupted = False
                 await self._commit(self._change(events=[(EventType.STEP_INTERRUPTED, {
                     "step": step.name, "index": index})]))
                 return False  # the operator's request is handled next, at this safe point
-            finally:
-                self._scope = None
+            await settle_task.before_step_end(self)  # none of its writes left in doubt
             # Encoded and bounded before the state takes it (InvalidStateValue: for good).
             delta = self.tracker.diff({**self.state, **(update or {})})
             self.state.update(update or {})
@@ -387,6 +386,8 @@ class TaskActor(Actor):
         self.log.warning("step failed", step=name, attempt=self._attempt, error=repr(exc))
 
     async def _succeed(self) -> None:
+        if not await settle_task.before_success(self):
+            return  # a write nobody could settle: handed to a human
         raw = self.state.get("output")
         output = raw if isinstance(raw, dict) else ({"value": raw} if raw is not None else {})
         await self._commit(self._change(

@@ -64,7 +64,15 @@ async def run_agent(actor: TaskKernel, node: AgentNode) -> bool:
     if node.compact is not None and not conv.awaits_calls():
         await maybe_compact(actor, node, runner, conv, visit, turn)
         spent = dict(actor.spent)  # with what the summarizer spent
-    t = await propose(actor, node, runner, conv, visit, turn, spent)
+    try:  # a cancel stops the model's answer at once (the turn's tool calls finish first)
+        async with actor.open_actions.interruptible(None):
+            t = await propose(actor, node, runner, conv, visit, turn, spent)
+    except TimeoutError:
+        if not actor.open_actions.take_interrupt():
+            raise
+        await actor.commit(events=[(EventType.STEP_INTERRUPTED, {
+            "step": node.name, "index": actor.next_step, "turn": turn})])
+        return False  # the cancel is handled next
     if t.exhausted is not None:
         return await _exhaust(actor, node, conv, spent, t.exhausted)
     if t.gave_up is not None:  # every model of the chain failed or declined, none cached

@@ -2,13 +2,16 @@
 
 The admin service records the request on the task first (``tasks.control``, with an event),
 then tells the task's actor. The actor acts at a safe point: between steps — a running step
-is interrupted for a cancel when it can be (``TaskActor.interrupt``), a blocking tool call
-on its thread cannot be and is left to finish, its action marked UNKNOWN. A pending request
-found on activation (the actor was parked, or crashed) is acted on at once.
+(or an agent's model call) is interrupted for a cancel at once, but a write in flight is
+waited for (``action.cancelling``) until its outcome is recorded, up to the cancel timeout;
+past it the call is detached (``action.detached``) and the action sweeper settles it later
+(actors/task/open_actions.py, settle_task.py). A pending request found on activation (the
+actor was parked, or crashed) is acted on at once.
 
-- cancel → branches and tool sessions stop; actions still in flight are marked UNKNOWN;
-  compensations run if the workflow declares ``compensate_on_cancel``; CANCELLED (never
-  FAILED; a late result can never make it SUCCEEDED: terminal states absorb).
+- cancel → branches and tool sessions stop; compensations run if the workflow declares
+  ``compensate_on_cancel``; actions still not settled are marked UNKNOWN for the action
+  sweeper (which compensates a detached one found done, if the workflow asks); CANCELLED
+  (never FAILED; a late result can never make it SUCCEEDED: terminal states absorb).
 - pause → PAUSED at the next safe point (from QUEUED, RUNNING or SLEEPING); the actor
   passivates.
 - resume → re-checks the workflow version, the deadline and the budget, then QUEUED and on
@@ -81,15 +84,20 @@ async def cancel(actor: TaskKernel, request: dict[str, Any]) -> None:
                 "by": request.get("by"), "reason": signal.reason})])
             await suspend(actor, signal)
             return
+    detached = actor.open_actions.detached()  # still running past the cancel timeout
     unknown = [a.key for a in await actor.deps.store.task_actions(actor.task_id)
-               if a.status in ("IN_FLIGHT", "PENDING")]
-    for key in unknown:  # calls that could not be interrupted: their outcome is not known
-        await actor.commit(action=ActionWrite(key, "UNKNOWN"),
-                           events=[(EventType.ACTION_UNKNOWN, {"key": key, "reason": "task cancelled"})])
+               if a.status in ("IN_FLIGHT", "PENDING") and not a.accepted]
+    for key in unknown:  # left for the action sweeper, which settles them by query
+        event = (EventType.ACTION_DETACHED, {
+            "key": key, "tool": detached[key], "reason": "still running after the cancel"
+            " timeout"}) if key in detached else (EventType.ACTION_UNKNOWN, {
+                "key": key, "reason": "task cancelled"})
+        await actor.commit(action=ActionWrite(key, "UNKNOWN"), events=[event])
     await actor.commit(status_event=TaskEvent.CANCELLED, control={},
                        events=[(EventType.TASK_CANCELLED, {"by": request.get("by"),
                                                    "reason": request.get("reason"),
                                                    "unknown_actions": unknown,
+                                                   "detached": sorted(detached),
                                                    "compensated": compensated})])
     actor.log.warning("task cancelled", by=request.get("by"))
     actor.passivate()

@@ -141,6 +141,9 @@ class TaskDeps:
     max_checkpoint_bytes: int = MAX_CHECKPOINT_BYTES
     #: Agent nodes' recorded answers, for ``Degradation(cached=True)`` (bounded, per node).
     answers: AnswerCache = field(default_factory=AnswerCache)
+    #: How long a cancel waits for a write in flight before it detaches it (the action
+    #: sweeper settles it later: actors/task/open_actions.py).
+    cancel_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:

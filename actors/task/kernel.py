@@ -16,6 +16,7 @@ from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.effects.actions import ActionRunner
 from ratchet.actors.task.deps import TaskDeps
 from ratchet.actors.task.node_guard import NodeGuard
+from ratchet.actors.task.open_actions import OpenActions
 from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.nodes import StepNode
 from ratchet.actors.workflow.registry import Workflow
@@ -55,6 +56,8 @@ class TaskKernel(Protocol):
     revalidation: str | None
     #: Node loop detection: fingerprints of watched nodes' moves (actors/task/node_guard.py).
     node_guard: NodeGuard
+    #: The writes under way and what a cancel may cut short (actors/task/open_actions.py).
+    open_actions: OpenActions
     #: The clear values of the task's secrets (cut out of what it shows; agent_conversation
     #: seals the messages that quote them).
     secrets: TaskSecrets

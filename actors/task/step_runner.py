@@ -23,13 +23,17 @@ def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, 
                  if d is not None]
     tenant = record.tenant
 
+    async def commit(**change: Any) -> None:
+        await actor.commit(**change)
+        actor.open_actions.note(change.get("action"))  # in flight, unsettled, settled
+
     async def session(name: str) -> ActorRef[Any]:
         ref: ActorRef[Any] = await deps.children.session(actor.task_id, tenant, name)
         return ref
 
     return ActionRunner(CallEnv(
         task_id=actor.task_id, tenant=tenant, step_index=step_index, store=deps.store,
-        clock=deps.clock, commit=actor.commit, session=session,
+        clock=deps.clock, commit=commit, session=session,
         deadline=min(deadlines) if deadlines else None, rng=deps.rng,
         # Counting costs a read-modify-write per call: only for tasks with such a budget.
         count_tool_calls=count_tool_calls and "tool_calls" in record.budget,

@@ -17,6 +17,7 @@ from ratchet.actors.effects.actions import (
     TaskSuspended,
 )
 from ratchet.actors.effects.saga import compensate_task
+from ratchet.actors.effects.settle import registered_tool, settle_action
 from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.step_sleep import SleepRequested, start_sleeping
@@ -111,6 +112,13 @@ async def fail_with_saga(actor: TaskKernel, cause: BaseException, reason: str) -
     naming it instead — a human decides, nothing is compensated or resent blindly."""
     actions = await actor.deps.store.task_actions(actor.task_id)
     unresolved = unresolved_actions(actions)
+    if unresolved:  # ask the provider first (actors/effects/settle.py); a human if in doubt
+        runner = actor.runner(actor.next_step, None, task_deadline=False, count_tool_calls=False)
+        for row in unresolved:
+            await settle_action(runner, registered_tool(actor.deps.registry, row.tool), row,
+                                "failure", ended=True)
+        actions = await actor.deps.store.task_actions(actor.task_id)
+        unresolved = unresolved_actions(actions)
     if unresolved:
         await suspend(actor, HandoffRequired("the task failed with side effects of unknown"
                                              " outcome", {

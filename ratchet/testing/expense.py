@@ -10,8 +10,10 @@ Workflows:
   provider's first response after it committed: the action goes UNKNOWN, is reconciled by
   query, and the task succeeds with exactly one claim at the provider.
 - ``expense.split``: two claims (two writes), then an optional step that fails for good
-  (``fail_after_writes``): the saga refunds the claims in reverse order. The chaos harness
-  kills nodes running it.
+  (``fail_after_writes``): the saga refunds the claims in reverse order; a cancel refunds
+  them too. With ``detour`` the hotel step first looks the claim up at the provider and
+  does not submit it again if it is there (a re-run that takes another path). The chaos
+  harness kills nodes running it, and cancels it during a claim.
 """
 
 from __future__ import annotations
@@ -40,6 +42,15 @@ class ClaimResult(BaseModel):
     provider_id: str
     status: str
     amount: float
+
+
+class LookupArgs(BaseModel):
+    key: str
+
+
+class LookupResult(BaseModel):
+    found: bool
+    provider_id: str | None = None
 
 
 class RefundArgs(BaseModel):
@@ -107,7 +118,17 @@ def _query_refund(ctx: ToolContext, args: RefundArgs) -> RefundResult | None:
     return RefundResult(provider_id=found["provider_id"], status=found["status"])
 
 
+def _lookup(ctx: ToolContext, args: LookupArgs) -> LookupResult:
+    found = _client(ctx).query(args.key)
+    return LookupResult(found=found is not None,
+                        provider_id=None if found is None else found.get("provider_id"))
+
+
 RETRY = RetryPolicy(max_attempts=5, base_delay=0.05, max_delay=1.0)
+
+lookup_claim: Tool[LookupArgs, LookupResult] = Tool(
+    "lookup_claim", _lookup, "read", LookupArgs, LookupResult, timeout=3.0, retry=RETRY,
+    session="finance")
 
 refund_claim: Tool[RefundArgs, RefundResult] = Tool(
     "refund_claim", _refund, "write", RefundArgs, RefundResult,
@@ -149,7 +170,7 @@ async def report_back(ctx: ratchet.StepContext) -> dict[str, Any]:
                        "total": ctx.state["total"]}}
 
 
-split = ratchet.Workflow("expense.split", version=1,
+split = ratchet.Workflow("expense.split", version=1, compensate_on_cancel=True,
                          description="two claims for one report, compensated on failure")
 
 
@@ -163,6 +184,11 @@ async def claim_travel(ctx: ratchet.StepContext) -> dict[str, Any]:
 
 @split.step
 async def claim_hotel(ctx: ratchet.StepContext) -> dict[str, Any]:
+    if ctx.input.get("detour"):
+        seen = await ctx.call(lookup_claim, LookupArgs(
+            key=f"claim:{ctx.input['report_id']}:hotel:submit"))
+        if seen.found:  # already there (an earlier attempt): take the other path
+            return {"hotel": seen.provider_id}
     claim = await ctx.call(submit_claim, ClaimArgs(
         report_id=ctx.input["report_id"], part="hotel", employee=ctx.input["employee"],
         amount=float(ctx.input["hotel"])))
@@ -177,5 +203,5 @@ async def approve_budget(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"travel": ctx.state["travel"], "hotel": ctx.state["hotel"]}}
 
 
-app = ratchet.Registry([agent, split], tools=[submit_claim, refund_claim],
+app = ratchet.Registry([agent, split], tools=[submit_claim, refund_claim, lookup_claim],
                        resources={"finance_url": os.environ.get("RATCHET_FINANCE_URL", "")})

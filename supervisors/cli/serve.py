@@ -141,6 +141,9 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         tenant_quotas=pairs(args.tenant_quota, int),
         tenant_weights=pairs(args.tenant_weight, float),
         risk_policy=risk_policy(args.risk_policy),
+        cancel_timeout=args.cancel_timeout,
+        settle_after=args.settle_after,
+        settle_interval=args.settle_interval,
         submit_rate=args.submit_rate,
         tenant_submit_rates=pairs(args.tenant_submit_rate, float),
         submit_burst=args.submit_burst,
@@ -164,6 +167,13 @@ def risk_policy(path: str | None) -> dict[str, dict[str, ToolRisk]]:
 def risk_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--risk-policy", default=None, metavar="FILE", help="JSON: per tenant"
                    " and tool, tighten risk tiers (requires_approval, max_amount)")
+    # Settling writes (docs/side-effects.md, "Settling writes nobody recorded").
+    s.add_argument("--cancel-timeout", type=float, default=30.0, metavar="S",
+                   help="how long a cancel waits for a write in flight before detaching it")
+    s.add_argument("--settle-after", type=float, default=300.0, metavar="S",
+                   help="the action sweeper settles writes left unsettled this long")
+    s.add_argument("--settle-interval", type=float, default=60.0, metavar="S",
+                   help="seconds between the action sweeper's passes")
 
 
 def clock_flags(s: argparse.ArgumentParser) -> None:

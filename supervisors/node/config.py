@@ -92,6 +92,13 @@ class NodeConfig:
     intake_rescan_interval: float = 5.0
     #: At most one ``task.progress`` event per task per this many seconds.
     progress_interval: float = 5.0
+    #: How long a cancel waits for a write in flight before it detaches the call.
+    cancel_timeout: float = 30.0
+    #: The action sweeper (supervisors/services/action_sweeper.py): every ``settle_interval``
+    #: seconds it settles writes left IN_FLIGHT/UNKNOWN for ``settle_after`` seconds by
+    #: tasks with no live actor (a cancel's detached calls, mostly).
+    settle_interval: float = 60.0
+    settle_after: float = 300.0
     #: ``loop``/``thread``/``auto`` (loop for NORMAL, thread for FULL): where commits run.
     #: Several nodes on one file wait on each other's write lock: ``thread`` keeps that
     #: wait off the event loop.

@@ -48,6 +48,7 @@ from ratchet.supervisors.node.shutdown import (
     close_in_order,
 )
 from ratchet.supervisors.node.store_figures import store_figures
+from ratchet.supervisors.services.action_sweeper import ActionSweeper
 from ratchet.supervisors.services.admin import AdminActor
 from ratchet.supervisors.services.admin_keys import KeyringHooks
 from ratchet.supervisors.services.api import ApiActor
@@ -186,7 +187,8 @@ class Node:
                         max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
                         progress_interval=cfg.progress_interval, partitions=cfg.partitions,
                         max_value_bytes=cfg.max_value_bytes,
-                        max_checkpoint_bytes=cfg.max_checkpoint_bytes)
+                        max_checkpoint_bytes=cfg.max_checkpoint_bytes,
+                        cancel_timeout=cfg.cancel_timeout)
         self.scheduler = FairScheduler(max_running=cfg.max_running, quotas=cfg.tenant_quotas,
                                        weights=cfg.tenant_weights, max_queued=cfg.max_queued)
         self.tasks = TaskSupervision(
@@ -246,6 +248,9 @@ class Node:
                                                             cfg.recovery_interval),
                       Restart.PERMANENT),
             ChildSpec("retention", lambda _: RetentionSweeper(store, self.clock, cfg.retention),
+                      Restart.PERMANENT),
+            ChildSpec("settle", lambda _: ActionSweeper(store, tasks, self.clock,
+                                                        cfg.settle_interval, cfg.settle_after),
                       Restart.PERMANENT),
             ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock,
                                                            self.authn), Restart.PERMANENT),

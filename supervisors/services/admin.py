@@ -76,9 +76,10 @@ log = structlog.get_logger("ratchet.admin")
 _REQUESTED = {"cancel": EventType.TASK_CANCEL_REQUESTED, "pause": EventType.TASK_PAUSE_REQUESTED}
 #: What the reply says follows a request (docs/admin.md, "Cancel, pause, resume").
 _EFFECTS = {
-    "cancel": "at once: a running step is interrupted, nothing of it committed (an agent's"
-              " turn finishes first); the task ends CANCELLED, after its compensations if"
-              " the workflow asks for them",
+    "cancel": "at once: a running step is interrupted, nothing of it committed (a write in"
+              " flight is waited for, up to the cancel timeout; an agent's tool calls finish"
+              " first); the task ends CANCELLED, after its compensations if the workflow"
+              " asks for them",
     "pause": "at the task's next safe point: when its running step ends, or before its next"
              " tool call",
 }

@@ -271,10 +271,13 @@ class TaskSupervision:
         await sup.ask(StopChildren(child_ids), timeout=60.0)
 
     async def ensure_running(self, task_id: str, timeout: float = 30.0, *,
-                             record: TaskRecord | None = None) -> ActorRef[Any] | None:
+                             record: TaskRecord | None = None,
+                             ended_too: bool = False) -> ActorRef[Any] | None:
         """The live task actor, activating it if needed; None while it awaits a restart.
 
         ``record``: the task's row if the caller has just loaded it (saves reading it again).
+        ``ended_too``: a task that ended is activated as well (the action sweeper: its actor
+        settles what the task left unsettled, then stops).
 
         Raises:
             NotFound: no such task in the store (mail for it is dead-lettered, not retried).
@@ -286,7 +289,7 @@ class TaskSupervision:
             raise NotOwner("another node owns this task's partition", task_id=task_id)
         if record is None:
             record = await self.deps.store.load_task(task_id)  # NotFound: it never existed
-        if is_terminal(TaskStatus(record.status)):
+        if is_terminal(TaskStatus(record.status)) and not ended_too:
             raise TaskFinished(f"task is {record.status}", task_id=task_id,
                                status=record.status)
         sup = self.system.lookup(task_supervisor_name(task_id))
