@@ -275,6 +275,8 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
         "succeeded": sum(r["status"] == "SUCCEEDED" for r in results),
         "failed_and_compensated": sum(r["status"] == "FAILED" and not r["missing"]
                                       for r in results),
+        "cancelled_and_compensated": sum(r["status"] == "CANCELLED" and not r["missing"]
+                                         for r in results),
         "unknown_with_handoff": sum(r["handoff"] for r in results),
         "lost_tasks": sum(r["lost"] for r in results),
         "double_effects": sum(r["double"] for r in results),

@@ -18,8 +18,9 @@ async def test_killing_nodes_never_doubles_loses_or_drops_an_effect() -> None:
     assert result["double_effects"] == 0
     assert result["missing_effects"] == 0
     assert result["event_gaps"] == 0
+    assert result["unsettled_actions_after_run"] == 0
     assert result["succeeded"] + result["failed_and_compensated"] + result[
-        "unknown_with_handoff"] == 6
+        "cancelled_and_compensated"] + result["unknown_with_handoff"] == 6
 
 
 async def test_killing_one_of_three_nodes_on_one_store_never_doubles_or_loses_an_effect() -> None:
