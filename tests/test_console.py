@@ -1,0 +1,181 @@
+"""The web console's HTTP handlers against a real node (real NATS, real SQLite): login by a
+keyring key's signature, tenant and role checks as the admin service makes them, decisions
+through the admin service (audited), pages that show the graph, ledger and state diff."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+import ratchet
+from ratchet.persistence.admin_rows import AuditEntry
+from ratchet.protocol.auth import Signer, new_seed
+from ratchet.supervisors.console import Console, login_code
+from ratchet.supervisors.console.pages import diff_html
+from ratchet.supervisors.console.svg import graph_svg
+from tests.conftest import NodeFactory, wait_terminal
+from tests.console_helpers import challenge_of, csrf_of, logged_in, start_console
+from tests.graph_apps import app as graph_app
+from tests.keys import grant
+
+
+async def waiting_for_approval(client: ratchet.Client, key: str) -> tuple[str, str]:
+    """Submit an ``approve`` task; (task id, approval id) once it waits for a decision."""
+    task_id = (await client.submit("approve", {"amount": 70}, key=key)).task_id
+    async for event in client.watch(task_id):
+        if event.type == "approval.requested":
+            return task_id, event.payload["approval_id"]
+    raise AssertionError("the task ended without asking for approval")
+
+
+@pytest.fixture
+async def console(start_node: NodeFactory) -> AsyncIterator[Console]:
+    node = await start_node(graph_app)
+    served = await start_console(node)
+    served.node = node  # type: ignore[attr-defined]
+    yield served
+    await served.stop()
+
+
+def node_of(console: Console) -> ratchet.Node:
+    return console.node  # type: ignore[attr-defined,no-any-return]
+
+
+async def status_of(console: Console, task_id: str) -> str:
+    return (await console.store.load_task(task_id)).status
+
+
+async def test_without_a_session_pages_send_to_the_login_and_actions_are_refused(
+    console: Console
+) -> None:
+    async with aiohttp.ClientSession(base_url=console.url) as http:
+        async with http.get("/tasks", allow_redirects=False) as page:
+            assert page.status == 303 and page.headers["Location"] == "/login"
+        async with http.post("/tasks/tsk_x/approve", data={"approval_id": "a"},
+                             allow_redirects=False) as answer:
+            assert answer.status == 401
+        async with http.get("/nodes", allow_redirects=False,
+                            cookies={"ratchet_console": "forged"}) as page:
+            assert page.status == 303
+
+
+async def test_a_login_needs_a_keyring_key_s_signature_over_a_fresh_challenge(
+    console: Console
+) -> None:
+    stranger = Signer(new_seed())  # a well-formed key the keyring does not hold
+    alice = await grant(node_of(console), "alice", "acme", ["viewer"])
+    async with aiohttp.ClientSession(base_url=console.url,
+                                     cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get("/login") as page:
+            challenge = challenge_of(await page.text())
+        code = login_code(stranger, challenge, console.node_id)
+        async with http.post("/login", data={"challenge": challenge, "code": code}) as answer:
+            assert answer.status == 401 and "unknown or revoked key" in await answer.text()
+        # the challenge was used up by the refused attempt: alice's code for it fails too
+        code = login_code(alice, challenge, console.node_id)
+        async with http.post("/login", data={"challenge": challenge, "code": code}) as answer:
+            assert answer.status == 401 and "challenge" in await answer.text()
+        async with http.get("/login") as page:
+            fresh = challenge_of(await page.text())
+        other_node = login_code(alice, fresh, "another-node")  # signed for another console
+        async with http.post("/login", data={"challenge": fresh, "code": other_node}) as answer:
+            assert answer.status == 401
+        assert not [c for c in http.cookie_jar if c.key == "ratchet_console"]
+
+
+async def test_a_viewer_sees_the_pending_approval_but_cannot_approve_it(
+    console: Console, client: ratchet.Client
+) -> None:
+    task_id, approval_id = await waiting_for_approval(client, "viewer-1")
+    vic = await grant(node_of(console), "vic", "acme", ["viewer"])
+    http = await logged_in(console, vic)
+    async with http:
+        async with http.get(f"/tasks/{task_id}") as page:
+            html = await page.text()
+        assert page.status == 200 and approval_id in html
+        assert 'id="approve"' not in html and "needs the approver role" in html
+        async with http.post(f"/tasks/{task_id}/approve", allow_redirects=False, data={
+                "csrf": csrf_of(html), "approval_id": approval_id}) as answer:
+            assert answer.status == 403
+    assert await status_of(console, task_id) == "WAITING_APPROVAL"
+
+
+async def test_another_tenant_s_task_is_not_found_for_reading_or_deciding(
+    console: Console, client: ratchet.Client
+) -> None:
+    task_id, approval_id = await waiting_for_approval(client, "other-1")
+    gus = await grant(node_of(console), "gus", "globex", ["approver"])
+    http = await logged_in(console, gus)
+    async with http:
+        async with http.get("/tasks") as page:
+            listing = await page.text()
+            csrf = csrf_of(listing)
+        assert task_id not in listing
+        async with http.get(f"/tasks/{task_id}") as page:
+            assert page.status == 404 and task_id not in await page.text()
+        async with http.post(f"/tasks/{task_id}/approve", allow_redirects=False, data={
+                "csrf": csrf, "approval_id": approval_id}) as answer:
+            assert answer.status == 404
+        async with http.get("/nodes") as page:
+            assert page.status == 403  # the cluster is a _system viewer's
+    assert await status_of(console, task_id) == "WAITING_APPROVAL"
+
+
+async def test_an_approver_s_decision_goes_through_the_admin_service_and_is_audited(
+    console: Console, client: ratchet.Client
+) -> None:
+    task_id, approval_id = await waiting_for_approval(client, "approve-1")
+    ann = await grant(node_of(console), "ann", "acme", ["approver"])
+    http = await logged_in(console, ann)
+    async with http:
+        async with http.get(f"/tasks/{task_id}") as page:
+            html = await page.text()
+        assert 'id="approve"' in html and 'class="node current"' in html
+        async with http.post(f"/tasks/{task_id}/approve", allow_redirects=False,
+                             data={"approval_id": approval_id}) as answer:
+            assert answer.status == 403  # no CSRF token: not done
+        async with http.post(f"/tasks/{task_id}/approve", data={
+                "csrf": csrf_of(html), "approval_id": approval_id, "reason": "ok"}) as answer:
+            assert answer.status == 200 and "approve: done" in await answer.text()
+        assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+        async with http.get(f"/tasks/{task_id}?from=1&to=2") as page:
+            html = await page.text()
+        assert "SUCCEEDED" in html and "State diff #1" in html and "Ledger actions" in html
+    history = await client.request_admin("history", {"command_id": "h1", "task_id": task_id})
+    decided = [e for e in history["events"] if e["type"] == "approval.decided"]
+    assert decided and decided[0]["payload"]["decided_by"] == "ann"
+
+
+async def test_a_revoked_key_s_session_ends_at_its_next_request(
+    console: Console, client: ratchet.Client
+) -> None:
+    node = node_of(console)
+    sam = await grant(node, "sam", "_system", ["viewer"])
+    http = await logged_in(console, sam)
+    async with http:
+        async with http.get("/nodes") as page:
+            html = await page.text()
+        assert page.status == 200 and console.node_id in html and "Partition leases" in html
+        assert node.store is not None
+        now = node.clock.now()
+        await node.store.revoke_principal("_system", "sam", now, AuditEntry(
+            "_system", now, "test", "revoke", "cmd-revoke-sam", None, "ok", {"name": "sam"}))
+        async with http.get("/nodes", allow_redirects=False) as page:
+            assert page.status == 303 and page.headers["Location"] == "/login"
+
+
+def test_the_graph_highlights_the_current_node_and_escapes_names() -> None:
+    svg = graph_svg("a", {"a": "step", "b<x>": "approval"},
+                    [("a", "step", "next", "b<x>"), ("b<x>", "approval", "approve", "END"),
+                     ("b<x>", "approval", "reject", "a")], current="b<x>", visits={"a": 1})
+    assert 'class="node current" data-node="b&lt;x&gt;"' in svg
+    assert 'class="node visited" data-node="a"' in svg and "<x>" not in svg
+
+
+def test_the_state_diff_shows_added_removed_and_changed_keys_escaped() -> None:
+    html = diff_html(1, 2, {"gone": 1, "same": 2, "moved": "<b>"}, {"same": 2, "moved": 3,
+                                                                    "new": [1]})
+    assert '<tr class="add"><td>new' in html and '<tr class="del"><td>gone' in html
+    assert '<tr class="chg"><td>moved' in html and "&lt;b&gt;" in html and "same" not in html
