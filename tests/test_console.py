@@ -11,9 +11,10 @@ import pytest
 
 import ratchet
 from ratchet.persistence.admin_rows import AuditEntry
+from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import Signer, new_seed
 from ratchet.supervisors.console import Console, login_code
-from ratchet.supervisors.console.pages import diff_html
+from ratchet.supervisors.console.pages import decision_box, diff_html
 from ratchet.supervisors.console.svg import graph_svg
 from tests.conftest import NodeFactory, wait_terminal
 from tests.console_helpers import challenge_of, csrf_of, logged_in, start_console
@@ -179,3 +180,30 @@ def test_the_state_diff_shows_added_removed_and_changed_keys_escaped() -> None:
                                                                     "new": [1]})
     assert '<tr class="add"><td>new' in html and '<tr class="del"><td>gone' in html
     assert '<tr class="chg"><td>moved' in html and "&lt;b&gt;" in html and "same" not in html
+
+
+def test_the_resolve_form_is_shown_only_when_the_node_serves_the_resolve_verb() -> None:
+    pending = [{"approval_id": "apr_1", "node": "@handoff", "request": {"why": "x"},
+                "request_hash": "sha256:1", "expires_at": None, "at": 1.0, "kind": "handoff"}]
+    served = decision_box("tsk_1", pending, True, True, ["pay-1"], "tok")
+    assert 'action="/tasks/tsk_1/resolve"' in served and 'value="pay-1"' in served
+    assert 'id="approve"' in served and 'name="csrf" value="tok"' in served
+    assert "/resolve" not in decision_box("tsk_1", pending, True, None, ["pay-1"], "tok")
+    viewer = decision_box("tsk_1", pending, False, False, ["pay-1"], "tok")
+    assert "/resolve" not in viewer and 'id="approve"' not in viewer
+
+
+async def test_an_action_the_node_does_not_serve_is_refused(
+    console: Console, client: ratchet.Client
+) -> None:
+    task_id, _ = await waiting_for_approval(client, "unserved-1")
+    ann = await grant(node_of(console), "ann", "acme", ["approver", "operator"])
+    http = await logged_in(console, ann)
+    async with http:
+        async with http.get(f"/tasks/{task_id}") as page:
+            csrf = csrf_of(await page.text())
+        verbs = ["purge"] + ([] if "resolve" in VERB_ROLES else ["resolve"])
+        for verb in verbs:  # purge is an admin verb, not a console button
+            async with http.post(f"/tasks/{task_id}/{verb}", data={"csrf": csrf}) as answer:
+                assert answer.status == 200 and "has no action" in await answer.text()
+    assert await status_of(console, task_id) == "WAITING_APPROVAL"

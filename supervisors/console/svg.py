@@ -3,7 +3,7 @@
 Drawn here rather than with Mermaid: the console must work without network access and
 without vendoring a JavaScript bundle. Layout: each node on the row of its shortest
 distance from the start (breadth first), nodes of a row side by side; an edge that goes
-back up (a loop) is drawn as a curve on the right.
+back up (a loop) is drawn as a curve on the right, one within a row as a curve below it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,12 @@ def _edge(src: tuple[int, int], dst: tuple[int, int], cond: str, width: int) -> 
         ax, ay, bx, by = x1 + _W // 2, y1 + _H, x2 + _W // 2, y2
         path = f"M{ax},{ay} L{bx},{by}"
         lx, ly = (ax + bx) // 2 + 4, (ay + by) // 2
-    else:  # a loop back (or a sideways edge): around the right
+    elif y2 == y1:  # within a row: a curve below the two nodes
+        ax, bx, ay = x1 + _W // 2, x2 + _W // 2, y1 + _H
+        mid = (ax + bx) // 2
+        path = f"M{ax},{ay} Q{mid},{ay + 40} {bx},{ay}"
+        lx, ly = mid - 20, ay + 30
+    else:  # a loop back: around the right
         ax, ay, bx, by = x1 + _W, y1 + _H // 2, x2 + _W, y2 + _H // 2
         bend = width - 15
         path = f"M{ax},{ay} C{bend},{ay} {bend},{by} {bx},{by}"
