@@ -24,10 +24,10 @@ from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.errors import ErrorCode, RatchetError, Unauthenticated
 from ratchet.protocol.ids import new_id
-from ratchet.supervisors.console import render
 from ratchet.supervisors.console.actions import Actions
 from ratchet.supervisors.console.auth import COOKIE, SESSION_MAX_S, Session, Sessions
 from ratchet.supervisors.console.pages import nodes_body, task_body, tasks_body
+from ratchet.supervisors.console.render import SCRIPT, layout, login_page, message_page, q
 from ratchet.supervisors.console.views import Reader
 from ratchet.supervisors.services.admin import AdminActor
 
@@ -42,7 +42,7 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _STATUS = {ErrorCode.UNAUTHENTICATED: 401, ErrorCode.PERMISSION_DENIED: 403,
            ErrorCode.NOT_FOUND: 404, ErrorCode.INVALID_ARGUMENT: 400,
            ErrorCode.UNAVAILABLE: 503}
-_SCRIPT_HASH = base64.b64encode(hashlib.sha256(render._SCRIPT.encode()).digest()).decode()
+_SCRIPT_HASH = base64.b64encode(hashlib.sha256(SCRIPT.encode()).digest()).decode()
 _HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline';"
                                f" script-src 'sha256-{_SCRIPT_HASH}'; form-action 'self';"
@@ -123,22 +123,22 @@ class Console:
         except Unauthenticated as exc:
             if request.method == "GET":
                 raise web.HTTPSeeOther("/login") from None
-            return _html(render.message_page("Not logged in", exc.message), 401)
+            return _html(message_page("Not logged in", exc.message), 401)
         except RatchetError as exc:
             known, current = request.get(WHO), request.get(SESSION)
-            return _html(render.message_page(exc.code.value.replace("_", " ").capitalize(),
+            return _html(message_page(exc.code.value.replace("_", " ").capitalize(),
                                              exc.message, known,
                                              current.csrf if current else ""),
                          _STATUS.get(exc.code, 409))
 
     def _page(self, request: web.Request, title: str, body: str, refresh: int = 0) -> web.Response:
-        return _html(render.layout(title, body, request[WHO], request[SESSION].csrf,
+        return _html(layout(title, body, request[WHO], request[SESSION].csrf,
                                    refresh))
 
     # -- login -------------------------------------------------------------------------
 
     async def _login_page(self, request: web.Request) -> web.Response:
-        return _html(render.login_page(self.sessions.challenges.new(), self.node_id))
+        return _html(login_page(self.sessions.challenges.new(), self.node_id))
 
     async def _login(self, request: web.Request) -> web.StreamResponse:
         form = await request.post()
@@ -147,7 +147,7 @@ class Console:
             token, who = await self.sessions.login(challenge, code)
         except Unauthenticated as exc:
             log.warning("console login refused", reason=exc.message, remote=request.remote)
-            return _html(render.login_page(self.sessions.challenges.new(), self.node_id,
+            return _html(login_page(self.sessions.challenges.new(), self.node_id,
                                            exc.message), 401)
         await self.store.audit(AuditEntry(
             who.tenant, self.clock.now(), who.name, "console-login", new_id("cmd"), None, "ok",
@@ -198,7 +198,7 @@ class Console:
 
     async def _act(self, request: web.Request) -> web.StreamResponse:
         task_id, verb = request.match_info["task_id"], request.match_info["verb"]
-        back = f"/tasks/{render.q(task_id)}"
+        back = f"/tasks/{q(task_id)}"
         try:
             result = await self.actions.run(request[WHO], verb, task_id, request[FORM])
         except RatchetError as exc:

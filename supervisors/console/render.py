@@ -17,7 +17,7 @@ from urllib.parse import quote, urlencode
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.redaction import redact
 
-__all__ = ["age", "esc", "layout", "login_page", "message_page", "pretty", "q", "table", "ts",
+__all__ = ["SCRIPT", "age", "esc", "layout", "login_page", "message_page", "pretty", "q", "table", "ts",
            "url"]
 
 _CSS = """
@@ -44,7 +44,7 @@ svg.graph .edge{fill:none;stroke:#8a94a6}svg.graph .cond{font-size:10px;fill:#55
 
 #: Refreshes a page that shows live state (``data-refresh`` seconds on <body>) unless the
 #: user is typing in a form; and asks before a rejection. The only script of the console.
-_SCRIPT = """
+SCRIPT = """
 (function(){var s=parseInt(document.body.dataset.refresh||"0",10);
 if(s>0){setInterval(function(){var a=document.activeElement;
 if(!a||!/INPUT|TEXTAREA|SELECT/.test(a.tagName)){location.reload();}},s*1000);}
@@ -116,7 +116,7 @@ def layout(title: str, body: str, who: Principal | None = None, csrf: str = "",
     return ("<!doctype html><html lang=en><head><meta charset=utf-8>"
             f"<title>{esc(title)} · Ratchet</title><style>{_CSS}</style></head>"
             f'<body data-refresh="{refresh}"><header><b>Ratchet</b>{nav}</header>'
-            f"<main>{body}</main><script>{_SCRIPT}</script></body></html>")
+            f"<main>{body}</main><script>{SCRIPT}</script></body></html>")
 
 
 def message_page(title: str, text: str, who: Principal | None = None, csrf: str = "") -> str:
