@@ -4,7 +4,11 @@ through the admin service (audited), pages that show the graph, ledger and state
 
 from __future__ import annotations
 
+import asyncio
+import json
+import signal
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -16,7 +20,7 @@ from ratchet.protocol.auth import Signer, new_seed
 from ratchet.supervisors.console import Console, login_code
 from ratchet.supervisors.console.pages import decision_box, diff_html
 from ratchet.supervisors.console.svg import graph_svg
-from tests.conftest import NodeFactory, wait_terminal
+from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, wait_terminal
 from tests.console_helpers import challenge_of, csrf_of, logged_in, start_console
 from tests.graph_apps import app as graph_app
 from tests.keys import grant
@@ -207,3 +211,33 @@ async def test_an_action_the_node_does_not_serve_is_refused(
             async with http.post(f"/tasks/{task_id}/{verb}", data={"csrf": csrf}) as answer:
                 assert answer.status == 200 and "has no action" in await answer.text()
     assert await status_of(console, task_id) == "WAITING_APPROVAL"
+
+
+async def test_serve_with_a_console_port_serves_it_and_the_cli_signs_its_login(
+    nats_url: str, tmp_path: Path
+) -> None:
+    state = tmp_path / "served"
+    proc = await asyncio.create_subprocess_exec(
+        str(RATCHET_BIN), "--state-dir", str(state), "--log-level", "warning", "serve",
+        "--app", "tests.graph_apps:app", "--nats-url", nats_url, "--node-id", "web-1",
+        "--console-port", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE)
+    try:
+        assert proc.stdout is not None
+        serving = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+        assert serving["console"].startswith("http://127.0.0.1:")
+        async with aiohttp.ClientSession(base_url=serving["console"],
+                                         cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+            async with http.get("/login") as page:
+                challenge = challenge_of(await page.text())
+            signer = await asyncio.create_subprocess_exec(  # with the local admin key
+                str(RATCHET_BIN), "--state-dir", str(state), "console-login", challenge,
+                "--node", "web-1", stdout=asyncio.subprocess.PIPE)
+            out, _ = await asyncio.wait_for(signer.communicate(), 30)
+            assert signer.returncode == 0
+            async with http.post("/login", data={"challenge": challenge,
+                                                 "code": out.decode().strip()}) as page:
+                html = await page.text()
+            assert page.status == 200 and "local-admin @ _system" in html
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.wait_for(proc.wait(), 30)
