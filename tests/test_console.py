@@ -153,6 +153,33 @@ async def test_an_approver_s_decision_goes_through_the_admin_service_and_is_audi
     assert decided and decided[0]["payload"]["decided_by"] == "ann"
 
 
+async def test_the_task_list_filters_by_status_workflow_age_and_tenant(
+    console: Console, client: ratchet.Client
+) -> None:
+    waiting, _ = await waiting_for_approval(client, "list-1")
+    done = (await client.submit("choice", {"amount": 5}, key="list-2")).task_id
+    await wait_terminal(client, done)
+    sam = await grant(node_of(console), "sam", "_system", ["viewer"])
+    http = await logged_in(console, sam)
+
+    async def listed(query: str) -> str:
+        async with http.get("/tasks" + query) as page:
+            assert page.status == 200
+            return await page.text()
+
+    async with http:
+        every = await listed("")
+        assert waiting in every and done in every and 'value="acme"' in every
+        by_status = await listed("?status=WAITING_APPROVAL")
+        assert waiting in by_status and done not in by_status
+        by_workflow = await listed("?workflow=choice")
+        assert done in by_workflow and waiting not in by_workflow
+        assert waiting in await listed("?age=lt1h")
+        old = await listed("?age=gt1h")
+        assert waiting not in old and "no task matches" in old
+        assert "no task matches" in await listed("?tenant=globex")
+
+
 async def test_a_revoked_key_s_session_ends_at_its_next_request(
     console: Console, client: ratchet.Client
 ) -> None:
@@ -223,7 +250,9 @@ async def test_serve_with_a_console_port_serves_it_and_the_cli_signs_its_login(
         "--console-port", "0", cwd=ROOT, stdout=asyncio.subprocess.PIPE)
     try:
         assert proc.stdout is not None
-        serving = json.loads(await asyncio.wait_for(proc.stdout.readline(), 30))
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert b'"serving"' in line, line
+        serving = json.loads(line)
         assert serving["console"].startswith("http://127.0.0.1:")
         async with aiohttp.ClientSession(base_url=serving["console"],
                                          cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
@@ -231,13 +260,14 @@ async def test_serve_with_a_console_port_serves_it_and_the_cli_signs_its_login(
                 challenge = challenge_of(await page.text())
             signer = await asyncio.create_subprocess_exec(  # with the local admin key
                 str(RATCHET_BIN), "--state-dir", str(state), "console-login", challenge,
-                "--node", "web-1", stdout=asyncio.subprocess.PIPE)
-            out, _ = await asyncio.wait_for(signer.communicate(), 30)
-            assert signer.returncode == 0
+                "--node", "web-1", stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(signer.communicate(), 30)
+            assert signer.returncode == 0, err
             async with http.post("/login", data={"challenge": challenge,
                                                  "code": out.decode().strip()}) as page:
                 html = await page.text()
-            assert page.status == 200 and "local-admin @ _system" in html
+            assert page.status == 200 and "local-admin @ _system" in html, html[-2000:]
     finally:
         proc.send_signal(signal.SIGINT)
         await asyncio.wait_for(proc.wait(), 30)

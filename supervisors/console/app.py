@@ -15,7 +15,6 @@ import base64
 import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
 
 import structlog
 from aiohttp import web
@@ -189,8 +188,9 @@ class Console:
                 chosen = None
         view = await self.reader.task_page(request[WHO], request.match_info["task_id"],
                                            request[SESSION].csrf, chosen)
-        view.data["flash"] = request.query.get("done")
-        view.data["error"] = request.query.get("error")
+        kind, text = request[SESSION].flash or ("", "")
+        request[SESSION].flash = None
+        view.data["flash" if kind == "done" else "error"] = text or None
         live = view.rec.status not in ("SUCCEEDED", "FAILED", "CANCELLED")
         return self._page(request, f"Task {view.rec.task_id}",
                           task_body(view.rec, view.data, self.clock.now()),
@@ -204,18 +204,15 @@ class Console:
         except RatchetError as exc:
             if exc.code in (ErrorCode.NOT_FOUND, ErrorCode.PERMISSION_DENIED):
                 raise  # a page of its own: the task is not shown to this user
-            raise web.HTTPSeeOther(back + "?" + _query(error=f"{verb}: {exc.message}")) \
-                from None
+            request[SESSION].flash = ("error", f"{verb}: {exc.message}")
+            raise web.HTTPSeeOther(back) from None
         log.info("console action", verb=verb, task_id=task_id, principal=request[WHO].name)
-        raise web.HTTPSeeOther(back + "?" + _query(done=f"{verb}: done ({_brief(result)})"))
+        request[SESSION].flash = ("done", f"{verb}: done ({_brief(result)})")
+        raise web.HTTPSeeOther(back)
 
     async def _nodes(self, request: web.Request) -> web.Response:
         nodes, leases = await self.reader.nodes(request[WHO])
         return self._page(request, "Nodes", nodes_body(nodes, leases, self.node_id), refresh=5)
-
-
-def _query(**params: str) -> str:
-    return urlencode(params)
 
 
 def _brief(result: dict[str, Any]) -> str:

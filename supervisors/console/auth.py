@@ -99,6 +99,9 @@ class Session:
     csrf: str
     started: float
     seen: float = field(default=0.0)
+    #: What the last action said, shown once by the next page: (``done`` or ``error``, text).
+    #: Kept here, not in the URL, so that a link cannot make the console say something.
+    flash: tuple[str, str] | None = None
 
 
 class Sessions:
