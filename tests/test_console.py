@@ -271,3 +271,25 @@ async def test_serve_with_a_console_port_serves_it_and_the_cli_signs_its_login(
     finally:
         proc.send_signal(signal.SIGINT)
         await asyncio.wait_for(proc.wait(), 30)
+
+
+async def test_the_task_list_pages_on_within_a_tenant_and_refuses_a_forged_cursor(
+    console: Console, client: ratchet.Client
+) -> None:
+    for i in range(3):
+        await wait_terminal(client, (await client.submit("choice", {"amount": i},
+                                                          key=f"page-{i}")).task_id)
+    sam = await grant(node_of(console), "sam", "_system", ["viewer"])
+    http = await logged_in(console, sam)
+    async with http:
+        rows, more = await console.reader.task_list(
+            await console.sessions.principal(sam.public_key),
+            {"tenant": "acme"}, limit=2)
+        assert len(rows) == 2 and more is not None
+        rest, last = await console.reader.task_list(
+            await console.sessions.principal(sam.public_key),
+            {"tenant": "acme", "cursor": more}, limit=2)
+        assert len(rest) == 1 and last is None
+        assert {r["task_id"] for r in rows}.isdisjoint(r["task_id"] for r in rest)
+        async with http.get("/tasks?tenant=acme&cursor=nonsense") as page:
+            assert page.status == 400

@@ -55,7 +55,12 @@ async def serve(args: argparse.Namespace) -> int:
                 print(f"ratchet serve: {exc.message} ({exc.code.value})", file=sys.stderr,
                       flush=True)
             return REFUSED_START_EXIT[exc.code]
-        console = await _start_console(node, config)
+        try:
+            console = await _start_console(node, config)
+        except OSError as exc:  # the port is taken, the address is not this host's, ...
+            await node.stop()
+            raise UsageError(f"cannot serve the console on {config.console_host}:"
+                             f"{config.console_port}: {exc.strerror or exc}") from None
         _say({"serving": config.node_id, "nats_url": redact_url(node.url),
               "db": str(config.db_path), "workflows": registry.names(), "pid": os.getpid(),
               **({"console": console.url} if console else {})})

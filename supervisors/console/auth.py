@@ -114,7 +114,7 @@ class Sessions:
         self.challenges = Challenges(clock)
         self._by_digest: OrderedDict[str, Session] = OrderedDict()
 
-    async def _principal(self, public_key: str) -> Principal:
+    async def principal(self, public_key: str) -> Principal:
         """The keyring's principal for ``public_key``, read now (a revoke acts at once)."""
         for who in await self.store.principals():
             if who.public_key == public_key:
@@ -134,7 +134,7 @@ class Sessions:
         except (InvalidMessage, BadSignatureError, binascii.Error, ValueError):
             raise Unauthenticated("the login code does not verify for this challenge") \
                 from None
-        who = await self._principal(key)
+        who = await self.principal(key)
         token = secrets.token_urlsafe(32)
         now = self.clock.monotonic()
         while len(self._by_digest) >= MAX_SESSIONS:
@@ -153,7 +153,7 @@ class Sessions:
                 self._by_digest.pop(_digest(token), None)
             raise Unauthenticated("log in to the console")
         try:
-            who = await self._principal(session.public_key)
+            who = await self.principal(session.public_key)
         except Unauthenticated:
             self._by_digest.pop(_digest(token or ""), None)
             raise

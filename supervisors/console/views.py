@@ -19,7 +19,7 @@ from ratchet.protocol.admin_verbs import SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.errors import NotFound, RatchetError
+from ratchet.protocol.errors import InvalidMessage, NotFound, RatchetError
 from ratchet.supervisors.console.auth import authorize
 from ratchet.supervisors.console.pages import AGES, decision_box, diff_html
 from ratchet.supervisors.console.svg import graph_svg
@@ -29,6 +29,8 @@ __all__ = ["Reader", "TaskView"]
 #: Events that open a decision (their payload names the one-time ``approval_id``).
 _ASKING = (EventType.APPROVAL_REQUESTED.value, EventType.TASK_HANDOFF.value,
            EventType.TASK_RECOVERY_STOPPED.value)
+#: The task list reads at most this many pages of a tenant's tasks for one page shown.
+MAX_PAGES = 20
 #: The most events a task page shows (the last ones).
 MAX_EVENTS = 500
 #: Ledger states a human may settle with ``resolve``.
@@ -61,32 +63,51 @@ class Reader:
                         limit: int = 100) -> tuple[list[dict[str, Any]], str | None]:
         """Newest first, filtered by tenant, status, workflow and age; a ``cursor`` (one
         tenant only) pages on."""
-        tenant = filters.get("tenant")
+        tenant, cursor = filters.get("tenant"), filters.get("cursor")
+        if cursor is not None:  # as the admin verb list checks it: "<created_at>/<task id>"
+            created, slash, _ = cursor.partition("/")
+            try:
+                if not slash or not tenant:
+                    raise ValueError
+                float(created)
+            except ValueError:
+                raise InvalidMessage("cursor must be one from a previous page") from None
         tenants = [tenant] if tenant else await self.tenants_of(who)
         for t in tenants:
             authorize(who, t, "list")
-        now = self.clock.now()
-        age = AGES.get(filters.get("age") or "")
         rows: list[dict[str, Any]] = []
         more: str | None = None
         for t in tenants:
-            cursor = filters.get("cursor") if tenant else None
-            while True:
-                page, cursor = await self.store.list_tasks(
-                    t, status=filters.get("status"), workflow=filters.get("workflow"),
-                    limit=limit, cursor=cursor)
-                for row in page:
-                    older = now - row["created_at"]
-                    if age is None or (older < age[1]) == age[2]:
-                        rows.append({**row, "tenant": t})
-                # the list is newest first: "younger than" can stop at the first older row
-                done = age is not None and age[2] and page and now - page[-1]["created_at"] >= age[1]
-                if cursor is None or len(rows) >= limit or done:
-                    break
-            if tenant and cursor is not None and len(rows) >= limit:
-                more = cursor
+            found, after = await self._scan(t, filters, limit,
+                                            filters.get("cursor") if tenant else None)
+            rows += found
+            if tenant:
+                more = after
         rows.sort(key=lambda r: r["created_at"], reverse=True)
         return rows[:limit], more
+
+    async def _scan(self, tenant: str, filters: dict[str, str | None], limit: int,
+                    cursor: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """Up to ``limit`` of the tenant's tasks that pass the filters, from ``cursor`` on,
+        reading at most ``MAX_PAGES`` pages; and the cursor after the last row read (None:
+        nothing further can match)."""
+        now, age = self.clock.now(), AGES.get(filters.get("age") or "")
+        rows: list[dict[str, Any]] = []
+        for _ in range(MAX_PAGES):  # a rare filter must not scan a whole tenant
+            page, cursor = await self.store.list_tasks(
+                tenant, status=filters.get("status"), workflow=filters.get("workflow"),
+                limit=limit, cursor=cursor)
+            for row in page:
+                older = now - row["created_at"]
+                if age is not None and age[2] and older >= age[1]:
+                    return rows, None  # newest first: no younger one further on
+                if age is None or (older < age[1]) == age[2]:
+                    rows.append({**row, "tenant": tenant})
+                    if len(rows) == limit:
+                        return rows, f"{row['created_at']!r}/{row['task_id']}"
+            if cursor is None:
+                return rows, None
+        return rows, cursor
 
     async def task(self, who: Principal, task_id: str) -> Any:
         """The task's row, if ``who`` may view it; NOT_FOUND otherwise (another tenant's)."""
@@ -115,7 +136,9 @@ class Reader:
                 payload.get("request"), dict) else None
             out.append({"approval_id": approval_id, "node": payload.get("node"),
                         "request": payload.get("request", payload.get("reason")),
-                        "request_hash": row["request_hash"], "expires_at": row["expires_at"],
+                        # the hash of the request shown: a decision is bound to it
+                        "request_hash": payload.get("request_hash") or row["request_hash"],
+                        "expires_at": row["expires_at"],
                         "at": event.get("occurred_at"), "kind": kind or event["type"]})
         return out
 
