@@ -9,6 +9,7 @@ import json
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -17,9 +18,11 @@ import ratchet
 from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import Signer, new_seed
+from ratchet.protocol.messages import AdminCommand
 from ratchet.supervisors.console import Console, login_code
 from ratchet.supervisors.console.pages import decision_box, diff_html
 from ratchet.supervisors.console.svg import graph_svg
+from ratchet.supervisors.services.admin import AdminActor
 from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, wait_terminal
 from tests.console_helpers import challenge_of, csrf_of, logged_in, start_console
 from tests.graph_apps import app as graph_app
@@ -293,3 +296,37 @@ async def test_the_task_list_pages_on_within_a_tenant_and_refuses_a_forged_curso
         assert {r["task_id"] for r in rows}.isdisjoint(r["task_id"] for r in rest)
         async with http.get("/tasks?tenant=acme&cursor=nonsense") as page:
             assert page.status == 400
+
+
+async def test_the_resolve_button_runs_the_admin_verb_by_name_once_the_node_serves_it(
+    console: Console, client: ratchet.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``resolve`` is another change's verb: here a stand-in for it is served, to pin what
+    the console sends (the verb's name, its role check, the form's fields as ``args``)."""
+    calls: list[tuple[str, Any]] = []
+
+    async def resolve(self: AdminActor, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        calls.append((tenant, cmd))
+        return {"task_id": cmd.task_id, "resolved": cmd.args["action"]}
+
+    monkeypatch.setitem(VERB_ROLES, "resolve", "approver")
+    monkeypatch.setattr(AdminActor, "_resolve", resolve, raising=False)
+    task_id, _ = await waiting_for_approval(client, "resolve-1")
+    node = node_of(console)
+    vic, ann = (await grant(node, "vic", "acme", ["viewer"]),
+                await grant(node, "ann", "acme", ["approver"]))
+    form = {"action": "pay-1", "outcome": "succeeded", "evidence": "bank statement 7"}
+    for signer, expect in ((vic, 403), (ann, 200)):
+        http = await logged_in(console, signer)
+        async with http:
+            async with http.get(f"/tasks/{task_id}") as page:
+                csrf = csrf_of(await page.text())
+            async with http.post(f"/tasks/{task_id}/resolve",
+                                 data={"csrf": csrf, **form}) as answer:
+                assert answer.status == expect
+                if expect == 200:
+                    assert "resolve: done" in await answer.text()
+    assert len(calls) == 1
+    tenant, cmd = calls[0]
+    assert tenant == "acme" and cmd.task_id == task_id and cmd.args == form
+    assert cmd.principal is not None and cmd.principal.name == "ann"
