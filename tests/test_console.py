@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from ratchet.supervisors.console import Console, login_code
 from ratchet.supervisors.console.pages import decision_box, diff_html
 from ratchet.supervisors.console.svg import graph_svg
 from ratchet.supervisors.services.admin import AdminActor
+from tests import secret_apps
 from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, wait_terminal
 from tests.console_helpers import challenge_of, csrf_of, logged_in, start_console
 from tests.graph_apps import app as graph_app
@@ -330,3 +332,35 @@ async def test_the_resolve_button_runs_the_admin_verb_by_name_once_the_node_serv
     tenant, cmd = calls[0]
     assert tenant == "acme" and cmd.task_id == task_id and cmd.args == form
     assert cmd.principal is not None and cmd.principal.name == "ann"
+
+
+async def test_pages_show_secrets_redacted_and_unsettled_actions_for_resolving(
+    start_node: NodeFactory, client: ratchet.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(VERB_ROLES, "resolve", "approver")
+    node = await start_node(secret_apps.app)
+    console = await start_console(node)
+    secret = f"sk-live-{secrets.token_hex(12)}"
+    try:
+        paid = (await client.submit("signup", {"customer": "c1", "api_key": secret},
+                                    key="s-1")).task_id
+        lost = (await client.submit("signup.lost", {"customer": "c2", "api_key": secret},
+                                    key="s-2")).task_id
+        await wait_terminal(client, paid)
+        async for event in client.watch(lost):
+            if event.type == "action.unknown":
+                break
+        ann = await grant(node, "ann", "acme", ["approver"])
+        http = await logged_in(console, ann)
+        async with http:
+            pages = []
+            for task_id, query in ((paid, "?from=1&to=3"), (lost, "")):
+                async with http.get(f"/tasks/{task_id}{query}") as page:
+                    assert page.status == 200
+                    pages.append(await page.text())
+        assert all(secret not in html and "**redacted**" in html for html in pages)
+        assert "State diff #1" in pages[0] and "ch-c1" in pages[0]
+        assert 'action="/tasks/' + lost + '/resolve"' in pages[1]
+        assert 'value="lost:c2"' in pages[1] and "UNKNOWN" in pages[1]
+    finally:
+        await console.stop()
