@@ -63,7 +63,10 @@ def _approve_in_browser(console: Console, signer: Signer, task_id: str, profile:
             .select_by_value("WAITING_APPROVAL")
         driver.find_element(By.ID, "filter").click()
         wait.until(seen.url_contains("status=WAITING_APPROVAL"))  # the filtered list
-        wait.until(seen.element_to_be_clickable((By.LINK_TEXT, task_id))).click()
+        link = wait.until(seen.element_to_be_clickable((By.LINK_TEXT, task_id)))
+        taken.append(shots / "task-list.png")
+        driver.save_screenshot(str(taken[-1]))
+        link.click()
         wait.until(seen.presence_of_element_located((By.CSS_SELECTOR, "svg.graph .current")))
         taken.append(shots / "task-waiting.png")
         driver.save_screenshot(str(taken[-1]))

@@ -14,6 +14,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from ratchet.protocol.admin_verbs import SYSTEM_TENANT
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.redaction import redact
 
@@ -108,7 +109,8 @@ def layout(title: str, body: str, who: Principal | None = None, csrf: str = "",
     nav = ""
     if who is not None:
         roles = ", ".join(sorted(who.granted))
-        nav = ('<a href="/tasks">Tasks</a><a href="/nodes">Nodes</a>'
+        nodes = '<a href="/nodes">Nodes</a>' if who.tenant == SYSTEM_TENANT else ""
+        nav = ('<a href="/tasks">Tasks</a>' + nodes +
                f'<span class="who">{esc(who.name)} @ {esc(who.tenant)} ({esc(roles)})'
                f' <form class="inline" method="post" action="/logout">'
                f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
