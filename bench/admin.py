@@ -2,6 +2,8 @@
 
 - admin_get_p50_ms / _p99_ms: round trip of ``admin get`` (200 sequential requests) while
   500 tasks run (all started; 20 steps of 200 ms each, so they are mid-run throughout);
+- console_task_page_ms (and _p50_ms, console_task_list_p50_ms): the web console's page of
+  that same task, p99 of 100 loads while the 500 run (bench/console.py);
 - cancel_100_branches_s: ``admin cancel`` → ``task.cancelled`` for a task with 100 live
   branches that would never finish on their own.
 
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.console import page_figures
 from bench.steps import NodeProc, percentile, publish_submit
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.supervisors.cli import configure_logging
@@ -39,7 +42,8 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ratchet-admin-") as tmp:
         server = EmbeddedNats(Path(tmp) / "nats")
         url = await server.start()
-        node = NodeProc(Path(tmp) / "node", url, app="bench.graph_app:app")
+        node = NodeProc(Path(tmp) / "node", url, app="bench.graph_app:app",
+                        args=("--console-port", "0"))
         node.start()
         client = await ratchet.Client.connect(url, "bench", creds=node.creds)
         try:
@@ -65,6 +69,7 @@ async def main() -> None:
                 await admin(client, "get", target)
                 rtts.append((time.perf_counter() - started) * 1000)
             rtts.sort()
+            console = await page_figures(node, target)  # the same task, in the web console
 
             hang_id = (await client.submit("hang100", {}, key="hang")).task_id
             async for event in client.watch(hang_id, idle_timeout=60):
@@ -83,7 +88,7 @@ async def main() -> None:
     print(json.dumps({
         "admin_get_p50_ms": round(statistics.median(rtts), 2),
         "admin_get_p99_ms": round(percentile(rtts, 0.99), 2),
-        "running_tasks": 500, "cancel_100_branches_s": round(cancel_s, 3),
+        "running_tasks": 500, "cancel_100_branches_s": round(cancel_s, 3), **console,
     }))
 
 

@@ -104,7 +104,9 @@ class NodeProc:
         line = self.proc.stdout.readline()
         if b"serving" not in line:
             raise RuntimeError(f"node did not start: {line!r}")
-        self.url = json.loads(line)["nats_url"]
+        #: The serving line: ``nats_url``, ``console`` (with ``--console-port``), ...
+        self.serving: dict[str, Any] = json.loads(line)
+        self.url = self.serving["nats_url"]
 
     @property
     def creds(self) -> Path:

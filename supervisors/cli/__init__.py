@@ -1,5 +1,5 @@
 """``ratchet`` command line: serve, submit, watch, status, admin, schedule, creds,
-nats-config, demo.
+nats-config, console-login, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
 node wrote under its state directory (``<state-dir>/nats/nats.url``).
@@ -23,7 +23,7 @@ from ratchet.protocol.errors import (
     UsageError,
     WorkflowDefinitionError,
 )
-from ratchet.supervisors.cli.admin import admin, issue, nats_config
+from ratchet.supervisors.cli.admin import admin, console_login, issue, nats_config
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.cli.output import set_output, show_error, show_usage_error
 from ratchet.supervisors.cli.parser import parser
@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
     """Run the parsed command; its exit status."""
     if args.command == "graph":
         return graph(args)
+    if args.command == "console-login":
+        return console_login(args)
     if args.command == "demo":
         # Test components are loaded only for `ratchet demo`, never into a serving node.
         from ratchet.testing.demo import run_demo

@@ -1,4 +1,4 @@
-"""``admin`` verbs, ``creds`` (issue a key) and ``nats-config``."""
+"""``admin`` verbs, ``creds`` (issue a key), ``nats-config`` and ``console-login``."""
 
 from __future__ import annotations
 
@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, KEY_VERBS, SYSTEM_TENANT
+from ratchet.protocol.auth import Signer
+from ratchet.protocol.errors import UsageError
 from ratchet.protocol.ids import new_id
-from ratchet.supervisors.cli.common import ExitCode, connect, emit
+from ratchet.supervisors.cli.common import ExitCode, connect, emit, signing_key
+from ratchet.supervisors.console import login_code
 from ratchet.supervisors.node.credentials import issue_key
 from ratchet.supervisors.node.nats_auth import keyring_config
 
@@ -68,3 +71,14 @@ async def issue(args: argparse.Namespace) -> int:
 async def nats_config(args: argparse.Namespace) -> int:
     print(await keyring_config(Path(args.state_dir)), end="", flush=True)
     return 0
+
+
+def console_login(args: argparse.Namespace) -> int:
+    """``ratchet console-login CHALLENGE --node N``: the web console's login code, signed
+    here with the key (``--creds``, ``$RATCHET_CREDS`` or the local admin key); the seed
+    stays on this machine (docs/security.md, "The web console")."""
+    key = signing_key(args)
+    if key is None:
+        raise UsageError("no key to sign with: --creds FILE or $RATCHET_CREDS")
+    print(login_code(Signer.from_file(key), args.challenge, args.node), flush=True)
+    return ExitCode.OK

@@ -144,7 +144,7 @@ def admin_command(command: AddCommand) -> None:
 
 
 def key_commands(command: AddCommand) -> None:
-    """``creds`` and ``nats-config``."""
+    """``creds``, ``nats-config`` and ``console-login``."""
     s = with_nats(
         command("creds", help="issue a key: a seed file for one principal (docs/security.md)")
     )
@@ -156,6 +156,12 @@ def key_commands(command: AddCommand) -> None:
                    help="the key is refused this long after it is granted")
     command("nats-config",
             help="print the keyring's nats-server authorization block (for an external NATS)")
+    s = command("console-login", help="sign a web console's login challenge: prints the"
+                " code to paste (docs/security.md)")
+    s.add_argument("challenge", help="the challenge the console's login page shows")
+    s.add_argument("--node", required=True, help="the node id the login page names")
+    s.add_argument("--creds", default=None, help="key file to sign with (default:"
+                   " $RATCHET_CREDS, else the state dir's keys/local-admin.nk)")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -25,6 +25,7 @@ from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.supervisors.cli.common import ExitCode, load_app
+from ratchet.supervisors.console import Console
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
 
@@ -54,13 +55,31 @@ async def serve(args: argparse.Namespace) -> int:
                 print(f"ratchet serve: {exc.message} ({exc.code.value})", file=sys.stderr,
                       flush=True)
             return REFUSED_START_EXIT[exc.code]
+        try:
+            console = await _start_console(node, config)
+        except OSError as exc:  # the port is taken, the address is not this host's, ...
+            await node.stop()
+            raise UsageError(f"cannot serve the console on {config.console_host}:"
+                             f"{config.console_port}: {exc.strerror or exc}") from None
         _say({"serving": config.node_id, "nats_url": redact_url(node.url),
-              "db": str(config.db_path), "workflows": registry.names(), "pid": os.getpid()})
+              "db": str(config.db_path), "workflows": registry.names(), "pid": os.getpid(),
+              **({"console": console.url} if console else {})})
         await _first(node.failed.wait(), stop.wait())
+        if console is not None:
+            await console.stop()
         await node.stop()
         _say({"stopped": config.node_id, "failed": node.failed.is_set(),
               **node.writer_summary(), "log_write_failures": log_write_failures()})
     return 1 if node.failed.is_set() else 0
+
+
+async def _start_console(node: Node, config: NodeConfig) -> Console | None:
+    """The web console, when ``--console-port`` asks for it (supervisors/console/)."""
+    if config.console_port is None:
+        return None
+    console = Console.for_node(node, config.console_host, config.console_port)
+    await console.start()
+    return console
 
 
 async def _first(*waits: Awaitable[Any]) -> bool:
@@ -147,6 +166,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         submit_rate=args.submit_rate,
         tenant_submit_rates=pairs(args.tenant_submit_rate, float),
         submit_burst=args.submit_burst,
+        console_port=args.console_port,
+        console_host=args.console_host,
     )
     if args.node_id:
         config.node_id = args.node_id
@@ -162,6 +183,13 @@ def risk_policy(path: str | None) -> dict[str, dict[str, ToolRisk]]:
         return parse_policy(json.loads(Path(path).read_text()))
     except (OSError, ValueError) as exc:  # ToolDefinitionError is a ValueError too
         raise UsageError(f"--risk-policy {path}: {exc}") from None
+
+
+def console_flags(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--console-port", type=int, default=None, metavar="PORT",
+                   help="serve the web console on this port (default: off; 0: a free one)")
+    s.add_argument("--console-host", default="127.0.0.1",
+                   help="the console's address (default loopback; docs/security.md)")
 
 
 def risk_flags(s: argparse.ArgumentParser) -> None:
@@ -297,6 +325,7 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
     )
     risk_flags(s)
     submit_rate_flags(s)
+    console_flags(s)
 
 
 def submit_rate_flags(s: argparse.ArgumentParser) -> None:

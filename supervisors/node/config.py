@@ -111,6 +111,10 @@ class NodeConfig:
     #: this many MiB (persistence/checkpoints.py); a step over either fails for good.
     max_value_mb: float = 16.0
     max_checkpoint_mb: float = 64.0
+    #: The web console (supervisors/console/): its port (None: off; 0: a free one) and
+    #: address (loopback by default: expose it deliberately, docs/security.md).
+    console_port: int | None = None
+    console_host: str = "127.0.0.1"
 
     @property
     def db_path(self) -> Path:
