@@ -17,8 +17,8 @@ The ports, by concern:
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
 - :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes,
-  :class:`SettleStore` — writes nobody settled (persistence/schedule_rows.py, drift_rows.py,
-  settle_rows.py: declared there for this module's size).
+  :class:`SweepStore` — writes nobody settled (persistence/schedule_rows.py, drift_rows.py,
+  sweep_rows.py: declared there for this module's size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -41,7 +41,7 @@ from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
-from ratchet.persistence.settle_rows import SettleStore
+from ratchet.persistence.sweep_rows import SweepStore
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
@@ -58,7 +58,7 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore", "DriftStore", "SettleStore",
+    "ScheduleStore", "DriftStore", "SweepStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -347,7 +347,7 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                DriftStore, SettleStore, Protocol):
+                DriftStore, SweepStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

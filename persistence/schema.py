@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ratchet.persistence.drift_schema import RECONCILE_DDL
 from ratchet.persistence.schedule_schema import SCHEDULES_DDL
-from ratchet.persistence.settle_rows import UNSETTLED_DDL
+from ratchet.persistence.sweep_rows import UNSETTLED_DDL
 
 __all__ = ["MIGRATIONS"]
 
@@ -388,6 +388,6 @@ MIGRATIONS: list[tuple[int, str, str]] = [
      "CREATE TABLE secret_keys (key_id TEXT PRIMARY KEY, created_at REAL NOT NULL)"),
     (15, "schedules: one task of a workflow per tick (protocol/schedules.py)", SCHEDULES_DDL),
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
-    (17, "actions not settled, for the action sweeper (persistence/settle_rows.py)",
+    (17, "actions not settled, for the action sweeper (persistence/sweep_rows.py)",
      UNSETTLED_DDL),
 ]

@@ -1,7 +1,7 @@
 """Ledger reads of the action sweeper (supervisors/services/action_sweeper.py): which
 tasks hold writes whose outcome nobody has settled for a while. The port
-(:class:`SettleStore`, part of ``StorePort``) and the SQLite store's implementation
-(:class:`SettleRows`, a mixin of ``Store``)."""
+(:class:`SweepStore`, part of ``StorePort``) and the SQLite store's implementation
+(:class:`SweepRows`, a mixin of ``Store``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Protocol, runtime_checkable
 
 from ratchet.persistence.store_rows import _StoreParts
 
-__all__ = ["UNSETTLED", "UNSETTLED_DDL", "SettleRows", "SettleStore"]
+__all__ = ["UNSETTLED", "UNSETTLED_DDL", "SweepRows", "SweepStore"]
 
 #: The ledger states of a write whose outcome is not known (an accepted write, waiting for
 #: the provider's confirmation, is IN_FLIGHT too, but its task is waiting for it).
@@ -24,7 +24,7 @@ UNSETTLED_DDL = """
 
 
 @runtime_checkable
-class SettleStore(Protocol):
+class SweepStore(Protocol):
     """What the action sweeper reads."""
 
     async def stale_unsettled(self, before: float, limit: int = 500
@@ -34,8 +34,8 @@ class SettleStore(Protocol):
         ...
 
 
-class SettleRows(_StoreParts):
-    """:class:`SettleStore` on SQLite."""
+class SweepRows(_StoreParts):
+    """:class:`SweepStore` on SQLite."""
 
     async def stale_unsettled(self, before: float, limit: int = 500
                               ) -> list[tuple[str, str, str]]:
