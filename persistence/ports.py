@@ -16,8 +16,9 @@ The ports, by concern:
 - :class:`AdminStore` — the admin service and retention: forks, purge and expiry, kill
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
-- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes
-  (persistence/schedule_rows.py, drift_rows.py: declared there for this module's size).
+- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes,
+  :class:`SettleStore` — what waits for a human (persistence/schedule_rows.py,
+  drift_rows.py, settle_rows.py: declared there for this module's size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -40,6 +41,7 @@ from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
+from ratchet.persistence.settle_rows import SettleStore
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
@@ -56,7 +58,7 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore", "DriftStore",
+    "ScheduleStore", "DriftStore", "SettleStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -184,6 +186,10 @@ class TaskStore(Protocol):
         ...
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
+        ...
+
+    async def task_approvals(self, task_id: str) -> list[dict[str, Any]]:
+        """Every approval the task asked for, oldest first (persistence/settle_rows.py)."""
         ...
 
     async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
@@ -345,7 +351,7 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                DriftStore, Protocol):
+                DriftStore, SettleStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

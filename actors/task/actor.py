@@ -28,7 +28,7 @@ import structlog
 from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime, revalidate
+from ratchet.actors.task import crash_loop, exhausted, graph_runtime, loop_runtime, revalidate
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
@@ -365,8 +365,7 @@ class TaskActor(Actor):
             await self._record_step_failure(step.name, index, exc)
             for_good = next((r for kind, r in _FOR_GOOD if isinstance(exc, kind)), None)
             if for_good or self._attempt >= self.deps.max_step_attempts:
-                await fail_with_saga(self, exc, for_good
-                                     or f"step {step.name} failed {self._attempt} times")
+                await exhausted.give_up(self, step, exc, for_good, self._attempt)
                 return False
             raise  # crash: the supervisor restarts us from the last checkpoint
         if step.kind == "loop":  # the iteration's one commit, and where the loop goes next

@@ -1,0 +1,271 @@
+"""Settling what a machine could not, over NATS with signed commands on a real node:
+``resolve``, ``retry-action``, ``skip-step`` and ``approvals``, steps that declare
+``on_exhausted="human"``, and the handoff package a human gets."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import ratchet
+from tests import settle_apps
+from tests.conftest import NodeFactory, wait_terminal
+from tests.keys import client_as
+from tests.settle_apps import FLAKY, PAY
+from tests.test_admin import admin
+
+APPROVER = {"name": "ana", "roles": ["approver"]}
+KEY = "pay:o1"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_apps() -> None:
+    PAY.update(mode="unknown", calls=0)
+    FLAKY.update(fail=True, runs=0)
+
+
+async def parked(client: ratchet.Client, task_id: str, timeout: float = 20.0) -> ratchet.Event:
+    """The task's first event that hands it to a human (bounded wait)."""
+    async def first() -> ratchet.Event:
+        async for event in client.watch(task_id):
+            if event.type in ("task.unknown", "task.handoff"):
+                return event
+        raise AssertionError("the task finished without a handoff")
+
+    return await asyncio.wait_for(first(), timeout)
+
+
+async def unknown_payment(start_node: NodeFactory, client: ratchet.Client
+                          ) -> tuple[ratchet.Node, str, str]:
+    """A node and a task UNKNOWN on its payment, with the payment's request hash."""
+    node = await start_node(settle_apps.registry)
+    task_id = (await client.submit("settle.pay", {}, key="order-1")).task_id
+    await parked(client, task_id)
+    assert node.store is not None
+    row = await node.store.get_action("acme", KEY)
+    assert row is not None and row.status == "UNKNOWN"
+    return node, task_id, row.request_hash
+
+
+def resolve_args(digest: str, **extra: Any) -> dict[str, Any]:
+    return {"action": KEY, "outcome": "succeeded", "request_hash": digest,
+            "evidence": "provider console shows payment p-77 settled", **extra}
+
+
+async def test_resolve_succeeded_continues_the_task_with_the_humans_result(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node, task_id, digest = await unknown_payment(start_node, client)
+    reply = await admin(client, "resolve", command_id="r1", principal=APPROVER,
+                        task_id=task_id,
+                        args=resolve_args(digest, result={"provider_id": "p-77"}))
+    assert reply.ok and reply.result is not None, reply.error
+    assert reply.result["then"] == "the task runs its step again from its last checkpoint"
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].payload["output"] == {"paid": "p-77"}
+    assert PAY["calls"] == 1  # settled by the human: never re-sent
+    settled = next(e for e in events if e.type == "action.human_resolved")
+    assert settled.payload["outcome"] == "succeeded" and settled.payload["from"] == "UNKNOWN"
+    assert settled.payload["evidence"].startswith("provider console")
+    assert "task.human_resolved" in [e.type for e in events]
+    assert node.store is not None
+    row = await node.store.get_action("acme", KEY)
+    assert row is not None and (row.status, row.provider_id) == ("SUCCEEDED", "p-77")
+    [handoff] = await node.store.handoffs(task_id)
+    assert handoff["resolved_at"] is not None
+    audit = [(e["verb"], e["outcome"]) for e in await node.store.audit_log("acme")
+             if e["command_id"] == "r1"]
+    assert audit == [("resolve", "requested"), ("resolve", "ok")]
+
+
+async def test_resolve_failed_lets_the_workflow_route_the_failure(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    _, task_id, digest = await unknown_payment(start_node, client)
+    reply = await admin(client, "resolve", command_id="r2", principal=APPROVER,
+                        task_id=task_id, args=resolve_args(digest, outcome="failed"))
+    assert reply.ok, reply.error
+    events = await wait_terminal(client, task_id)
+    # The step re-ran; the ledger answered ActionFailed and the step caught it.
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].payload["output"] == {"paid": None}
+    assert PAY["calls"] == 1
+
+
+async def test_resolve_is_refused_for_a_wrong_hash_an_unknown_action_a_stranger_and_a_role(
+    start_node: NodeFactory, client: ratchet.Client, nats_url: str
+) -> None:
+    node, task_id, digest = await unknown_payment(start_node, client)
+    cases = {
+        "CONFLICT": dict(args=resolve_args("sha256:" + "0" * 64)),
+        "NOT_FOUND": dict(args={**resolve_args(digest), "action": "pay:nope"}),
+        "INVALID_ARGUMENT": dict(args=resolve_args(digest, result={"wrong": 1})),
+    }
+    for i, (code, kw) in enumerate(cases.items()):
+        reply = await admin(client, "resolve", command_id=f"x{i}", principal=APPROVER,
+                            task_id=task_id, **kw)
+        assert reply.error is not None and reply.error.code == code, (code, reply)
+    stranger = await admin(client, "resolve", command_id="x9", principal=APPROVER,
+                           task_id=task_id, tenant="other", args=resolve_args(digest))
+    assert stranger.error is not None and stranger.error.code == "NOT_FOUND"
+    olga = await client_as(node, nats_url, "olga", "acme", roles=["operator", "viewer"])
+    try:
+        refused = await admin(olga, "resolve", command_id="x10", task_id=task_id,
+                              principal={"name": "olga", "roles": ["approver"]},
+                              args=resolve_args(digest))
+        assert refused.error is not None and refused.error.code == "PERMISSION_DENIED"
+    finally:
+        await olga.close()
+    assert (await client.get(task_id)).status == "UNKNOWN"  # nothing of it took effect
+    assert PAY["calls"] == 1
+
+
+async def test_retry_action_resends_under_the_same_key_and_the_task_goes_on(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    _, task_id, digest = await unknown_payment(start_node, client)
+    PAY["mode"] = "ok"  # the provider had no record of it; it works now
+    reply = await admin(client, "retry-action", command_id="t1", principal=APPROVER,
+                        task_id=task_id, args={"action": KEY, "request_hash": digest,
+                                               "evidence": "not in the provider's log"})
+    assert reply.ok, reply.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].payload["output"] == {"paid": f"p-{KEY}"}
+    assert PAY["calls"] == 2
+    started = [e.payload for e in events if e.type == "action.started"]
+    assert started[-1]["key"] == KEY and started[-1].get("resumed") is True
+
+
+async def test_retry_action_of_a_settled_action_is_refused(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    _, task_id, digest = await unknown_payment(start_node, client)
+    await admin(client, "resolve", command_id="s1", principal=APPROVER, task_id=task_id,
+                args=resolve_args(digest, result={"provider_id": "p-1"}))
+    await wait_terminal(client, task_id)
+    again = await admin(client, "retry-action", command_id="s2", principal=APPROVER,
+                        task_id=task_id, args={"action": KEY, "request_hash": digest})
+    assert again.error is not None and again.error.code == "ILLEGAL_TRANSITION"
+
+
+async def test_the_handoff_package_holds_what_a_human_needs(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    _, task_id, digest = await unknown_payment(start_node, client)
+    reply = await admin(client, "handoff", command_id="h1", task_id=task_id)
+    assert reply.result is not None
+    package = reply.result["handoffs"][-1]["package"]
+    assert (package["tenant"], package["task_id"], package["workflow"],
+            package["workflow_version"], package["node"]) == (
+        "acme", task_id, "settle.pay", 2, "charge")
+    assert package["reason"] == "outcome unknown and the tool has no query"
+    [action] = package["actions"]
+    assert (action["key"], action["status"], action["request_hash"]) == (KEY, "UNKNOWN", digest)
+    assert action["request"] == {"order": "o1", "amount": 5.0}
+    assert action["error"]["message"]
+    assert package["effective"] == [] and package["compensable"] == []
+    assert isinstance(package["spent"], dict) and isinstance(package["budget"], dict)
+    assert package["last_errors"][-1]["type"] == "action.unknown"
+    assert package["recommended"]["verb"] == "resolve"
+    assert package["recommended"]["action"] == KEY
+    assert digest in package["recommended"]["command"]
+
+
+async def exhausted(start_node: NodeFactory, client: ratchet.Client, workflow: str
+                    ) -> tuple[ratchet.Node, str]:
+    node = await start_node(settle_apps.registry, max_step_attempts=2)
+    task_id = (await client.submit(workflow, {}, key=f"{workflow}-1")).task_id
+    event = await parked(client, task_id)
+    assert event.type == "task.handoff"
+    assert (await client.get(task_id)).status == "WAITING_APPROVAL"
+    return node, task_id
+
+
+async def test_a_step_out_of_attempts_goes_to_a_human_and_approve_runs_it_again(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    _, task_id = await exhausted(start_node, client, "settle.flaky")
+    assert FLAKY["runs"] == 2
+    got = await admin(client, "get", command_id="g1", task_id=task_id)
+    assert got.result is not None
+    waiting = got.result["waiting_for"]
+    assert waiting["approval_id"].startswith("apr") and waiting["node"] == "@exhausted"
+    assert waiting["deadline"] is None and waiting["escalation"] is None
+    assert waiting["reason"] == "step fetch failed 2 times"
+    assert waiting["recommended"]["verb"] == "approve"
+    listed = await admin(client, "approvals", command_id="l1")
+    assert listed.result is not None
+    kinds = {(w["kind"], w["task_id"]) for w in listed.result["waiting"]}
+    assert kinds == {("approval", task_id), ("handoff", task_id)}
+    assert all(w["age_s"] >= 0 for w in listed.result["waiting"])
+    FLAKY["fail"] = False  # the upstream is fixed
+    approved = await admin(client, "approve", command_id="a1", principal=APPROVER,
+                           task_id=task_id, args={"approval_id": waiting["approval_id"],
+                                                  "request_hash": waiting["request_hash"]})
+    assert approved.ok, approved.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].payload["output"] == {"fetched": True}
+    after = await admin(client, "approvals", command_id="l2")
+    assert after.result is not None and after.result["waiting"] == []
+
+
+async def test_reject_at_an_exhausted_step_fails_the_task(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    _, task_id = await exhausted(start_node, client, "settle.flaky")
+    got = await admin(client, "get", command_id="g2", task_id=task_id)
+    assert got.result is not None
+    rejected = await admin(client, "reject", command_id="j1", principal=APPROVER,
+                           task_id=task_id,
+                           args={"approval_id": got.result["waiting_for"]["approval_id"]})
+    assert rejected.ok, rejected.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.failed"
+
+
+async def test_skip_step_moves_past_a_skippable_step_and_only_that(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    _, task_id = await exhausted(start_node, client, "settle.flaky")
+    skipped = await admin(client, "skip-step", command_id="k1", principal=APPROVER,
+                          task_id=task_id, args={"reason": "data fetched by hand"})
+    assert skipped.ok, skipped.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].payload["output"] == {"fetched": False}
+    step = next(e for e in events if e.type == "step.skipped")
+    assert (step.payload["step"], step.payload["next"]) == ("fetch", "finish")
+    assert FLAKY["runs"] == 2
+    rigid = (await client.submit("settle.rigid", {}, key="rigid-1")).task_id
+    await parked(client, rigid)
+    refused = await admin(client, "skip-step", command_id="k2", principal=APPROVER,
+                          task_id=rigid)
+    assert refused.error is not None and refused.error.code == "ILLEGAL_TRANSITION"
+    assert "skippable" in refused.error.message
+
+
+async def test_settling_a_task_that_waits_for_no_one_is_refused(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(settle_apps.registry)
+    FLAKY["fail"] = False
+    task_id = (await client.submit("settle.flaky", {}, key="fine-1")).task_id
+    await wait_terminal(client, task_id)
+    reply = await admin(client, "skip-step", command_id="n1", principal=APPROVER,
+                        task_id=task_id)
+    assert reply.error is not None and reply.error.code == "ILLEGAL_TRANSITION"
+
+
+def test_on_exhausted_takes_fail_or_human_only() -> None:
+    wf = ratchet.Workflow("bad", version=1)
+
+    async def step(ctx: ratchet.StepContext) -> None:
+        return None
+
+    with pytest.raises(ratchet.WorkflowDefinitionError, match="on_exhausted"):
+        wf.add_step("s", step, on_exhausted="retry-forever")
