@@ -4,7 +4,8 @@ the SQLite store's implementation of it (:class:`SettleRows`, a mixin of ``Store
 
 A handoff is open while its ``resolved_at`` is NULL; a task change that moves the task out
 of UNKNOWN or WAITING_APPROVAL sets it (persistence/txns.py). Only tasks still in one of
-those statuses are listed: a handoff of a task that moved on is not waiting for anyone.
+those statuses are listed (an approval: of a task WAITING_APPROVAL): a handoff or an
+approval of a task that moved on — cancelled, say — is not waiting for anyone.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class SettleRows(_StoreParts):
             "SELECT a.approval_id, a.node, a.request_hash, a.approvers, a.expires_at,"
             " a.created_at, t.task_id, t.workflow, t.status FROM approvals a"
             " JOIN tasks t ON t.task_id = a.task_id"
-            " WHERE t.tenant = ? AND a.status = 'PENDING'"
+            " WHERE t.tenant = ? AND a.status = 'PENDING' AND t.status = 'WAITING_APPROVAL'"
             " ORDER BY a.created_at LIMIT ?", (tenant, limit))
         handoffs = await self._rows(
             "SELECT h.id, h.reason, h.package, h.created_at, t.task_id, t.workflow, t.status"

@@ -4,12 +4,15 @@ The tool runs in process; ``PAY`` says how its next calls end and counts them.""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel
 
 import ratchet
-from ratchet.protocol.tool_errors import ToolOutcomeUnknown
+from ratchet.actors.agents.models import ModelRequest
+from ratchet.actors.agents.scripted_model import Reply, ScriptedModel, reply
+from ratchet.protocol.tool_errors import ToolOutcomeUnknown, ToolPermissionDenied
 
 #: ``mode``: ``unknown`` (the call's outcome is lost) or ``ok``; ``calls``: calls made.
 PAY: dict[str, Any] = {"mode": "unknown", "calls": 0}
@@ -70,5 +73,67 @@ def _flaky_workflow(name: str, skippable: bool) -> ratchet.Workflow:
     return wf
 
 
+class BookArgs(BaseModel):
+    order: str
+
+
+class Booking(BaseModel):
+    booking: str
+
+
+def _book(ctx: ratchet.ToolContext, args: BookArgs) -> Booking:
+    return Booking(booking=f"b-{args.order}")
+
+
+def _unbook(ctx: ratchet.ToolContext, args: Booking) -> Booking:
+    raise ToolPermissionDenied("the booking system refuses cancellations today")
+
+
+unbook_tool = ratchet.Tool("unbook", _unbook, "write", Booking, Booking,
+                           key=lambda a: f"unbook:{a.booking}", timeout=5.0)
+book_tool = ratchet.Tool("book", _book, "write", BookArgs, Booking,
+                         key=lambda a: f"book:{a.order}", timeout=5.0,
+                         compensate=ratchet.Compensation(unbook_tool, lambda a, r: r))
+undo = ratchet.Workflow("settle.undo", version=1)
+
+
+@undo.step
+async def reserve(ctx: ratchet.StepContext) -> None:
+    await ctx.call(book_tool, BookArgs(order="o2"))
+
+
+@undo.step
+async def refuse(ctx: ratchet.StepContext) -> None:
+    raise ratchet.ActionFailed("the order was refused downstream")
+
+
+class Answer(BaseModel):
+    limit: float
+
+
+def _stubborn_then_right(request: ModelRequest) -> Reply:
+    """Three answers that are not JSON (its two repairs used up), then a valid one."""
+    turn = sum(1 for m in request.messages if m.role == "assistant")
+    return reply("no JSON") if turn < 3 else reply(json.dumps({"limit": 5.0}))
+
+
+def _lookup(ctx: ratchet.ToolContext, args: BookArgs) -> Booking:
+    return Booking(booking=args.order)
+
+
+lookup_tool = ratchet.Tool("lookup", _lookup, "read", BookArgs, Booking)
+agent = ratchet.Workflow("settle.agent", version=1)
+agent.agent("assistant", model=ScriptedModel(_stubborn_then_right), tools=[lookup_tool],
+            output=Answer,
+            prompt=lambda state, inp: "What is the limit?", repair_attempts=2,
+            on_exhausted="human", next="done")
+
+
+@agent.step
+async def done(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"output": ctx.state["assistant"]}
+
+
 registry = ratchet.Registry([pay, _flaky_workflow("settle.flaky", True),
-                             _flaky_workflow("settle.rigid", False)], tools=[pay_tool])
+                             _flaky_workflow("settle.rigid", False), undo, agent],
+                            tools=[pay_tool, book_tool, unbook_tool])

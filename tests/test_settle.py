@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import ratchet
+from ratchet.actors.task.settle import continuation
 from tests import settle_apps
 from tests.conftest import NodeFactory, wait_terminal
 from tests.keys import client_as
@@ -269,3 +270,85 @@ def test_on_exhausted_takes_fail_or_human_only() -> None:
 
     with pytest.raises(ratchet.WorkflowDefinitionError, match="on_exhausted"):
         wf.add_step("s", step, on_exhausted="retry-forever")
+
+
+async def test_a_failed_undo_settled_by_hand_lets_the_task_finish_failing(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node(settle_apps.registry)
+    task_id = (await client.submit("settle.undo", {}, key="undo-1")).task_id
+    event = await parked(client, task_id)
+    assert event.type == "task.handoff"
+    reply = await admin(client, "handoff", command_id="u0", task_id=task_id)
+    assert reply.result is not None
+    package = reply.result["handoffs"][-1]["package"]
+    assert package["why"] == "compensation failed for good"
+    assert package["effective"] == ["book:o2"] and package["compensable"] == ["book:o2"]
+    recommended = package["recommended"]
+    assert (recommended["verb"], recommended["action"]) == ("resolve", "book:o2")
+    listed = await admin(client, "approvals", command_id="u1")
+    assert listed.result is not None
+    assert [(w["kind"], w["why"]) for w in listed.result["waiting"]] == [
+        ("handoff", "compensation failed for good")]
+    settled = await admin(client, "resolve", command_id="u2", principal=APPROVER,
+                          task_id=task_id, args={
+                              "action": "book:o2", "outcome": "compensated",
+                              "request_hash": recommended["request_hash"],
+                              "evidence": "cancelled b-o2 by phone, ticket 4411"})
+    assert settled.ok, settled.error
+    assert settled.result is not None and settled.result["status"] == "FAILED"
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.failed"
+    assert node.store is not None
+    row = await node.store.get_action("acme", "book:o2")
+    assert row is not None and row.status == "COMPENSATED"
+
+
+async def test_an_agent_answer_still_invalid_after_its_repairs_goes_to_a_human(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(settle_apps.registry)
+    task_id = (await client.submit("settle.agent", {}, key="agent-1")).task_id
+    event = await parked(client, task_id)
+    assert event.type == "task.handoff" and event.payload["node"] == "assistant"
+    got = await admin(client, "get", command_id="ag1", task_id=task_id)
+    assert got.result is not None and got.result["status"] == "WAITING_APPROVAL"
+    waiting = got.result["waiting_for"]
+    assert waiting["reason"] == "agent answer invalid"
+    approved = await admin(client, "approve", command_id="ag2", principal=APPROVER,
+                           task_id=task_id, args={"approval_id": waiting["approval_id"]})
+    assert approved.ok, approved.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].payload["output"] == {"limit": 5.0}
+
+
+async def test_a_viewer_lists_approvals_but_cannot_settle(
+    start_node: NodeFactory, client: ratchet.Client, nats_url: str
+) -> None:
+    node = await start_node(settle_apps.registry)
+    vic = await client_as(node, nats_url, "vic", "acme", roles=["viewer"])
+    try:
+        listed = await admin(vic, "approvals", command_id="v1")
+        assert listed.ok and listed.result is not None and listed.result["waiting"] == []
+        for i, verb in enumerate(("resolve", "retry-action", "skip-step")):
+            refused = await admin(vic, verb, command_id=f"v{i + 2}", task_id="tsk_x",
+                                  principal=APPROVER)
+            assert refused.error is not None and refused.error.code == "PERMISSION_DENIED"
+    finally:
+        await vic.close()
+
+
+@pytest.mark.parametrize(("package", "doubts", "pending", "then"), [
+    ({"why": "no query declared"}, [], False, "run"),
+    ({"why": "no query declared"}, ["pay:o2"], False, "wait"),
+    ({"why": "exhausted"}, [], True, "wait"),
+    ({"why": "unresolved actions at failure", "failure": {}}, [], False, "fail"),
+    ({"why": "compensation failed for good"}, [], False, "fail"),
+    ({"why": "restart intensity exceeded", "pending_compensations": ["k"]}, [], False,
+     "fail"),
+])
+def test_what_a_task_does_once_a_human_settled_an_action(
+    package: dict[str, Any], doubts: list[str], pending: bool, then: str
+) -> None:
+    assert continuation(package, doubts, pending) == then

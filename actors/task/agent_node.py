@@ -117,6 +117,7 @@ async def _take_answer(actor: TaskKernel, node: AgentNode, t: Turn) -> bool | No
             human = node.on_exhausted == HUMAN
             if human:  # approved, the model gets the repair and its repairs afresh
                 conv.set("repairs", 0)
+                conv.set("turn", t.number + 1)  # the next turn's model call: a new key
                 conv.add(repair)
             await actor.move(node.name, node.name, [*t.events, (EventType.AGENT_TURN, {
                 "node": node.name, "turn": t.number, "outcome": "invalid answer"})],

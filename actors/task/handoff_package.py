@@ -49,8 +49,9 @@ def recommend(task_id: str, package: dict[str, Any], actions: list[dict[str, Any
     if package.get("approval_id"):
         return {"verb": "approve", "approval_id": package["approval_id"],
                 "why": "decide the pending approval: " + "; ".join(package.get("options", [])),
-                "command": f"ratchet admin approve {task_id} {package['approval_id']}"
-                           f" --request-hash {package.get('request_hash')}"}
+                "command": f"ratchet admin approve {task_id} --arg approval_id="
+                           f"{package['approval_id']} --request-hash"
+                           f" {package.get('request_hash')}"}
     undo = [a for a in actions if a["compensates"] is not None and a["status"] != "SUCCEEDED"]
     if undo:
         original = next((a for a in actions if a["key"] == undo[0]["compensates"]), undo[0])

@@ -50,7 +50,7 @@ OUTCOMES: dict[str, tuple[str, ...]] = {
 }
 #: Handoffs whose task was failing when it stopped: settled, it goes on failing.
 _FAILING = ("unresolved actions at failure", "compensation failed for good",
-            "compensation accepted but not confirmed", "restart intensity exceeded")
+            "compensation accepted but not confirmed")
 _WAITING = (TaskStatus.UNKNOWN, TaskStatus.WAITING_APPROVAL)
 
 
@@ -61,12 +61,15 @@ def in_doubt(actions: list[ActionRecord]) -> list[str]:
             and a.compensates is None]
 
 
-def continuation(why: str | None, doubts: list[str], approval_pending: bool) -> str:
-    """What the task does once a human settled an action: ``wait`` (still waiting for a
-    human), ``fail`` (it goes on failing) or ``run`` (its step again)."""
+def continuation(package: dict[str, Any], doubts: list[str], approval_pending: bool) -> str:
+    """What the task does once a human settled an action, from its open handoff's package:
+    ``wait`` (still waiting for a human), ``fail`` (it was failing: it goes on failing) or
+    ``run`` (its step again)."""
     if doubts or approval_pending:
         return "wait"
-    return "fail" if why in _FAILING else "run"
+    failing = package.get("why") in _FAILING or "failure" in package \
+        or "pending_compensations" in package
+    return "fail" if failing else "run"
 
 
 async def on_settle(actor: TaskKernel, env: Envelope) -> str:
@@ -100,7 +103,7 @@ async def on_settle(actor: TaskKernel, env: Envelope) -> str:
               if k != row.key]  # the settled one is no longer in doubt
     pending = await _pending(actor)
     then = "run" if verb == "retry-action" and not doubts and pending is None else \
-        continuation(package.get("why"), doubts, pending is not None)
+        continuation(package, doubts, pending is not None)
     events: list[tuple[str, dict[str, Any]]] = [(EventType.ACTION_HUMAN_RESOLVED,
                                                  {**event, "then": then})]
     if then == "wait":
