@@ -80,6 +80,10 @@ async def test_resolve_succeeded_continues_the_task_with_the_humans_result(
     audit = [(e["verb"], e["outcome"]) for e in await node.store.audit_log("acme")
              if e["command_id"] == "r1"]
     assert audit == [("resolve", "requested"), ("resolve", "ok")]
+    [applied] = [e for e in await node.store.audit_log("acme") if e["outcome"] == "applied"]
+    assert applied["verb"] == "resolve" and applied["detail"]["command_id"] == "r1"
+    assert applied["detail"]["evidence"].startswith("provider console")
+    assert (await node.store.verify_audit()).ok
 
 
 async def test_resolve_failed_lets_the_workflow_route_the_failure(

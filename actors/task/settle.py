@@ -29,6 +29,7 @@ from pydantic import ValidationError
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import StepNode
+from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.graph_rows import ApprovalWrite
 from ratchet.persistence.ledger import ActionRecord, ActionWrite
 from ratchet.protocol.catalogue import EventType
@@ -106,12 +107,14 @@ async def on_settle(actor: TaskKernel, env: Envelope) -> str:
         continuation(package, doubts, pending is not None)
     events: list[tuple[str, dict[str, Any]]] = [(EventType.ACTION_HUMAN_RESOLVED,
                                                  {**event, "then": then})]
+    audit = _entry(actor, env, {**event, "then": then})
     if then == "wait":
-        await actor.commit(action=write, events=events, inbox_message_id=env.message_id)
+        await actor.commit(action=write, events=events, inbox_message_id=env.message_id,
+                           audit=audit)
         return f"processed: the task still waits for {_waiting_for(doubts, pending)}"
     events.append((EventType.TASK_HUMAN_RESOLVED, {"by": by, "key": row.key, "then": then}))
     await actor.commit(status_event=TaskEvent.HUMAN_RESOLVED, action=write, events=events,
-                       inbox_message_id=env.message_id)
+                       inbox_message_id=env.message_id, audit=audit)
     if then == "fail":
         failure = package.get("failure") or {}
         reason = str(failure.get("message") or package.get("why") or "settled by a human")
@@ -119,6 +122,16 @@ async def on_settle(actor: TaskKernel, env: Envelope) -> str:
         return "processed: the task goes on failing (compensating what is left)"
     actor.advance()
     return "processed: the task runs its step again from its last checkpoint"
+
+
+def _entry(actor: TaskKernel, env: Envelope, detail: dict[str, Any]) -> AuditEntry:
+    """The audit entry committed with the settlement (as an applied decision's is): the
+    admin service audits the command too, before and after."""
+    assert actor.record is not None
+    return AuditEntry(actor.record.tenant, actor.deps.clock.now(),
+                      str(env.body.get("by") or "unknown"), str(env.body.get("verb")),
+                      env.message_id, actor.task_id, "applied",
+                      {"kind": "human_resolution", **detail})
 
 
 async def _pending(actor: TaskKernel) -> dict[str, Any] | None:
@@ -187,10 +200,11 @@ async def _skip(actor: TaskKernel, env: Envelope) -> str:
     pending = await _pending(actor)
     settle = None if pending is None else ApprovalWrite(
         pending["approval_id"], "SKIPPED", decided_by=by, reason="step skipped")
-    await actor.move(node.name, node.next, [(EventType.STEP_SKIPPED, {
-        "step": node.name, "next": node.next, "by": by, "reason": env.body.get("reason"),
-        "command_id": env.correlation_id})], count_visit=False,
-        status_event=TaskEvent.HUMAN_RESOLVED, approval=settle,
-        inbox_message_id=env.message_id)
+    skipped = {"step": node.name, "next": node.next, "by": by,
+               "reason": env.body.get("reason"), "command_id": env.correlation_id}
+    await actor.move(node.name, node.next, [(EventType.STEP_SKIPPED, skipped)],
+                     count_visit=False, status_event=TaskEvent.HUMAN_RESOLVED,
+                     approval=settle, inbox_message_id=env.message_id,
+                     audit=_entry(actor, env, skipped))
     actor.advance()
     return f"processed: the task goes on at {node.next}"
