@@ -11,6 +11,8 @@ import pytest
 
 import ratchet
 from ratchet.actors.task.settle import continuation
+from ratchet.supervisors.cli.admin import settle_args
+from ratchet.supervisors.cli.parser import parser
 from tests import settle_apps
 from tests.conftest import NodeFactory, wait_terminal
 from tests.keys import client_as
@@ -356,3 +358,44 @@ def test_what_a_task_does_once_a_human_settled_an_action(
     package: dict[str, Any], doubts: list[str], pending: bool, then: str
 ) -> None:
     assert continuation(package, doubts, pending) == then
+
+
+async def test_get_shows_an_approval_nodes_id_deadline_and_escalation_target(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    from tests.graph_apps import app as graph_app
+
+    clock = ratchet.FakeClock()
+    await start_node(graph_app, clock=clock)
+    task_id = (await client.submit("approve", {"amount": 70}, key="g-1")).task_id
+    async for event in client.watch(task_id):
+        if event.type == "approval.requested":
+            requested = event.payload
+            break
+    clock.advance(120.0)
+    got = await admin(client, "get", command_id="w1", task_id=task_id)
+    assert got.result is not None
+    waiting = got.result["waiting_for"]
+    assert waiting["approval_id"] == requested["approval_id"]
+    assert waiting["deadline"] == requested["expires_at"]
+    assert (waiting["escalation"], waiting["approvers"], waiting["node"]) == (
+        "director", "managers", "manager")
+    listed = await admin(client, "approvals", command_id="w2")
+    assert listed.result is not None
+    [row] = listed.result["waiting"]  # an approval node is no handoff
+    assert (row["kind"], row["approval_id"]) == ("approval", requested["approval_id"])
+    assert row["age_s"] == pytest.approx(120.0, abs=1.0)
+    stranger = await admin(client, "approvals", command_id="w3", tenant="other")
+    assert stranger.result is not None and stranger.result["waiting"] == []
+
+
+def test_the_cli_sends_the_settling_flags_as_the_verbs_arguments() -> None:
+    args = parser().parse_args([
+        "admin", "resolve", "tsk_1", "--action", "0042", "--outcome", "succeeded",
+        "--request-hash", "sha256:ab", "--evidence", "seen at the bank",
+        "--result", '{"provider_id": "p-9"}'])
+    assert (args.verb, args.task_id) == ("resolve", "tsk_1")
+    assert settle_args(args) == {"action": "0042", "outcome": "succeeded",
+                                 "request_hash": "sha256:ab", "evidence": "seen at the bank",
+                                 "result": {"provider_id": "p-9"}}
+    assert settle_args(parser().parse_args(["admin", "approvals"])) == {}
