@@ -351,6 +351,7 @@ async def test_a_viewer_lists_approvals_but_cannot_settle(
     ({"why": "exhausted"}, [], True, "wait"),
     ({"why": "unresolved actions at failure", "failure": {}}, [], False, "fail"),
     ({"why": "compensation failed for good"}, [], False, "fail"),
+    ({"why": "compensation failed for good", "cancel": {"by": "olga"}}, [], False, "cancel"),
     ({"why": "restart intensity exceeded", "pending_compensations": ["k"]}, [], False,
      "fail"),
 ])

@@ -13,7 +13,8 @@ service checked (its status, the action, the request hash) under its single writ
 
 Then the task goes on as :func:`continuation` says: while other writes of unknown outcome
 remain, or an approval is pending, it stays where it is; a failure that stopped for a human
-(unresolved writes at failure, a failed undo) goes on failing — compensating the rest; any
+(unresolved writes at failure, a failed undo) goes on failing — compensating the rest; a
+cancel whose undo failed goes on cancelling; any
 other handoff runs the step again from its checkpoint, where the ledger answers the settled
 call (a FAILED or COMPENSATED action raises ``ActionFailed`` in the step: the workflow
 decides, else the task fails compensating). Answers are ``processed: <then>`` or
@@ -26,6 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ratchet.actors.task import control as task_control
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import StepNode
@@ -64,10 +66,13 @@ def in_doubt(actions: list[ActionRecord]) -> list[str]:
 
 def continuation(package: dict[str, Any], doubts: list[str], approval_pending: bool) -> str:
     """What the task does once a human settled an action, from its open handoff's package:
-    ``wait`` (still waiting for a human), ``fail`` (it was failing: it goes on failing) or
-    ``run`` (its step again)."""
+    ``wait`` (still waiting for a human), ``cancel`` (it was being cancelled when an undo
+    failed: the cancel goes on), ``fail`` (it was failing: it goes on failing) or ``run``
+    (its step again)."""
     if doubts or approval_pending:
         return "wait"
+    if "cancel" in package:
+        return "cancel"
     failing = package.get("why") in _FAILING or "failure" in package \
         or "pending_compensations" in package
     return "fail" if failing else "run"
@@ -115,6 +120,9 @@ async def on_settle(actor: TaskKernel, env: Envelope) -> str:
     events.append((EventType.TASK_HUMAN_RESOLVED, {"by": by, "key": row.key, "then": then}))
     await actor.commit(status_event=TaskEvent.HUMAN_RESOLVED, action=write, events=events,
                        inbox_message_id=env.message_id, audit=audit)
+    if then == "cancel":
+        await task_control.cancel(actor, dict(package["cancel"] or {}))
+        return "processed: the cancel goes on (compensating what is left)"
     if then == "fail":
         failure = package.get("failure") or {}
         reason = str(failure.get("message") or package.get("why") or "settled by a human")
