@@ -4,6 +4,7 @@ The tool runs in process; ``PAY`` says how its next calls end and counts them.""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -107,6 +108,21 @@ async def refuse(ctx: ratchet.StepContext) -> None:
     raise ratchet.ActionFailed("the order was refused downstream")
 
 
+#: Set by a test to let ``settle.cancel``'s lingering step end (it is interrupted first).
+LINGER = asyncio.Event()
+cancelled = ratchet.Workflow("settle.cancel", version=1, compensate_on_cancel=True)
+
+
+@cancelled.step
+async def hold(ctx: ratchet.StepContext) -> None:
+    await ctx.call(book_tool, BookArgs(order="o3"))
+
+
+@cancelled.step
+async def linger(ctx: ratchet.StepContext) -> None:
+    await LINGER.wait()  # until cancelled
+
+
 class Answer(BaseModel):
     limit: float
 
@@ -135,5 +151,6 @@ async def done(ctx: ratchet.StepContext) -> dict[str, Any]:
 
 
 registry = ratchet.Registry([pay, _flaky_workflow("settle.flaky", True),
-                             _flaky_workflow("settle.rigid", False), undo, agent],
+                             _flaky_workflow("settle.rigid", False), undo, agent,
+                             cancelled],
                             tools=[pay_tool, book_tool, unbook_tool])

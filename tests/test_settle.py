@@ -400,3 +400,30 @@ def test_the_cli_sends_the_settling_flags_as_the_verbs_arguments() -> None:
                                  "request_hash": "sha256:ab", "evidence": "seen at the bank",
                                  "result": {"provider_id": "p-9"}}
     assert settle_args(parser().parse_args(["admin", "approvals"])) == {}
+
+
+async def test_a_cancel_whose_undo_failed_goes_on_cancelling_once_settled(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(settle_apps.registry)
+    task_id = (await client.submit("settle.cancel", {}, key="cancel-1")).task_id
+    async for event in client.watch(task_id):
+        if event.type == "step.completed":
+            break
+    cancel = await admin(client, "cancel", command_id="c1", principal={"name": "olga"},
+                         task_id=task_id, args={"reason": "customer withdrew"})
+    assert cancel.ok, cancel.error
+    await parked(client, task_id)  # the undo of the booking failed: a human
+    got = await admin(client, "get", command_id="c2", task_id=task_id)
+    assert got.result is not None and got.result["status"] == "WAITING_APPROVAL"
+    recommended = got.result["waiting_for"]["recommended"]
+    settled = await admin(client, "resolve", command_id="c3", principal=APPROVER,
+                          task_id=task_id, args={
+                              "action": "book:o3", "outcome": "compensated",
+                              "request_hash": recommended["request_hash"],
+                              "evidence": "booking b-o3 released by hand"})
+    assert settled.ok, settled.error
+    assert settled.result is not None and settled.result["status"] == "CANCELLED"
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.cancelled"
+    assert events[-1].payload["by"] == "local-admin"
