@@ -123,6 +123,19 @@ async def linger(ctx: ratchet.StepContext) -> None:
     await LINGER.wait()  # until cancelled
 
 
+giveup = ratchet.Workflow("settle.giveup", version=1)
+
+
+@giveup.step
+async def take(ctx: ratchet.StepContext) -> None:
+    await ctx.call(book_tool, BookArgs(order="o4"))
+
+
+@giveup.step
+async def crash(ctx: ratchet.StepContext) -> None:
+    raise RuntimeError("a bug that crashes the step every time")
+
+
 class Answer(BaseModel):
     limit: float
 
@@ -152,5 +165,5 @@ async def done(ctx: ratchet.StepContext) -> dict[str, Any]:
 
 registry = ratchet.Registry([pay, _flaky_workflow("settle.flaky", True),
                              _flaky_workflow("settle.rigid", False), undo, agent,
-                             cancelled],
+                             cancelled, giveup],
                             tools=[pay_tool, book_tool, unbook_tool])

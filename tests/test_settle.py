@@ -427,3 +427,30 @@ async def test_a_cancel_whose_undo_failed_goes_on_cancelling_once_settled(
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.cancelled"
     assert events[-1].payload["by"] == "local-admin"
+
+
+async def test_a_task_its_supervisor_gave_up_on_gets_a_full_package_and_can_be_settled(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(settle_apps.registry, max_step_attempts=10, task_max_restarts=2,
+                     task_backoff_base=0.001, task_backoff_cap=0.01)
+    task_id = (await client.submit("settle.giveup", {}, key="giveup-1")).task_id
+    event = await parked(client, task_id)
+    assert event.payload["reason"] == "restart intensity exceeded"
+    reply = await admin(client, "handoff", command_id="gv1", task_id=task_id)
+    assert reply.result is not None
+    package = reply.result["handoffs"][-1]["package"]
+    assert package["pending_compensations"] == ["book:o4"]
+    assert (package["tenant"], package["node"], package["compensable"]) == (
+        "acme", "crash", ["book:o4"])
+    assert package["last_errors"][-1]["type"] == "step.failed"
+    recommended = package["recommended"]
+    assert (recommended["verb"], recommended["action"]) == ("resolve", "book:o4")
+    settled = await admin(client, "resolve", command_id="gv2", principal=APPROVER,
+                          task_id=task_id, args={
+                              "action": "book:o4", "outcome": "compensated",
+                              "request_hash": recommended["request_hash"],
+                              "evidence": "booking b-o4 released by hand"})
+    assert settled.ok, settled.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.failed"

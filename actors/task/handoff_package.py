@@ -1,6 +1,7 @@
 """The handoff package: everything a human needs to take over a task a machine could not
-finish, built in the task actor when it hands the task over (actors/task/suspension.py)
-and stored with the handoff row (secrets redacted when packed).
+finish, built when the task is handed over — by its actor (actors/task/suspension.py), or
+from the store when its supervisor gave up (``fail_task``, actors/task/deps.py) — and
+stored with the handoff row (secrets redacted when packed).
 
 It holds the signal's own fields (``why``, ``key``, ``options``, ...) and: ``tenant``,
 ``task_id``, ``workflow`` and ``workflow_version``, ``node`` (where the task stands),
@@ -14,14 +15,16 @@ action, with the admin command that does it (:func:`recommend`, a pure function)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ratchet.actors.effects.signals import HandoffRequired
-from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.ledger import ActionRecord
+from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.records import TaskRecord
 from ratchet.protocol.catalogue import EventType
 
-__all__ = ["build_package", "recommend"]
+__all__ = ["Where", "build_package", "recommend"]
 
 #: Events whose payload carries an error worth showing a human.
 _ERROR_EVENTS = (EventType.STEP_FAILED, EventType.ACTION_FAILED, EventType.ACTION_UNKNOWN,
@@ -33,7 +36,8 @@ def recommend(task_id: str, package: dict[str, Any], actions: list[dict[str, Any
               ) -> dict[str, Any]:
     """The next action a human should take, from the package and the ledger rows shown:
     settle the first write of unknown outcome, else decide the pending approval, else undo
-    by hand what a failed compensation left (then resolve it), else cancel."""
+    by hand what a failed compensation (or a supervisor that gave up) left, then resolve it
+    compensated, else cancel."""
     doubt = [a for a in actions if a["status"] in ("UNKNOWN", "IN_FLIGHT", "PENDING")
              and a["compensates"] is None]
     if doubt:
@@ -53,12 +57,15 @@ def recommend(task_id: str, package: dict[str, Any], actions: list[dict[str, Any
                            f"{package['approval_id']} --request-hash"
                            f" {package.get('request_hash')}"}
     undo = [a for a in actions if a["compensates"] is not None and a["status"] != "SUCCEEDED"]
-    if undo:
-        original = next((a for a in actions if a["key"] == undo[0]["compensates"]), undo[0])
+    pending = [a for a in actions if a["key"] in package.get("pending_compensations", ())]
+    if undo or pending:
+        original = pending[0] if pending and not undo else next(
+            (a for a in actions if a["key"] == undo[0]["compensates"]), undo[0])
         return {"verb": "resolve", "action": original["key"],
                 "request_hash": original["request_hash"],
-                "why": f"undo {original['tool']} {original['key']} by hand (its compensation"
-                       " did not), then resolve it compensated: the task goes on failing",
+                "why": f"undo {original['tool']} {original['key']} by hand (no compensation"
+                       " did), then resolve it compensated: the task goes on failing and"
+                       " undoes the rest",
                 "command": f"ratchet admin resolve {task_id} --action {original['key']}"
                            f" --outcome compensated --request-hash {original['request_hash']}"
                            " --evidence '...'"}
@@ -83,11 +90,11 @@ def _shown(a: ActionRecord, correlation: str | None) -> dict[str, Any]:
             "error": a.error, "compensates": a.compensates, "step_index": a.step_index}
 
 
-def _compensable(actor: TaskKernel, effective: list[ActionRecord]) -> list[str]:
+def _compensable(registry: Registry, effective: list[ActionRecord]) -> list[str]:
     out = []
     for a in effective:
         try:
-            tool = actor.deps.registry.tool(a.tool)
+            tool = registry.tool(a.tool)
         except Exception:  # model calls and unregistered tools declare no undo
             continue
         if tool.compensate is not None:
@@ -95,13 +102,24 @@ def _compensable(actor: TaskKernel, effective: list[ActionRecord]) -> list[str]:
     return out
 
 
-async def build_package(actor: TaskKernel, signal: HandoffRequired) -> dict[str, Any]:
-    """The package of ``signal`` for the task as it stands (see the module doc)."""
-    rec = actor.record
-    assert rec is not None
-    store = actor.deps.store
-    events = await store.events(actor.task_id)
-    actions = await store.task_actions(actor.task_id)
+@dataclass(frozen=True)
+class Where:
+    """Where the task stands, as whoever hands it over knows it: its live actor, or — when
+    the supervisor gave up — the store's row alone."""
+
+    node: str | None
+    next_step: int
+    state_keys: list[str]
+    spent: dict[str, float]
+    now: float
+
+
+async def build_package(store: TaskStore, registry: Registry, rec: TaskRecord, where: Where,
+                        reason: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """The package of a handoff for ``reason`` with the signal's own ``fields`` (see the
+    module doc)."""
+    events = await store.events(rec.task_id)
+    actions = await store.task_actions(rec.task_id)
     correlations = _correlations(events)
     shown = [_shown(a, correlations.get(a.key)) for a in actions]
     effective = [a for a in actions if a.status == "SUCCEEDED" and a.compensates is None]
@@ -112,28 +130,26 @@ async def build_package(actor: TaskKernel, signal: HandoffRequired) -> dict[str,
               "approvers": r["approvers"] or "any approver of the tenant",
               "asked_at": r["created_at"], "expires_at": r["expires_at"],
               "status": r["status"], "decided_by": r["decided_by"]}
-             for r in await store.task_approvals(actor.task_id)]
-    if signal.package.get("approval_id") and not any(
-            r["approval_id"] == signal.package["approval_id"] for r in asked):
-        asked.append({"approval_id": signal.package["approval_id"], "node": actor.current,
-                      "approvers": "any approver of the tenant",
-                      "asked_at": actor.deps.clock.now(), "expires_at": None,
-                      "status": "PENDING", "decided_by": None})
+             for r in await store.task_approvals(rec.task_id)]
+    if fields.get("approval_id") and not any(
+            r["approval_id"] == fields["approval_id"] for r in asked):
+        asked.append({"approval_id": fields["approval_id"], "node": where.node,
+                      "approvers": "any approver of the tenant", "asked_at": where.now,
+                      "expires_at": None, "status": "PENDING", "decided_by": None})
     package = {
-        **signal.package,
-        "tenant": rec.tenant, "task_id": actor.task_id, "workflow": rec.workflow,
-        "workflow_version": rec.workflow_version, "node": actor.current,
-        "reason": signal.reason,
+        **fields,
+        "tenant": rec.tenant, "task_id": rec.task_id, "workflow": rec.workflow,
+        "workflow_version": rec.workflow_version, "node": where.node, "reason": reason,
         "goal": {"workflow": rec.workflow, "input": rec.input},
         "timeline": [{"sequence": e["sequence"], "type": e["type"], "at": e["occurred_at"],
                       "payload": e["payload"]} for e in events[-50:]],
-        "last_checkpoint": {"seq": rec.last_checkpoint, "next_step": actor.next_step,
-                            "state_keys": sorted(actor.state)},
+        "last_checkpoint": {"seq": rec.last_checkpoint, "next_step": where.next_step,
+                            "state_keys": where.state_keys},
         "actions": shown,
         "effective": [a.key for a in effective],
-        "compensable": _compensable(actor, effective),
-        "budget": rec.budget, "spent": dict(actor.spent),
+        "compensable": _compensable(registry, effective),
+        "budget": rec.budget, "spent": dict(where.spent),
         "last_errors": errors, "asked": asked,
     }
-    package["recommended"] = recommend(actor.task_id, package, shown)
+    package["recommended"] = recommend(rec.task_id, package, shown)
     return package

@@ -18,7 +18,7 @@ from ratchet.actors.effects.actions import (
 )
 from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.task.deps import error_of
-from ratchet.actors.task.handoff_package import build_package
+from ratchet.actors.task.handoff_package import Where, build_package
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.step_sleep import SleepRequested, start_sleeping
 from ratchet.persistence.ledger import ActionRecord, TimerWrite
@@ -88,7 +88,11 @@ async def suspend(actor: TaskKernel, signal: TaskSuspended) -> None:
 async def handoff_package(actor: TaskKernel, signal: HandoffRequired) -> dict[str, Any]:
     """Everything a human needs (actors/task/handoff_package.py): the task, where it stands,
     its ledger, budgets, errors, who was asked, and a recommended next action."""
-    return await build_package(actor, signal)
+    assert actor.record is not None
+    where = Where(actor.current, actor.next_step, sorted(actor.state), dict(actor.spent),
+                  actor.deps.clock.now())
+    return await build_package(actor.deps.store, actor.deps.registry, actor.record, where,
+                               signal.reason, signal.package)
 
 
 async def fail_with_saga(actor: TaskKernel, cause: BaseException, reason: str) -> None:
