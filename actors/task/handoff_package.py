@@ -86,7 +86,9 @@ def _correlations(events: list[dict[str, Any]]) -> dict[str, str]:
 def _shown(a: ActionRecord, correlation: str | None) -> dict[str, Any]:
     return {"key": a.key, "tool": a.tool, "status": a.status, "provider_id": a.provider_id,
             "correlation_id": correlation, "attempts": a.attempts, "accepted": a.accepted,
-            "request": a.args, "request_hash": a.request_hash, "response": a.result,
+            "request": a.args, "request_hash": a.request_hash,
+            # A model call's answer is in the agent log, and may be long: not repeated here.
+            "response": None if a.kind == "model" else a.result,
             "error": a.error, "compensates": a.compensates, "step_index": a.step_index}
 
 
