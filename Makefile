@@ -32,6 +32,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/dynflow.py
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/admin.py
+	$(BIN)/python bench/settle.py
 	$(BIN)/python bench/chaos.py --runs 200
 
 # Ten minutes of steady load at 150 tasks/s (WAL, memory and latency over time).

@@ -17,8 +17,9 @@ The ports, by concern:
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
 - :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes,
-  :class:`SweepStore` — writes nobody settled (persistence/schedule_rows.py, drift_rows.py,
-  sweep_rows.py: declared there for this module's size).
+  :class:`SweepStore` — writes nobody settled, :class:`SettleStore` — what waits for a
+  human (persistence/schedule_rows.py, drift_rows.py, sweep_rows.py, settle_rows.py:
+  declared there for this module's size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -41,6 +42,7 @@ from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
+from ratchet.persistence.settle_rows import SettleStore
 from ratchet.persistence.sweep_rows import SweepStore
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
 from ratchet.persistence.wal import WalStats
@@ -58,7 +60,7 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore", "DriftStore", "SweepStore",
+    "ScheduleStore", "DriftStore", "SweepStore", "SettleStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -186,6 +188,10 @@ class TaskStore(Protocol):
         ...
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
+        ...
+
+    async def task_approvals(self, task_id: str) -> list[dict[str, Any]]:
+        """Every approval the task asked for, oldest first (persistence/settle_rows.py)."""
         ...
 
     async def agent_log(self, task_id: str, node: str) -> list[tuple[str, dict[str, Any]]]:
@@ -347,7 +353,7 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                DriftStore, SweepStore, Protocol):
+                DriftStore, SweepStore, SettleStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

@@ -31,6 +31,7 @@ from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.migrations import migrate
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRows
+from ratchet.persistence.settle_rows import SettleRows
 from ratchet.persistence.store_rows import AdminRows, RowReads
 from ratchet.persistence.sweep_rows import SweepRows
 from ratchet.persistence.txns import (
@@ -78,7 +79,7 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
 
 
 class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows,
-            SweepRows):
+            SweepRows, SettleRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:

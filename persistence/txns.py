@@ -95,6 +95,10 @@ class TaskChange:
     audit: AuditEntry | None = None
 
 
+#: The statuses a handoff leaves a task in: leaving them settles its open handoffs.
+_HANDED = ("UNKNOWN", "WAITING_APPROVAL")
+
+
 @dataclass(frozen=True, slots=True)
 class ChangeResult:
     version: int
@@ -144,6 +148,9 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
         events=change.events,
     )
     outbox += _write_related_rows(conn, change, tenant)
+    if status in _HANDED and new_status.value != status:  # no longer waiting for a human
+        conn.execute("UPDATE handoffs SET resolved_at = ? WHERE task_id = ? AND resolved_at"
+                     " IS NULL", (change.now, change.task_id))
     update = _TaskUpdate()
     update.add("status = ?", new_status.value)
     update.add("last_event_seq = ?", last_seq + len(change.events))

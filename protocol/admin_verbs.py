@@ -12,6 +12,9 @@ VERB_ROLES: dict[str, str] = {
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
     "thaw": "operator", "purge": "operator", "breakers": "viewer",
     "model-stats": "viewer",
+    # Settling what a machine could not (supervisors/services/admin_settle.py).
+    "resolve": "approver", "retry-action": "approver", "skip-step": "approver",
+    "approvals": "viewer",
     # Schedules of the tenant's workflows (protocol/schedules.py).
     "schedule-create": "operator", "schedule-list": "viewer", "schedule-delete": "operator",
     "schedule-pause": "operator", "schedule-resume": "operator",

@@ -38,6 +38,9 @@ class MessageType(StrEnum):
     BRANCH_DONE = "branch.done"
     #: In process only, from the timer service to a task actor: a timer is due.
     TIMER_FIRED = "timer.fired"
+    #: In process only, from the admin service to a task actor: a human settles an action
+    #: or a handoff (``resolve``, ``retry-action``, ``skip-step``; actors/task/settle.py).
+    TASK_SETTLE = "task.settle"
 
 
 #: Admin commands are typed ``admin.<verb>``, one type per verb of
@@ -93,6 +96,8 @@ class EventType(StrEnum):
     TASK_UNKNOWN = "task.unknown"
     #: → WAITING_APPROVAL, with a handoff: a human must decide.
     TASK_HANDOFF = "task.handoff"
+    #: UNKNOWN or WAITING_APPROVAL → RUNNING: a human settled what stopped the task.
+    TASK_HUMAN_RESOLVED = "task.human_resolved"
 
     # -- steps -----------------------------------------------------------------------------
     #: A step's checkpoint committed.
@@ -101,6 +106,8 @@ class EventType(StrEnum):
     STEP_FAILED = "step.failed"
     #: A step abandoned by a cancel (nothing of it committed).
     STEP_INTERRUPTED = "step.interrupted"
+    #: A human skipped a step the workflow declares skippable (``admin skip-step``).
+    STEP_SKIPPED = "step.skipped"
 
     # -- the action protocol (side effects) ------------------------------------------------
     #: The first attempt of a call, and again before each retry's call.
@@ -130,6 +137,9 @@ class EventType(StrEnum):
     #: The call outlived the cancel timeout: the task ended without its outcome, which the
     #: action sweeper settles later (docs/side-effects.md, "Settling").
     ACTION_DETACHED = "action.detached"
+    #: A human settled the action with evidence (``admin resolve``) or had it re-sent
+    #: under its key (``admin retry-action``).
+    ACTION_HUMAN_RESOLVED = "action.human_resolved"
 
     # -- graph moves, fan-out and fan-in ---------------------------------------------------
     #: A choice node moved the task.

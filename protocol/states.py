@@ -79,6 +79,9 @@ TRANSITIONS: dict[tuple[TaskStatus, TaskEvent], TaskStatus] = {
     (S.WAITING_EXTERNAL, E.OUTCOME_UNKNOWN): S.UNKNOWN,
     (S.UNKNOWN, E.RECONCILED): S.RUNNING,
     (S.UNKNOWN, E.HUMAN_RESOLVED): S.RUNNING,
+    # A handoff with no pending approval (a failed undo) settled by a human, or a step
+    # skipped at a handoff (admin resolve, skip-step).
+    (S.WAITING_APPROVAL, E.HUMAN_RESOLVED): S.RUNNING,
     (S.RUNNING, E.SUCCEEDED): S.SUCCEEDED,
     # QUEUED → FAILED: a task that can never start (its workflow is gone, its deadline
     # passed in the queue, its supervisor gave up before the first step).

@@ -57,7 +57,9 @@ def test_admin_roles_publish_the_verbs_of_their_roles_in_their_tenant() -> None:
     pub, _ = permissions(_who("acme", "viewer"))
     assert set(pub) == {f"ratchet.admin.acme.{v}" for v in viewer_verbs}
     pub, _ = permissions(_who("acme", "approver"))
-    assert set(pub) == {f"ratchet.admin.acme.{v}" for v in viewer_verbs | {"approve", "reject"}} \
+    approver_verbs = {v for v, r in VERB_ROLES.items() if r == "approver"}
+    assert {"approve", "reject", "resolve"} <= approver_verbs
+    assert set(pub) == {f"ratchet.admin.acme.{v}" for v in viewer_verbs | approver_verbs} \
         | {"ratchet.decisions.acme"}
     pub, _ = permissions(_who("acme", "operator"))
     assert "ratchet.admin.acme.cancel" in pub and "ratchet.admin.acme.get" in pub

@@ -23,6 +23,7 @@ from ratchet.persistence.ports import (
     LeaseStore,
     OutboxStore,
     ScheduleStore,
+    SettleStore,
     StorePort,
     SweepStore,
     TaskStore,
@@ -31,7 +32,7 @@ from ratchet.persistence.store import Store
 from tests.conftest import ROOT
 
 CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore,
-                             ScheduleStore, DriftStore, SweepStore]
+                             ScheduleStore, DriftStore, SweepStore, SettleStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
 #: Where a store is opened: the only modules of the upper layers that name the SQLite class
 #: (the node; and ``ratchet nats-config``, which reads the keyring with no node running).

@@ -1,15 +1,12 @@
 """The task actor: runs one task's sequential workflow, one durable step at a time.
 
-Each step ends in one store transaction (compare-and-set on the task version) holding the
-checkpoint delta, the ``step.completed`` event and its outbox row. Between steps the actor
-sends itself ``Advance``, so other mail (and a stop) is handled at step boundaries, the
-task's safe points.
+Each step ends in one transaction (compare-and-set on the task version): checkpoint delta,
+``step.completed`` and its outbox row; between steps the actor sends itself ``Advance``, so
+other mail (and a stop) is handled at step boundaries, the task's safe points.
 
-When a step raises: ``step.failed`` is recorded; an :class:`ActionFailed` (a side effect
-failed for good), or the step's last allowed attempt, ends the task: compensations run in
-reverse order (saga), then FAILED. Otherwise the actor crashes and its supervisor starts a
-fresh one from the last checkpoint, so committed steps never run again; the re-run step
-finds its completed actions in the ledger and does not repeat them.
+A step that raises records ``step.failed``; an :class:`ActionFailed` or its last allowed
+attempt gives up (exhausted.py: the saga then FAILED, or a human); else the actor crashes
+and restarts from the last checkpoint (the ledger answers the re-run's completed calls).
 
 A step may suspend the task (actors/task/suspension.py): the actor passivates. A fresh actor
 for a started task records ``task.recovered`` (crash_loop.py) and settles its writes first
@@ -19,6 +16,7 @@ for a started task records ``task.recovered`` (crash_loop.py) and settles its wr
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import structlog
@@ -26,12 +24,19 @@ import structlog
 from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
 from ratchet.actors.task import control as task_control
-from ratchet.actors.task import crash_loop, graph_runtime, loop_runtime, revalidate, settle_task
+from ratchet.actors.task import (
+    crash_loop,
+    exhausted,
+    graph_runtime,
+    loop_runtime,
+    revalidate,
+    settle_task,
+)
 from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
 from ratchet.actors.task.deps import error_of as error_of
 from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.node_guard import NodeGuard
-from ratchet.actors.task.open_actions import OpenActions
+from ratchet.actors.task.open_actions import OpenActions, mark_cancelling
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.slow_step import warn_if_slow
 from ratchet.actors.task.step_runner import step_runner
@@ -152,13 +157,8 @@ class TaskActor(Actor):
         """Abandon the step in progress, if any, once no write of it is in flight (called on
         the loop, from outside, for an operator's cancel; the step is not committed and the
         control mail comes next: actors/task/open_actions.py)."""
-        return self.open_actions.interrupt(self.deps.cancel_timeout, self._mark_cancelling)
-
-    async def _mark_cancelling(self, calls: dict[str, str]) -> None:
-        await self.deps.store.apply(TaskChange(
-            task_id=self.task_id, expected_version=None, producer=self.deps.producer,
-            now=self.deps.clock.now(), events=[(EventType.ACTION_CANCELLING, {
-                "key": key, "tool": tool}) for key, tool in calls.items()]))
+        return self.open_actions.interrupt(self.deps.cancel_timeout, functools.partial(
+            mark_cancelling, self.deps.store, self.task_id, self.deps.producer, self.deps.clock))
 
     async def on_stop(self) -> None:
         self.secrets.release(running=self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING))
@@ -364,8 +364,7 @@ class TaskActor(Actor):
             await self._record_step_failure(step.name, index, exc)
             for_good = next((r for kind, r in _FOR_GOOD if isinstance(exc, kind)), None)
             if for_good or self._attempt >= self.deps.max_step_attempts:
-                await fail_with_saga(self, exc, for_good
-                                     or f"step {step.name} failed {self._attempt} times")
+                await exhausted.give_up(self, step, exc, for_good, self._attempt)
                 return False
             raise  # crash: the supervisor restarts us from the last checkpoint
         if step.kind == "loop":  # the iteration's one commit, and where the loop goes next
@@ -377,10 +376,9 @@ class TaskActor(Actor):
         return True
 
     async def _record_step_failure(self, name: str, index: int, exc: BaseException) -> None:
-        error = {"type": type(exc).__name__, "message": str(exc)[:2000],
+        error = {"type": type(exc).__name__, "message": "step timed out" if isinstance(
+            exc, TimeoutError) else str(exc)[:2000],
                  **({"code": exc.code.value} if isinstance(exc, RatchetError) else {})}
-        if isinstance(exc, TimeoutError):
-            error["message"] = "step timed out"
         await self._commit(self._change(step_failed=True, events=[(EventType.STEP_FAILED, {
             "step": name, "index": index, "attempt": self._attempt, "error": error})]))
         self.log.warning("step failed", step=name, attempt=self._attempt, error=repr(exc))

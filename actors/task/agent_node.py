@@ -23,12 +23,13 @@ from pydantic import ValidationError
 from ratchet.actors.agents.loop_detect import LoopPolicy, TurnRecord, detect
 from ratchet.actors.agents.models import Message
 from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
+from ratchet.actors.task import exhausted
 from ratchet.actors.task.agent_compact import maybe_compact
 from ratchet.actors.task.agent_conversation import Conversation, digest
 from ratchet.actors.task.agent_propose import Turn, propose
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga, suspend
-from ratchet.actors.workflow.nodes import FAIL, AgentNode
+from ratchet.actors.workflow.nodes import FAIL, HUMAN, AgentNode
 from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import ActionFailed, BudgetExhausted, LoopDetected, RatchetError
@@ -115,17 +116,26 @@ async def _take_answer(actor: TaskKernel, node: AgentNode, t: Turn) -> bool | No
     except ValidationError as exc:
         repairs = int(conv.get("repairs", 0)) + 1
         conv.set("repairs", repairs)
+        repair = Message("user", "Your answer did not validate against the required "
+                         f"schema {node.output.model_json_schema()}: "
+                         f"{exc.errors()[:3]}. Reply with JSON only.").to_dict()
         if repairs > node.repair_attempts:
             error = RatchetError(f"answer failed validation {repairs} times",
                                  node=node.name, problems=str(exc)[:500])
+            human = node.on_exhausted == HUMAN
+            if human:  # approved, the model gets the repair and its repairs afresh
+                conv.set("repairs", 0)
+                conv.set("turn", t.number + 1)  # the next turn's model call: a new key
+                conv.add(repair)
             await actor.move(node.name, node.name, [*t.events, (EventType.AGENT_TURN, {
                 "node": node.name, "turn": t.number, "outcome": "invalid answer"})],
                 spend=t.spend, agent_log=conv.flush(), action=t.record, count_visit=False)
-            await fail_with_saga(actor, error, "agent answer invalid")
+            if human:
+                await exhausted.to_a_human(actor, node.name, error, "agent answer invalid")
+            else:
+                await fail_with_saga(actor, error, "agent answer invalid")
             return False
-        conv.add(Message("user", "Your answer did not validate against the required "
-                         f"schema {node.output.model_json_schema()}: "
-                         f"{exc.errors()[:3]}. Reply with JSON only.").to_dict())
+        conv.add(repair)
         t.events.append((EventType.AGENT_REPAIR, {"node": node.name, "turn": t.number,
                                           "attempt": repairs}))
         return None

@@ -21,6 +21,7 @@ from ratchet.actors.agents.degrade import AnswerCache
 from ratchet.actors.core.actor import Actor, ActorRef
 from ratchet.actors.effects.saga import pending_compensations
 from ratchet.actors.effects.switches import Switches
+from ratchet.actors.task.handoff_package import Where, build_package
 from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.checkpoints import MAX_CHECKPOINT_BYTES, MAX_VALUE_BYTES
 from ratchet.persistence.ports import TaskStore
@@ -194,13 +195,15 @@ async def fail_task(deps: TaskDeps, task_id: str, cause: BaseException | None, r
                    if rec.status == TaskStatus.RUNNING.value else [])
         if pending:
             keys = [a.key for a in pending]
+            where = Where(rec.current_node, rec.next_step, [], dict(rec.spent), deps.clock.now())
+            package = await build_package(deps.store, deps.registry, rec, where, reason, {
+                "why": reason, "error": error, "pending_compensations": keys})
             change = TaskChange(
                 task_id=task_id, expected_version=rec.version, producer=deps.producer,
                 now=deps.clock.now(), status_event=TaskEvent.WAITING_APPROVAL, error=error,
                 events=[(EventType.TASK_HANDOFF, {"reason": reason, "error": error,
                                           "pending_compensations": keys})],
-                handoff=(reason, {"why": reason, "error": error,
-                                  "pending_compensations": keys}))
+                handoff=(reason, package))
         else:
             change = TaskChange(
                 task_id=task_id, expected_version=rec.version, producer=deps.producer,

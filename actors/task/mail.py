@@ -13,9 +13,11 @@ from ratchet.actors.task import control as task_control
 from ratchet.actors.task import (
     crash_loop,
     decision_audit,
+    exhausted,
     graph_runtime,
     revalidate,
     risk_gate,
+    settle,
     sleep_node,
     step_sleep,
 )
@@ -47,7 +49,8 @@ async def _decision(actor: TaskKernel, env: Envelope) -> str:
     # audited here (a repeat of an applied one is answered "duplicate" by the inbox and
     # raises past this).
     outcome = await crash_loop.on_recovery_decision(actor, env)
-    for pseudo in (risk_gate.on_gate_decision, revalidate.on_revalidate_decision):
+    for pseudo in (risk_gate.on_gate_decision, revalidate.on_revalidate_decision,
+                   exhausted.on_exhausted_decision):
         if outcome is None:
             outcome = await pseudo(actor, env)
     if outcome is None:
@@ -76,4 +79,5 @@ MAIL: dict[str, tuple[MailHandler, ...]] = {
                               _graph_timer,
                               task_waits.handle_wait_mail),
     MessageType.EXTERNAL_RESOLVED: (_node_wait, task_waits.handle_wait_mail),
+    MessageType.TASK_SETTLE: (settle.on_settle,),
 }

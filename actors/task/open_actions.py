@@ -23,8 +23,12 @@ from typing import Any
 import structlog
 
 from ratchet.persistence.ledger import ActionWrite
+from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.txns import TaskChange
+from ratchet.protocol.catalogue import EventType
+from ratchet.protocol.clock import Clock
 
-__all__ = ["OpenActions"]
+__all__ = ["OpenActions", "mark_cancelling"]
 
 log = structlog.get_logger("ratchet.task")
 
@@ -106,3 +110,13 @@ class OpenActions:
 
     def describe(self) -> dict[str, Any]:
         return {"in_flight": sorted(self.in_flight), "unsettled": sorted(self.unsettled)}
+
+
+async def mark_cancelling(store: TaskStore, task_id: str, producer: str, clock: Clock,
+                          calls: dict[str, str]) -> None:
+    """``action.cancelling`` for each write in flight: a side-channel change, as the
+    actor itself is busy waiting for them."""
+    await store.apply(TaskChange(
+        task_id=task_id, expected_version=None, producer=producer, now=clock.now(),
+        events=[(EventType.ACTION_CANCELLING, {"key": key, "tool": tool})
+                for key, tool in calls.items()]))

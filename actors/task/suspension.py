@@ -19,6 +19,7 @@ from ratchet.actors.effects.actions import (
 from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.effects.settle import registered_tool, settle_action
 from ratchet.actors.task.deps import error_of
+from ratchet.actors.task.handoff_package import Where, build_package
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.step_sleep import SleepRequested, start_sleeping
 from ratchet.persistence.ledger import ActionRecord, TimerWrite
@@ -86,22 +87,13 @@ async def suspend(actor: TaskKernel, signal: TaskSuspended) -> None:
 
 
 async def handoff_package(actor: TaskKernel, signal: HandoffRequired) -> dict[str, Any]:
-    """Everything a human needs: goal, timeline, last checkpoint, requests, provider ids,
-    and the options they have."""
+    """Everything a human needs (actors/task/handoff_package.py): the task, where it stands,
+    its ledger, budgets, errors, who was asked, and a recommended next action."""
     assert actor.record is not None
-    events = await actor.deps.store.events(actor.task_id)
-    actions = await actor.deps.store.task_actions(actor.task_id)
-    return {
-        **signal.package,
-        "goal": {"workflow": actor.record.workflow, "input": actor.record.input},
-        "timeline": [{"sequence": e["sequence"], "type": e["type"], "at": e["occurred_at"],
-                      "payload": e["payload"]} for e in events[-50:]],
-        "last_checkpoint": {"seq": actor.record.last_checkpoint, "next_step": actor.next_step,
-                            "state_keys": sorted(actor.state)},
-        "actions": [{"key": a.key, "tool": a.tool, "status": a.status,
-                     "provider_id": a.provider_id, "attempts": a.attempts,
-                     "request": a.args} for a in actions],
-    }
+    where = Where(actor.current, actor.next_step, sorted(actor.state), dict(actor.spent),
+                  actor.deps.clock.now())
+    return await build_package(actor.deps.store, actor.deps.registry, actor.record, where,
+                               signal.reason, signal.package)
 
 
 async def fail_with_saga(actor: TaskKernel, cause: BaseException, reason: str) -> None:

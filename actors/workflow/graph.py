@@ -119,18 +119,21 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
         return node
 
     def step(self, fn: StepFn | None = None, *, name: str | None = None, next: str | None = None,
-             timeout: StepTimeout = WORKFLOW_DEFAULT, max_visits: int | None = None) -> Any:
+             timeout: StepTimeout = WORKFLOW_DEFAULT, max_visits: int | None = None,
+             on_exhausted: str = FAIL, skippable: bool = False) -> Any:
         """Decorator adding a step node: ``@wf.step`` or ``@wf.step(next=..., timeout=...)``
         (seconds; not given: the workflow's ``step_timeout``; None: no bound)."""
 
         def add(f: StepFn) -> StepFn:
-            self.add_step(name or f.__name__, f, next=next, timeout=timeout, max_visits=max_visits)
+            self.add_step(name or f.__name__, f, next=next, timeout=timeout, max_visits=max_visits,
+                          on_exhausted=on_exhausted, skippable=skippable)
             return f
 
         return add(fn) if fn is not None else add
 
     def add_step(self, name: str, fn: StepFn, *, next: str | None = None,
-                 timeout: StepTimeout = WORKFLOW_DEFAULT, max_visits: int | None = None) -> None:
+                 timeout: StepTimeout = WORKFLOW_DEFAULT, max_visits: int | None = None,
+                 on_exhausted: str = FAIL, skippable: bool = False) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise WorkflowDefinitionError(
                 f"workflow {self.name}: step {name!r} must be an async function")
@@ -138,7 +141,8 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
             timeout = self.step_timeout
         if timeout is not None and timeout <= 0:
             raise WorkflowDefinitionError(f"workflow {self.name}: step {name!r} timeout must be > 0")
-        self._add(StepNode(name, fn, next or END, timeout, max_visits=max_visits),
+        self._add(StepNode(name, fn, next or END, timeout, attempts_exhausted=on_exhausted,
+                           skippable=skippable, max_visits=max_visits),
                   implicit_next=next is None)
 
     def choice(self, name: str, guard: Callable[[Mapping[str, Any]], str],
@@ -198,15 +202,15 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
               max_turns: int = 20, repair_attempts: int = 2, loop: Any = None,
               params: Mapping[str, Any] | None = None, model_timeout: float = 60.0,
               next: str | None = None, on_budget_exhausted: str = FAIL, on_loop: str = FAIL,
-              max_visits: int | None = None, degrade: Any = None,
-              compact: Any = None) -> None:
+              max_visits: int | None = None, degrade: Any = None, compact: Any = None,
+              on_exhausted: str = FAIL) -> None:
         """An agent node: the model proposes tool calls or an answer; the runtime disposes.
         ``degrade``: a ``Degradation`` (fallback models, answer cache, a node when all
         fail); ``compact``: a ``Compaction`` (summarize a long conversation; docs/agents.md)."""
         self._add(AgentNode(name, model, tuple(tools), output, prompt, system, max_turns,
                             repair_attempts, loop, dict(params or {}), model_timeout,
-                            next or END, on_budget_exhausted, on_loop, degrade, compact,
-                            max_visits=max_visits),
+                            next or END, on_budget_exhausted, on_loop, on_exhausted,
+                            degrade, compact, max_visits=max_visits),
                   implicit_next=next is None)
 
     def parse_input(self, raw: Mapping[str, Any]) -> dict[str, Any]:

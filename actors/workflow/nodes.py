@@ -6,7 +6,8 @@ and audited before it runs: the runtime moves a task only along declared edges.
 ========================  ==============================================================
 kind                      successors
 ========================  ==============================================================
-step                      ``next`` (default: the next node declared, or the end)
+step                      ``next`` (default: the next node declared, or the end); its
+                          ``on_exhausted`` is ``"fail"`` or ``"human"``, not a node
 choice (conditional)      ``targets``: the guard must return one of them
 route (routing table)     ``table`` values and the required ``default``
 fanout                    its ``join`` (branches run between them)
@@ -40,6 +41,7 @@ __all__ = [
     "END",
     "CANCEL",
     "FAIL",
+    "HUMAN",
     "AgentNode",
     "ApprovalNode",
     "ChoiceNode",
@@ -61,6 +63,8 @@ END = "END"
 CANCEL = "cancel"
 #: ``on_timeout`` of a wait that fails the task.
 FAIL = "fail"
+#: ``on_exhausted`` of a step or an agent that hands the task to a human instead of failing.
+HUMAN = "human"
 #: Why ``ctx.sleep`` refuses inside a fan-out branch (a branch runs in its task's actor and
 #: cannot passivate on its own): a sleep node, or a step's ``ctx.sleep``, instead.
 SLEEP_IN_BRANCH = ("ctx.sleep is not available inside a fan-out branch: sleep in a step of"
@@ -161,12 +165,27 @@ class Node:
                                                             "approval", "agent")
 
 
+def _check_on_exhausted(node: Node, value: str) -> None:
+    if value not in (FAIL, HUMAN):  # docs/workflows.md, "Handing a node over to a human"
+        raise WorkflowDefinitionError(f"{node.kind} {node.name!r}: on_exhausted must be"
+                                      f" {FAIL!r} or {HUMAN!r}, not {value!r}")
+
+
 @dataclass(frozen=True)
 class StepNode(Node):
     fn: StepFn
     next: str = END
     timeout: float | None = None
+    #: ``wf.step(on_exhausted=...)``: when its last allowed attempt failed, ``"fail"`` the
+    #: task (compensating) or ``"human"``: WAITING_APPROVAL with a handoff
+    #: (actors/task/exhausted.py). Not named ``on_exhausted``: a loop node's is a node.
+    attempts_exhausted: str = field(default=FAIL, kw_only=True)
+    #: A human may skip it at a handoff (``admin skip-step``): it moves on to ``next``.
+    skippable: bool = field(default=False, kw_only=True)
     kind = "step"
+
+    def __post_init__(self) -> None:
+        _check_on_exhausted(self, self.attempts_exhausted)
 
     def successors(self) -> list[str]:
         return [self.next]
@@ -285,9 +304,13 @@ class AgentNode(Node):
     next: str = END
     on_budget_exhausted: str = FAIL
     on_loop: str = FAIL
+    on_exhausted: str = FAIL  # "human": an answer still invalid after its repairs goes to one
     degrade: Any = None  # actors.agents.degrade.Degradation (None: the model alone)
     compact: Any = None  # actors.agents.compaction.Compaction (None: never compacted)
     kind = "agent"
+
+    def __post_init__(self) -> None:
+        _check_on_exhausted(self, self.on_exhausted)
 
     def successors(self) -> list[str]:
         out = [self.next]

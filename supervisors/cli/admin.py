@@ -33,6 +33,7 @@ async def admin(args: argparse.Namespace) -> int:
         for item in args.arg:
             key, _, value = item.partition("=")
             verb_args[key] = int(value) if value.isdigit() else value
+        verb_args.update(settle_args(args))
         body = {
             "command_id": args.command_id or new_id("cmd"),
             "task_id": args.task_id,
@@ -47,6 +48,18 @@ async def admin(args: argparse.Namespace) -> int:
     if args.verb == "verify-audit" and not result.get("ok"):
         return ExitCode.FAILED  # answered, and the chain is broken: scripts and cron must notice
     return ExitCode.OK
+
+
+#: The settling verbs' own flags (the parser), by the argument each one sets.
+_SETTLE_FLAGS = ("action", "outcome", "evidence", "request_hash", "result", "provider_id",
+                 "reason")
+
+
+def settle_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--action K --outcome O ...`` as verb arguments (those given; text as it is: a key
+    of digits stays a string)."""
+    return {name: getattr(args, name) for name in _SETTLE_FLAGS
+            if getattr(args, name, None) is not None}
 
 
 async def issue(args: argparse.Namespace) -> int:

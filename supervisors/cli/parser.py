@@ -141,6 +141,18 @@ def admin_command(command: AddCommand) -> None:
                    help="act only if the task is still at this version")
     s.add_argument("--args", dest="args_json", default=None, type=json_object,
                    help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'')
+    settle = s.add_argument_group("resolve, retry-action, skip-step (docs/admin.md)")
+    settle.add_argument("--action", default=None, metavar="KEY",
+                        help="the action's idempotency key")
+    settle.add_argument("--outcome", default=None, choices=["succeeded", "failed",
+                                                            "compensated"])
+    settle.add_argument("--evidence", default=None, help="what the human found, and where")
+    settle.add_argument("--request-hash", default=None, metavar="HASH",
+                        help="the action's request hash, as the handoff package showed it")
+    settle.add_argument("--result", default=None, type=json_object,
+                        help="the provider's result, for --outcome succeeded (a JSON object)")
+    settle.add_argument("--provider-id", default=None, help="the provider's id of the action")
+    settle.add_argument("--reason", default=None, help="why (skip-step, cancel, ...)")
 
 
 def key_commands(command: AddCommand) -> None:

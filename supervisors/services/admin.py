@@ -3,8 +3,7 @@
 Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``,
 ``resume`` (actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill
 switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw`` (for the subject's tenant,
-or on ``_system`` for every tenant); and ``purge``. Each with
-the contract every verb follows: a typed reply; a signed command whose key holds the role
+or on ``_system`` for every tenant); and ``purge``. Each with the contract every verb follows: a typed reply; a signed command whose key holds the role
 the verb needs (supervisors/services/authn.py: UNAUTHENTICATED or PERMISSION_DENIED
 otherwise; the payload's ``principal`` decides nothing); the tenant of the subject (a task of
 another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
@@ -13,8 +12,9 @@ written before the command takes effect and again with its outcome.
 
 The read verbs live in supervisors/services/admin_reads.py, the cluster verbs in
 supervisors/services/admin_cluster.py, the keyring's (``grant``, ``revoke``, ``keys``) in
-supervisors/services/admin_keys.py and the schedules' (``schedule-create``, ...) in
-supervisors/services/admin_schedules.py (mixins of :class:`AdminActor`).
+supervisors/services/admin_keys.py, the schedules' (``schedule-create``, ...) in
+supervisors/services/admin_schedules.py, the settling ones (``resolve``, ``retry-action``,
+``skip-step``, ``approvals``) in admin_settle.py (mixins of :class:`AdminActor`).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from ratchet.supervisors.services.admin_cluster import ClusterVerbs
 from ratchet.supervisors.services.admin_keys import KeyringHooks, KeyVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
 from ratchet.supervisors.services.admin_schedules import ScheduleVerbs
+from ratchet.supervisors.services.admin_settle import SettleVerbs
 from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.request_service import RequestService
 from ratchet.supervisors.supervision.supervisor import RestartChild
@@ -85,7 +86,8 @@ _EFFECTS = {
 }
 
 
-class AdminActor(ReadVerbs, ClusterVerbs, KeyVerbs, ScheduleVerbs, RequestService):
+class AdminActor(SettleVerbs, ReadVerbs, ClusterVerbs, KeyVerbs, ScheduleVerbs,
+                 RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
