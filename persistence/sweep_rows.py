@@ -29,8 +29,9 @@ class SweepStore(Protocol):
 
     async def stale_unsettled(self, before: float, limit: int = 500
                               ) -> list[tuple[str, str, str]]:
-        """(task_id, tenant, task status) of each task holding a write IN_FLIGHT (not
-        accepted) or UNKNOWN whose row has not changed since ``before``, oldest first."""
+        """(task_id, tenant, task status) of each task holding a write (not a compensation:
+        the saga settles those) IN_FLIGHT (not accepted) or UNKNOWN whose row has not
+        changed since ``before``, oldest first; tasks with an open handoff are a human's."""
         ...
 
 
@@ -43,6 +44,8 @@ class SweepRows(_StoreParts):
             "SELECT a.task_id, t.tenant, t.status, MIN(a.updated_at) AS since"
             " FROM actions a JOIN tasks t ON t.task_id = a.task_id"
             " WHERE a.status IN ('IN_FLIGHT', 'UNKNOWN') AND a.accepted = 0"
-            " AND a.kind = 'write' AND a.updated_at < ? GROUP BY a.task_id ORDER BY since"
-            " LIMIT ?", (before, limit))
+            " AND a.kind = 'write' AND a.compensates IS NULL AND a.updated_at < ?"
+            " AND NOT EXISTS (SELECT 1 FROM handoffs h WHERE h.task_id = a.task_id"
+            " AND h.resolved_at IS NULL)"
+            " GROUP BY a.task_id ORDER BY since LIMIT ?", (before, limit))
         return [(r[0], r[1], r[2]) for r in rows]
