@@ -16,8 +16,9 @@ The ports, by concern:
 - :class:`AdminStore` — the admin service and retention: forks, purge and expiry, kill
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
-- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes
-  (persistence/schedule_rows.py, drift_rows.py: declared there for this module's size).
+- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes,
+  :class:`MetricStore` — a metrics scrape's figures (persistence/schedule_rows.py,
+  drift_rows.py, metric_rows.py: declared there for this module's size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -38,6 +39,7 @@ from ratchet.persistence.drift_rows import DriftStore
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
+from ratchet.persistence.metric_rows import MetricStore
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
@@ -56,7 +58,7 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore", "DriftStore",
+    "ScheduleStore", "DriftStore", "MetricStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -345,7 +347,7 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                DriftStore, Protocol):
+                DriftStore, MetricStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

@@ -104,6 +104,13 @@ class NodeConfig:
     #: this many MiB (persistence/checkpoints.py); a step over either fails for good.
     max_value_mb: float = 16.0
     max_checkpoint_mb: float = 64.0
+    #: ``serve --metrics-port``: the port of /metrics, /healthz and /readyz (0: none), and
+    #: the address it binds (supervisors/observability/).
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    #: ``serve`` exits (NOT_READY) when the node is not ready this many seconds after it
+    #: began to start (supervisors/observability/health.py says what ready means).
+    ready_timeout: float = 60.0
 
     @property
     def db_path(self) -> Path:
