@@ -22,8 +22,18 @@ import ratchet
 from ratchet.supervisors.cli.common import ExitCode
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.observability import Observability
+from ratchet.testing.expense import app as expense_app
+from ratchet.testing.finance_client import FinanceClient
+from tests.agent_apps import app as agent_app
 from tests.apps import app
 from tests.conftest import ROOT, NodeProcess, wait_terminal
+from tests.test_actions import (  # noqa: F401  (fixtures: the finance simulator)
+    REPORT,
+    finance,
+    simulator,
+    wait_terminal_or_parked,
+)
+from tests.test_poison import dead_letter
 
 ALERTS = ROOT / "docs" / "examples" / "alerts.yml"
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -192,3 +202,55 @@ def test_promtool_accepts_the_alert_rules() -> None:
                           timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     assert b"SUCCESS: 12 rules found" in done.stdout
+
+
+async def test_metrics_show_an_unknown_action_its_handoff_retries_spend_and_a_dead_letter(
+        start_node: Any, client: ratchet.Client, finance: FinanceClient,  # noqa: F811
+) -> None:
+    node = await start_node(expense_app)
+    observed = Observability(node, port=0)
+    await observed.start()
+    try:
+        observed.watch()
+        finance.add_faults([{"op": "claims", "mode": "drop_after_commit"},
+                            {"op": "query", "mode": "status_500", "times": 50}])
+        events = await wait_terminal_or_parked(
+            client, (await client.submit("expense.agent", REPORT, key="r-1")).task_id)
+        assert events[-1].type == "task.unknown"
+        await client.js.publish("ratchet.submit.acme", b"\xc1 not msgpack")
+        await dead_letter(client, "ratchet.dlq.submit.acme")
+        samples = _samples((await _get(f"{observed.url}/metrics"))[1])
+    finally:
+        await observed.stop()
+    assert _value(samples, "ratchet_tasks", tenant="acme", status="UNKNOWN") == 1
+    assert _value(samples, "ratchet_unknown_actions_open", tenant="acme") == 1
+    assert _value(samples, "ratchet_handoffs_open", tenant="acme") == 1
+    assert _value(samples, "ratchet_handoffs_oldest_seconds", tenant="acme") >= 0
+    assert _value(samples, "ratchet_actions_unknown_total", tenant="acme") == 1
+    assert _value(samples, "ratchet_handoffs_total", tenant="acme") == 1
+    action_retries = {dict(labels)["error_class"]: v for (name, labels), v in samples.items()
+                      if name == "ratchet_retries_total" and dict(labels)["kind"] == "action"}
+    assert sum(action_retries.values()) == sum(e.type == "action.retry" for e in events) > 0
+    assert _value(samples, "ratchet_dlq_stream_messages") == 1
+    assert _value(samples, "ratchet_dead_letters") == 1
+
+
+async def test_metrics_show_what_a_tenants_agents_spent_and_a_budget_exhausted(
+        start_node: Any, client: ratchet.Client) -> None:
+    node = await start_node(agent_app)
+    observed = Observability(node, port=0)
+    await observed.start()
+    try:
+        observed.watch()
+        task_id = (await client.submit("agent.spender", {"category": "travel"}, key="spend",
+                                       budget={"model_calls": 2})).task_id
+        events = await wait_terminal(client, task_id)
+        assert any(e.type == "agent.budget_exhausted" for e in events)
+        spent = (await node.store.load_task(task_id)).spent
+        samples = _samples((await _get(f"{observed.url}/metrics"))[1])
+    finally:
+        await observed.stop()
+    assert spent["tokens"] > 0 and spent["money"] > 0, spent
+    assert _value(samples, "ratchet_model_tokens_spent", tenant="acme") == spent["tokens"]
+    assert _value(samples, "ratchet_model_money_spent", tenant="acme") == spent["money"]
+    assert _value(samples, "ratchet_budget_exhausted_total", tenant="acme") == 1
