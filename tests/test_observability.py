@@ -254,3 +254,25 @@ async def test_metrics_show_what_a_tenants_agents_spent_and_a_budget_exhausted(
     assert _value(samples, "ratchet_model_tokens_spent", tenant="acme") == spent["tokens"]
     assert _value(samples, "ratchet_model_money_spent", tenant="acme") == spent["money"]
     assert _value(samples, "ratchet_budget_exhausted_total", tenant="acme") == 1
+
+
+async def test_a_draining_node_holds_no_lease_on_purpose_and_stays_ready(
+        tmp_path: Path, nats_url: str) -> None:
+    node = ratchet.Node(ratchet.NodeConfig(state_dir=tmp_path / "node", nats_url=nats_url,
+                                           node_id="drained", lease_interval=0.2), app)
+    observed = Observability(node, port=0)
+    await observed.start()
+    try:
+        await node.start()
+        assert node.store is not None
+        assert await node.store.set_node_status("drained", "draining")  # what `admin drain` does
+        deadline = asyncio.get_running_loop().time() + 15
+        while node.leases is not None and node.leases.held:  # handed over at the next ticks
+            assert asyncio.get_running_loop().time() < deadline, "still holding leases"
+            await asyncio.sleep(0.1)
+        status, body = await _get(f"{observed.url}/readyz")
+    finally:
+        await node.stop()
+        await observed.stop()
+    assert status == 200, body
+    assert "none held on purpose (draining)" in body

@@ -4,8 +4,8 @@
 Ready means all of:
 
 - ``store``: the store takes writes — the lease manager's last heartbeat (a write, made
-  every ``--lease-interval``) was recorded within three intervals, and the database file
-  is still the node's (``file_lost``). No extra write per probe: a probe every second
+  every ``--lease-interval``) was recorded within three intervals (or the lease TTL, if
+  longer), and the database file is still the node's (``file_lost``). No extra write per probe: a probe every second
   from several watchers must not cost the store anything.
 - ``nats``: the node's NATS connection is up (not closed, not reconnecting).
 - ``leases``: the node holds at least one partition lease, or holds none on purpose —
@@ -87,7 +87,8 @@ def _store(node: Node) -> tuple[bool, str]:
     if leases is None or leases.last_heartbeat is None:
         return False, "no heartbeat written yet"
     age = leases.clock.monotonic() - leases.last_heartbeat
-    bound = _STALE_INTERVALS * leases.settings.interval
+    # Never tighter than the lease TTL: a heartbeat that late has let the leases lapse anyway.
+    bound = max(_STALE_INTERVALS * leases.settings.interval, leases.settings.ttl)
     if age > bound:
         return False, f"last heartbeat written {age:.1f} s ago (more than {bound:.1f} s)"
     return True, f"heartbeat written {age:.1f} s ago"
