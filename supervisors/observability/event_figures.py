@@ -4,7 +4,7 @@ read cheaply (step latency, retries by error class, budget exhaustions, crash-lo
 Fed by the store's outbox listener (called on the loop with the outbox rows of every
 commit; persistence/store.py), so no hot path of the task actor changes: per commit it is
 one prefix test per row, and a msgpack decode only for the three event types whose payload
-it reads (``step.completed``, ``step.failed``, ``action.retry``). Plain dictionaries and a
+it reads (``step.completed``, ``step.failed``, ``action.retry``: the catalogue's). Plain dictionaries and a
 bisect, no locks: everything runs on the node's event loop (bench/observe.py measures the
 cost). Counts are of this process since it started, as Prometheus counters are.
 """
@@ -20,6 +20,8 @@ import msgpack
 import structlog
 
 from ratchet.persistence.txn_events import OutboxRow
+from ratchet.protocol.catalogue import EventType
+from ratchet.protocol.states import TaskStatus
 
 __all__ = ["STEP_BUCKETS", "EventFigures", "Histogram"]
 
@@ -30,12 +32,15 @@ STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
                 300.0)
 _PREFIX = "ratchet.events."
 #: Terminal task events: ``ratchet_tasks_finished_total``'s status label.
-_FINISHED = {"task.succeeded": "SUCCEEDED", "task.failed": "FAILED",
-             "task.cancelled": "CANCELLED"}
+_FINISHED: dict[str, str] = {
+    EventType.TASK_SUCCEEDED: TaskStatus.SUCCEEDED, EventType.TASK_FAILED: TaskStatus.FAILED,
+    EventType.TASK_CANCELLED: TaskStatus.CANCELLED}
 #: Event type → the counter it bumps (no payload needed), labelled by tenant.
-_COUNTED = {"agent.budget_exhausted": "budget_exhausted", "task.recovery_stopped":
-            "crash_loop_stops", "action.unknown": "actions_unknown", "task.handoff": "handoffs",
-            "task.unknown": "handoffs"}
+_COUNTED: dict[str, str] = {
+    EventType.AGENT_BUDGET_EXHAUSTED: "budget_exhausted",
+    EventType.TASK_RECOVERY_STOPPED: "crash_loop_stops",
+    EventType.ACTION_UNKNOWN: "actions_unknown",
+    EventType.TASK_HANDOFF: "handoffs", EventType.TASK_UNKNOWN: "handoffs"}
 
 
 @dataclass
@@ -87,18 +92,18 @@ class EventFigures:
                 log.debug("event not counted", subject=subject, error=repr(exc))
 
     def _count(self, tenant: str, kind: str, row: OutboxRow) -> None:
-        if kind == "step.completed":
+        if kind == EventType.STEP_COMPLETED:
             ms = _payload(row).get("duration_ms")
             if isinstance(ms, int | float):
                 hist = self.step_seconds.get(tenant)
                 if hist is None:
                     hist = self.step_seconds[tenant] = Histogram(STEP_BUCKETS)
                 hist.observe(ms / 1000)
-        elif kind == "step.failed":
+        elif kind == EventType.STEP_FAILED:
             error = _payload(row).get("error") or {}
             self.retries[(tenant, "step", str(error.get("code") or error.get("type")
                                                or "unknown"))] += 1
-        elif kind == "action.retry":
+        elif kind == EventType.ACTION_RETRY:
             self.retries[(tenant, "action", str(_payload(row).get("reason") or "unknown"))] += 1
         elif kind in _FINISHED:
             self.finished[(tenant, _FINISHED[kind])] += 1
