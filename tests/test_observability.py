@@ -271,8 +271,12 @@ async def test_a_draining_node_holds_no_lease_on_purpose_and_stays_ready(
             assert asyncio.get_running_loop().time() < deadline, "still holding leases"
             await asyncio.sleep(0.1)
         status, body = await _get(f"{observed.url}/readyz")
+        samples = _samples((await _get(f"{observed.url}/metrics"))[1])
     finally:
         await node.stop()
         await observed.stop()
     assert status == 200, body
     assert "none held on purpose (draining)" in body
+    assert _value(samples, "ratchet_leases_held") == 0
+    assert _value(samples, "ratchet_lease_changes_total", change="dropped") == 16
+    assert _value(samples, "ratchet_node_ready") == 1
