@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Sequence
 
+import structlog
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -46,6 +47,8 @@ _ROUTED = (STREAM_MAIL, STREAM_SUBMIT, STREAM_EXTERNAL, STREAM_DECISIONS)
 NATS_TIMEOUT = 2.0
 _TERMINAL = {s.value for s in TERMINAL}
 
+log = structlog.get_logger("ratchet.metrics")
+
 
 class _Families:
     """A collector that yields families built beforehand (generate_latest's argument)."""
@@ -63,7 +66,10 @@ async def scrape(node: Node, events: EventFigures) -> bytes:
     families += _node_families(node)
     families += _event_families(events)
     if node.store is not None:
-        families += await _store_families(node)
+        try:
+            families += await _store_families(node)
+        except Exception as exc:  # closing, or its file lost: the node's own figures still go
+            log.warning("store figures not read for this scrape", error=repr(exc))
     if node.bus is not None and node.bus.nc.is_connected:
         with contextlib.suppress(Exception):  # absent this scrape; ratchet_nats_connected says why
             families += await asyncio.wait_for(_nats_families(node), NATS_TIMEOUT)
