@@ -87,10 +87,11 @@ async def _serve(node: Node, observed: Observability | None) -> int:
             why = readiness(node).failing() or "failed"
             await node.stop()
             return _not_ready(config.node_id, config.ready_timeout, why)
-        _say({"serving": config.node_id, "nats_url": redact_url(node.url),
-              "db": str(config.db_path), "workflows": node.registry.names(), "pid": os.getpid(),
-              **({"metrics": observed.url} if observed is not None else {})})
-        await _first(node.failed.wait(), stop.wait())
+        if not stop.is_set():
+            _say({"serving": config.node_id, "nats_url": redact_url(node.url),
+                  "db": str(config.db_path), "workflows": node.registry.names(),
+                  "pid": os.getpid(), **({"metrics": observed.url} if observed else {})})
+            await _first(node.failed.wait(), stop.wait())
         await node.stop()
         _say({"stopped": config.node_id, "failed": node.failed.is_set(),
               **node.writer_summary(), "log_write_failures": log_write_failures()})
