@@ -5,7 +5,9 @@
 - console_task_page_ms (and _p50_ms, console_task_list_p50_ms): the web console's page of
   that same task, p99 of 100 loads while the 500 run (bench/console.py);
 - cancel_100_branches_s: ``admin cancel`` → ``task.cancelled`` for a task with 100 live
-  branches that would never finish on their own.
+  branches that would never finish on their own;
+- bench/observe.py's figures: metrics_scrape_ms (10,000 tasks in the store), steps/s and
+  the node's CPU per step with metrics off and on.
 
 The node is a real ``ratchet serve`` subprocess joined to a real nats-server.
 """
@@ -26,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.console import page_figures
+from bench.observe import figures as observe_figures
 from bench.steps import NodeProc, percentile, publish_submit
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.supervisors.cli import configure_logging
@@ -89,6 +92,7 @@ async def main() -> None:
         "admin_get_p50_ms": round(statistics.median(rtts), 2),
         "admin_get_p99_ms": round(percentile(rtts, 0.99), 2),
         "running_tasks": 500, "cancel_100_branches_s": round(cancel_s, 3), **console,
+        **await observe_figures(),  # metrics_scrape_ms, metrics on/off (bench/observe.py)
     }))
 
 

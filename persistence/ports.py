@@ -18,8 +18,9 @@ The ports, by concern:
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
 - :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes,
   :class:`SweepStore` — writes nobody settled, :class:`SettleStore` — what waits for a
-  human (persistence/schedule_rows.py, drift_rows.py, sweep_rows.py, settle_rows.py:
-  declared there for this module's size).
+  human, :class:`MetricStore` — a metrics scrape's figures (persistence/schedule_rows.py,
+  drift_rows.py, sweep_rows.py, settle_rows.py, metric_rows.py: declared there for this
+  module's size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -40,6 +41,7 @@ from ratchet.persistence.drift_rows import DriftStore
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
 from ratchet.persistence.ledger import ActionRecord
+from ratchet.persistence.metric_rows import MetricStore
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
 from ratchet.persistence.settle_rows import SettleStore
@@ -60,7 +62,7 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore", "DriftStore", "SweepStore", "SettleStore",
+    "ScheduleStore", "DriftStore", "SweepStore", "SettleStore", "MetricStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -353,7 +355,7 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                DriftStore, SweepStore, SettleStore, Protocol):
+                DriftStore, SweepStore, SettleStore, MetricStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

@@ -28,6 +28,7 @@ from ratchet.persistence.leases import (
     sync_lease_epoch_txn,
 )
 from ratchet.persistence.ledger import ActionRecord, action_record
+from ratchet.persistence.metric_rows import MetricRows
 from ratchet.persistence.migrations import migrate
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRows
@@ -47,7 +48,7 @@ from ratchet.persistence.txns import (
 )
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
 from ratchet.persistence.writer import WriterStats, make_writer
-from ratchet.protocol.errors import NotFound
+from ratchet.protocol.errors import Fenced, NotFound
 from ratchet.protocol.messages import TaskSnapshot
 from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.states import TERMINAL
@@ -79,7 +80,7 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
 
 
 class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows,
-            SweepRows, SettleRows):
+            SweepRows, SettleRows, MetricRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:
@@ -225,7 +226,11 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         partition, token = self.fence.token_for(task_id)  # Fenced: not held locally
 
         def txn(conn: sqlite3.Connection) -> T:
-            check_fence(conn, partition, token, self.lease_clock.now())
+            try:
+                check_fence(conn, partition, token, self.lease_clock.now())
+            except Fenced:
+                self.fenced_refused += 1  # a metric (persistence/metric_rows.py)
+                raise
             return fn(conn)
 
         return txn

@@ -26,6 +26,7 @@ no public way to run a function there, so a six-statement step would cost six ro
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import queue
 import sqlite3
@@ -41,7 +42,8 @@ from ratchet.persistence.batch import close_connection, execute_batch
 from ratchet.persistence.connection import open_connection
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalGuard
 
-__all__ = ["Writer", "LoopWriter", "ThreadWriter", "WriterStats", "make_writer", "open_connection"]
+__all__ = ["COMMIT_BUCKETS", "Writer", "LoopWriter", "ThreadWriter", "WriterStats", "make_writer",
+           "open_connection"]
 
 T = TypeVar("T")
 Txn = Callable[[sqlite3.Connection], Any]
@@ -52,17 +54,27 @@ _WAKE = object()  # an urgent item is waiting in the urgent lane
 _RESTART = object()  # (urgent lane) reset the WAL before the next batch
 
 
+#: Upper bounds (seconds) of the commit latency histogram's buckets.
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
 @dataclass
 class WriterStats:
     batches: int = 0
     transactions: int = 0
     largest_batch: int = 0
     commit_seconds: list[float] = field(default_factory=list)  # last 10,000 batch durations
+    #: Every batch's duration since the start, by COMMIT_BUCKETS (the last one: above them),
+    #: and their sum: the commit latency histogram of a metrics scrape.
+    commit_buckets: list[int] = field(default_factory=lambda: [0] * (len(COMMIT_BUCKETS) + 1))
+    commit_sum: float = 0.0
 
     def record(self, size: int, seconds: float) -> None:
         self.batches += 1
         self.transactions += size
         self.largest_batch = max(self.largest_batch, size)
+        self.commit_buckets[bisect.bisect_left(COMMIT_BUCKETS, seconds)] += 1
+        self.commit_sum += seconds
         if len(self.commit_seconds) >= 10_000:
             del self.commit_seconds[:5_000]
         self.commit_seconds.append(seconds)

@@ -22,7 +22,8 @@ LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo")}
 #: The rooms of each layer by tier, lowest first (docs/architecture.md, "Floor plan").
 ROOMS = {
     "actors": [{"core"}, {"workflow", "transport"}, {"effects", "agents"}, {"task"}],
-    "supervisors": [{"supervision"}, {"services"}, {"node"}, {"console"}, {"cli"}],
+    "supervisors": [{"supervision"}, {"services"}, {"node"}, {"observability"}, {"console"},
+                    {"cli"}],
 }
 
 

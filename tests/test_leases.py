@@ -98,6 +98,7 @@ async def test_a_write_with_an_old_token_is_refused_in_the_store(tmp_path: Path)
             await a.apply(TaskChange(task_id=task_id, expected_version=None,
                                      producer="node-a", now=106.5, events=[("note", {"n": 2})]))
         assert refused.value.details["current_token"] == 2
+        assert a.fenced_refused == 1  # counted for ratchet_fenced_writes_total{where="store"}
         store_time.advance(0.5)
         b.fence = _Fence(p, 2)
         await b.apply(TaskChange(task_id=task_id, expected_version=None, producer="node-b",
@@ -109,6 +110,7 @@ async def test_a_write_with_an_old_token_is_refused_in_the_store(tmp_path: Path)
         with pytest.raises(Fenced):
             await b.apply(TaskChange(task_id=task_id, expected_version=None,
                                      producer="node-b", now=200.0, events=[("note", {})]))
+        assert (a.fenced_refused, b.fenced_refused) == (1, 1)
     finally:
         await a.close()
         await b.close()

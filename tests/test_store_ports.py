@@ -21,6 +21,7 @@ from ratchet.persistence.ports import (
     Fence,
     KeyringStore,
     LeaseStore,
+    MetricStore,
     OutboxStore,
     ScheduleStore,
     SettleStore,
@@ -32,7 +33,8 @@ from ratchet.persistence.store import Store
 from tests.conftest import ROOT
 
 CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore,
-                             ScheduleStore, DriftStore, SweepStore, SettleStore]
+                             ScheduleStore, DriftStore, SweepStore, SettleStore,
+                             MetricStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
 #: Where a store is opened: the only modules of the upper layers that name the SQLite class
 #: (the node; and ``ratchet nats-config``, which reads the keyring with no node running).

@@ -51,6 +51,9 @@ class ExitCode(IntEnum):
     STORE_READ_ONLY = 12
     NATS_UNREACHABLE = 13
     NATS_PORT_TAKEN = 14
+    #: ``serve`` started but was not ready (store writable, NATS connected, leases held or
+    #: none on purpose) within ``--ready-timeout``; one line on stderr names what was not.
+    NOT_READY = 15
     #: Stopped by Ctrl-C before it was done (128 + SIGINT).
     INTERRUPTED = 130
 

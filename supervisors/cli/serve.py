@@ -3,8 +3,10 @@
 Exit status: 0 after a stop asked by SIGINT or SIGTERM (drained within ``--drain-timeout``;
 a second signal cuts the drain short), also while it was still starting; 1 when the node
 failed while serving; for a refused start (``StartRefused``) the status of its code below,
-with one line on stderr that says why and the error as JSON on stdout; 2 for another
-Ratchet error that stops the start (e.g. ``SecretUnreadable``: ``ratchet``'s own handler).
+with one line on stderr that says why and the error as JSON on stdout; 15 (NOT_READY) when
+it was not ready within ``--ready-timeout`` (same two lines); 2 for another Ratchet error
+that stops the start (e.g. ``SecretUnreadable``, a taken ``--metrics-port``: ``ratchet``'s
+own handler). The ``serving`` line is printed once the node is ready.
 """
 
 from __future__ import annotations
@@ -26,8 +28,16 @@ from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.console import Console
+from ratchet.supervisors.cli.serve_health import (
+    console_flags,
+    observability_flags,
+    observability_for,
+    until_ready,
+)
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
+from ratchet.supervisors.observability.health import readiness
+from ratchet.supervisors.observability.http import Observability
 
 #: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
 REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
@@ -37,14 +47,28 @@ REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
 
 async def serve(args: argparse.Namespace) -> int:
     registry = load_app(args.app)
-    config = node_config(args)
-    node = Node(config, registry)
+    node = Node(node_config(args), registry)
+    observed = observability_for(node)
+    if observed is not None:
+        await observed.start()  # UsageError (exit 2): the port is taken
+    try:
+        return await _serve(node, observed)
+    finally:
+        if observed is not None:
+            await observed.stop()
+
+
+async def _serve(node: Node, observed: Observability | None) -> int:
+    config, loop = node.config, asyncio.get_running_loop()
+    deadline = loop.time() + config.ready_timeout
     stop = asyncio.Event()
     with _stop_signals(stop, again=node.hurry):
         starting = asyncio.ensure_future(node.start())
-        if not await _first(starting, stop.wait()):
-            starting.cancel()  # a signal while starting: the start undoes itself
+        if not await _first(starting, stop.wait(), asyncio.sleep(config.ready_timeout)):
+            starting.cancel()  # a signal (or the bound) while starting: the start undoes itself
             await asyncio.wait([starting])
+            if not stop.is_set():
+                return _not_ready(config.node_id, config.ready_timeout, "still starting")
             _say({"stopped": config.node_id, "while": "starting"})
             return 0
         try:
@@ -55,18 +79,25 @@ async def serve(args: argparse.Namespace) -> int:
                 print(f"ratchet serve: {exc.message} ({exc.code.value})", file=sys.stderr,
                       flush=True)
             return REFUSED_START_EXIT[exc.code]
-        try:
-            console = await _start_console(node, config)
-        except OSError as exc:  # the port is taken, the address is not this host's, ...
+        if observed is not None:
+            observed.watch()
+        ready = asyncio.ensure_future(until_ready(node, max(0.0, deadline - loop.time())))
+        await _first(ready, stop.wait())
+        if not ready.done():
+            ready.cancel()  # a signal while waiting to be ready: stop below
+        elif not ready.result():
+            why = readiness(node).failing() or "failed"
             await node.stop()
-            raise UsageError(f"cannot serve the console on {config.console_host}:"
-                             f"{config.console_port}: {exc.strerror or exc}") from None
-        _say({"serving": config.node_id, "nats_url": redact_url(node.url),
-              "db": str(config.db_path), "workflows": registry.names(), "pid": os.getpid(),
-              **({"console": console.url} if console else {})})
-        await _first(node.failed.wait(), stop.wait())
-        if console is not None:
-            await console.stop()
+            return _not_ready(config.node_id, config.ready_timeout, why)
+        if not stop.is_set():
+            console = await _start_console(node, config)
+            _say({"serving": config.node_id, "nats_url": redact_url(node.url),
+                  "db": str(config.db_path), "workflows": node.registry.names(),
+                  "pid": os.getpid(), **({"metrics": observed.url} if observed else {}),
+                  **({"console": console.url} if console else {})})
+            await _first(node.failed.wait(), stop.wait())
+            if console is not None:
+                await console.stop()
         await node.stop()
         _say({"stopped": config.node_id, "failed": node.failed.is_set(),
               **node.writer_summary(), "log_write_failures": log_write_failures()})
@@ -78,8 +109,23 @@ async def _start_console(node: Node, config: NodeConfig) -> Console | None:
     if config.console_port is None:
         return None
     console = Console.for_node(node, config.console_host, config.console_port)
-    await console.start()
+    try:
+        await console.start()
+    except OSError as exc:  # the port is taken, the address is not this host's, ...
+        await node.stop()
+        raise UsageError(f"cannot serve the console on {config.console_host}:"
+                         f"{config.console_port}: {exc.strerror or exc}") from None
     return console
+
+
+def _not_ready(node_id: str, timeout: float, why: str) -> int:
+    """``serve``'s refusal when the node was not ready in time: its JSON line, one line on
+    stderr, and the status NOT_READY."""
+    message = f"not ready within --ready-timeout {timeout:g} s: {why}"
+    _say({"error": {"code": "NOT_READY", "message": message, "node": node_id}})
+    with contextlib.suppress(OSError):
+        print(f"ratchet serve: {message}", file=sys.stderr, flush=True)
+    return ExitCode.NOT_READY
 
 
 async def _first(*waits: Awaitable[Any]) -> bool:
@@ -168,6 +214,9 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         submit_burst=args.submit_burst,
         console_port=args.console_port,
         console_host=args.console_host,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        ready_timeout=args.ready_timeout,
     )
     if args.node_id:
         config.node_id = args.node_id
@@ -183,13 +232,6 @@ def risk_policy(path: str | None) -> dict[str, dict[str, ToolRisk]]:
         return parse_policy(json.loads(Path(path).read_text()))
     except (OSError, ValueError) as exc:  # ToolDefinitionError is a ValueError too
         raise UsageError(f"--risk-policy {path}: {exc}") from None
-
-
-def console_flags(s: argparse.ArgumentParser) -> None:
-    s.add_argument("--console-port", type=int, default=None, metavar="PORT",
-                   help="serve the web console on this port (default: off; 0: a free one)")
-    s.add_argument("--console-host", default="127.0.0.1",
-                   help="the console's address (default loopback; docs/security.md)")
 
 
 def risk_flags(s: argparse.ArgumentParser) -> None:
@@ -326,6 +368,7 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
     risk_flags(s)
     submit_rate_flags(s)
     console_flags(s)
+    observability_flags(s)
 
 
 def submit_rate_flags(s: argparse.ArgumentParser) -> None:

@@ -115,6 +115,13 @@ class NodeConfig:
     #: address (loopback by default: expose it deliberately, docs/security.md).
     console_port: int | None = None
     console_host: str = "127.0.0.1"
+    #: ``serve --metrics-port``: the port of /metrics, /healthz and /readyz (0: none), and
+    #: the address it binds (supervisors/observability/).
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    #: ``serve`` exits (NOT_READY) when the node is not ready this many seconds after it
+    #: began to start (supervisors/observability/health.py says what ready means).
+    ready_timeout: float = 60.0
 
     @property
     def db_path(self) -> Path:

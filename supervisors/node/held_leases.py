@@ -42,6 +42,8 @@ class HeldLeases:
         #: partition → how it came to us: the lease row at acquisition (recovery evidence)
         self.taken: dict[int, LeaseRow] = {}
         self.fenced_writes = 0
+        #: Leases taken and let go (lost, handed over, released) since the start: a metric.
+        self.changes = {"acquired": 0, "dropped": 0}
 
     # -- the Fence the store asks ---------------------------------------------------------
 
@@ -82,16 +84,19 @@ class HeldLeases:
     def take(self, row: LeaseRow, valid_until: float) -> None:
         """``valid_until``: monotonic time (just before the acquisition + the TTL)."""
         self.held[row.partition] = row.token
+        self.changes["acquired"] += 1
         self.valid_until[row.partition] = valid_until
         self.taken[row.partition] = row
 
     def drop(self, partitions: list[int]) -> None:
         for p in partitions:
-            self.held.pop(p, None)
+            if self.held.pop(p, None) is not None:
+                self.changes["dropped"] += 1
             self.valid_until.pop(p, None)
 
     def release_all(self) -> dict[int, int]:
         """Forget every lease; returns what was held (partition → token)."""
         held, self.held = dict(self.held), {}
+        self.changes["dropped"] += len(held)
         self.valid_until.clear()
         return held

@@ -125,6 +125,8 @@ class LeaseManager(ServiceActor):
         self._reclaim = False
         #: Set when the node begins a clean stop: ticks only renew from then on.
         self.stopping = False
+        #: Monotonic time of the last heartbeat the store recorded (None: none yet).
+        self.last_heartbeat: float | None = None
 
     # -- what the node reads (HeldLeases) ---------------------------------------------------
 
@@ -182,6 +184,7 @@ class LeaseManager(ServiceActor):
                 return  # shutting down: keep what we hold until release_all, take nothing
             self.status = await self.store.node_heartbeat(self.node_id, self.clock.now(),
                                                           self._info())
+            self.last_heartbeat = self.clock.monotonic()  # the store took a write: /readyz
             if self.hooks.each_tick is not None:
                 await self.hooks.each_tick()
             await self._rebalance()
