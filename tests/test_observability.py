@@ -27,12 +27,7 @@ from ratchet.testing.finance_client import FinanceClient
 from tests.agent_apps import app as agent_app
 from tests.apps import app
 from tests.conftest import ROOT, NodeProcess, wait_terminal
-from tests.test_actions import (  # noqa: F401  (fixtures: the finance simulator)
-    REPORT,
-    finance,
-    simulator,
-    wait_terminal_or_parked,
-)
+from tests.test_actions import REPORT, wait_terminal_or_parked
 from tests.test_poison import dead_letter
 
 ALERTS = ROOT / "docs" / "examples" / "alerts.yml"
@@ -205,7 +200,7 @@ def test_promtool_accepts_the_alert_rules() -> None:
 
 
 async def test_metrics_show_an_unknown_action_its_handoff_retries_spend_and_a_dead_letter(
-        start_node: Any, client: ratchet.Client, finance: FinanceClient,  # noqa: F811
+        start_node: Any, client: ratchet.Client, finance: FinanceClient,
 ) -> None:
     node = await start_node(expense_app)
     observed = Observability(node, port=0)

@@ -27,13 +27,13 @@ from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.supervisors.cli.common import ExitCode, load_app
-from ratchet.supervisors.console import Console
 from ratchet.supervisors.cli.serve_health import (
     console_flags,
     observability_flags,
     observability_for,
     until_ready,
 )
+from ratchet.supervisors.console import Console
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
 from ratchet.supervisors.observability.health import readiness
