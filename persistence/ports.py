@@ -16,8 +16,10 @@ The ports, by concern:
 - :class:`AdminStore` — the admin service and retention: forks, purge and expiry, kill
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
-- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes
-  (persistence/schedule_rows.py, drift_rows.py: declared there for this module's size).
+- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes,
+  :class:`DiagnoseStore` — diagnosis reads and step heartbeats, :class:`DeadLetterStore` —
+  the dead-letter queue (persistence/schedule_rows.py, drift_rows.py, diagnose_rows.py,
+  dead_letter_rows.py: declared there for this module's size).
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -34,6 +36,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.audit_check import AuditReport
+from ratchet.persistence.dead_letter_rows import DeadLetterStore
+from ratchet.persistence.diagnose_rows import DiagnoseStore
 from ratchet.persistence.drift_rows import DriftStore
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
@@ -56,7 +60,7 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore", "DriftStore",
+    "ScheduleStore", "DriftStore", "DiagnoseStore", "DeadLetterStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -113,7 +117,8 @@ class TaskStore(Protocol):
         ...
 
     async def record_dead_letter(
-        self, *, subject: str, raw: bytes, error: dict[str, Any], dlq_subject: str, now: float
+        self, *, subject: str, raw: bytes, error: dict[str, Any], dlq_subject: str, now: float,
+        headers: dict[str, str] | None = None,
     ) -> None:
         ...
 
@@ -345,7 +350,7 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                DriftStore, Protocol):
+                DriftStore, DiagnoseStore, DeadLetterStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

@@ -7,6 +7,7 @@ Never edit a released migration: append a new one.
 from __future__ import annotations
 
 from ratchet.persistence.drift_schema import RECONCILE_DDL
+from ratchet.persistence.ops_schema import OPS_DDL
 from ratchet.persistence.schedule_schema import SCHEDULES_DDL
 
 __all__ = ["MIGRATIONS"]
@@ -387,4 +388,5 @@ MIGRATIONS: list[tuple[int, str, str]] = [
      "CREATE TABLE secret_keys (key_id TEXT PRIMARY KEY, created_at REAL NOT NULL)"),
     (15, "schedules: one task of a workflow per tick (protocol/schedules.py)", SCHEDULES_DDL),
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
+    (17, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
 ]
