@@ -2,6 +2,8 @@
 
 - admin_get_p50_ms / _p99_ms: round trip of ``admin get`` (200 sequential requests) while
   500 tasks run (all started; 20 steps of 200 ms each, so they are mid-run throughout);
+- diagnose_p50_ms / _p99_ms: round trip of ``admin diagnose`` while 500 other tasks run
+  (bench/diagnose.py; target p99 < 100 ms), with the statuses the reports gave;
 - cancel_100_branches_s: ``admin cancel`` → ``task.cancelled`` for a task with 100 live
   branches that would never finish on their own.
 
@@ -23,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.diagnose import diagnose_figures
 from bench.steps import NodeProc, percentile, publish_submit
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.supervisors.cli import configure_logging
@@ -76,6 +79,7 @@ async def main() -> None:
                 if event.type == "task.cancelled":
                     break
             cancel_s = time.perf_counter() - started
+            diagnosis = await diagnose_figures(client)
         finally:
             await client.close()
             node.stop()
@@ -83,7 +87,7 @@ async def main() -> None:
     print(json.dumps({
         "admin_get_p50_ms": round(statistics.median(rtts), 2),
         "admin_get_p99_ms": round(percentile(rtts, 0.99), 2),
-        "running_tasks": 500, "cancel_100_branches_s": round(cancel_s, 3),
+        "running_tasks": 500, "cancel_100_branches_s": round(cancel_s, 3), **diagnosis,
     }))
 
 

@@ -119,7 +119,7 @@ def test_progress_weighs_the_running_step_by_its_heartbeat_and_counts_fan_out_br
     assert fraction_of((3, 12)) == 0.25 and fraction_of(0.4) == 0.4 and fraction_of(None) is None
     for bad in (1.5, -0.1, (1, 0), True):
         with pytest.raises(InvalidMessage):
-            fraction_of(bad)  # type: ignore[arg-type]
+            fraction_of(bad)
     beats = rows(
         heartbeats=[{"scope": "b", "step": "work", "attempt": 1, "fraction": 0.5, "note": None,
                      "owner": "n1", "at": NOW - 1}],
