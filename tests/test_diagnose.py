@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from rich.console import Console
 
 import ratchet
 from ratchet.actors.task.diagnosis import age, diagnose
@@ -15,6 +16,7 @@ from ratchet.actors.task.heartbeat import fraction_of, task_percent
 from ratchet.persistence.ledger import ActionRecord
 from ratchet.protocol.errors import InvalidMessage
 from ratchet.protocol.ids import task_id_for
+from ratchet.supervisors.cli.render import render_answer
 from tests.conftest import NodeFactory, wait_terminal
 from tests.graph_apps import approve
 from tests.test_admin import admin
@@ -123,16 +125,31 @@ def test_progress_weighs_the_running_step_by_its_heartbeat_and_counts_fan_out_br
     beats = rows(
         heartbeats=[{"scope": "b", "step": "work", "attempt": 1, "fraction": 0.5, "note": None,
                      "owner": "n1", "at": NOW - 1}],
-        branches=[{"node": "fan", "branch": "a", "status": "SUCCEEDED", "started_at": NOW,
+        branches=[{"node": "fan#1", "branch": "a", "status": "FAILED", "started_at": NOW,
+                   "finished_at": NOW},  # an earlier visit of the fan-out: not counted
+                  {"node": "fan#2", "branch": "a", "status": "SUCCEEDED", "started_at": NOW,
                    "finished_at": NOW},
-                  {"node": "fan", "branch": "b", "status": "RUNNING", "started_at": NOW,
+                  {"node": "fan#2", "branch": "b", "status": "RUNNING", "started_at": NOW,
                    "finished_at": None},
-                  {"node": "fan", "branch": "c", "status": "RUNNING", "started_at": NOW,
+                  {"node": "fan#2", "branch": "c", "status": "RUNNING", "started_at": NOW,
                    "finished_at": None}])
     progress = diagnose(Rec("RUNNING", current_node="fan", next_step=1, steps_total=3), beats,
                         NOW)["progress"]
     assert progress["branches"]["total"] == 3 and progress["branches"]["finished"] == 1
     assert progress["percent"] == 50  # (1 + (1 + 0.5 + 0) / 3) / 3
+    # a fan-out at the start: no node committed yet, its running branches are the ones
+    at_start = diagnose(Rec("RUNNING", current_node=None, next_step=0, steps_total=3), beats,
+                        NOW)["progress"]
+    assert at_start["branches"]["total"] == 3 and at_start["percent"] == 16
+
+
+def test_a_report_renders_for_people_with_its_verdict() -> None:
+    report = diagnose(Rec("WAITING_EXTERNAL"), rows(actions=[action("k", "IN_FLIGHT",
+                                                                    accepted=True)]), NOW)
+    console = Console(record=True, width=120)
+    console.print(render_answer(report, NOW))
+    text = console.export_text()
+    assert "waiting for provider confirmation of k" in text and "unsettled_actions" in text
 
 
 def test_ages_read_as_people_say_them() -> None:
@@ -165,7 +182,39 @@ async def finish(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"ok": True}}
 
 
-registry = ratchet.Registry([slow, approve])
+def _beating_branch(name: str) -> ratchet.Workflow:
+    wf = ratchet.Workflow(f"beating-{name}")
+
+    @wf.step
+    async def work(ctx: ratchet.StepContext) -> dict[str, Any]:
+        await ctx.heartbeat(progress=0.5 if ctx.branch != "c" else 0.2, note=ctx.branch)
+        BEATS[ctx.task_id].append(ctx.branch or "")
+        if len(BEATS[ctx.task_id]) == 3:
+            BEATEN[ctx.task_id].set()
+        await GATES[ctx.task_id].wait()
+        return {"output": ctx.branch}
+
+    return wf
+
+
+BEATS: dict[str, list[str]] = {}
+fanned = ratchet.Workflow("fanned")
+
+
+@fanned.step
+async def begin(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {}
+
+
+fanned.fanout("spread", {b: _beating_branch(b) for b in "abc"}, join="gather")
+fanned.join("gather", of="spread", policy=ratchet.JoinPolicy("all"), next="close")
+
+
+@fanned.step
+async def close(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {}
+
+registry = ratchet.Registry([slow, approve, fanned])
 
 
 async def test_diagnose_shows_a_running_steps_heartbeat_without_a_checkpoint(
@@ -197,6 +246,26 @@ async def test_diagnose_shows_a_running_steps_heartbeat_without_a_checkpoint(
     done = await admin(client, "diagnose", command_id="d2", task_id=task_id)
     assert done.result is not None and done.result["verdict"].startswith("finished SUCCEEDED")
     assert done.result["progress"]["percent"] == 100
+
+
+async def test_fan_out_branches_heartbeats_are_counted_in_the_tasks_percent(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(registry)
+    task_id = task_id_for("acme", "fan-1")
+    GATES[task_id], BEATEN[task_id], BEATS[task_id] = asyncio.Event(), asyncio.Event(), []
+    await client.submit("fanned", {}, key="fan-1")
+    await asyncio.wait_for(BEATEN[task_id].wait(), 20)
+    got = await admin(client, "diagnose", command_id="f1", task_id=task_id)
+    assert got.result is not None, got.error
+    progress = got.result["progress"]
+    assert progress["branches"]["total"] == 3 and progress["branches"]["finished"] == 0
+    assert sorted(b["scope"] for b in progress["branches"]["beating"]) == ["a", "b", "c"]
+    assert got.result["current_node"] == "spread" and progress["steps_completed"] == 1
+    assert progress["steps_total"] == 2  # step nodes: begin, close
+    assert progress["percent"] == int(100 * (1 + (0.5 + 0.5 + 0.2) / 3) / 2) == 70
+    GATES[task_id].set()
+    await wait_terminal(client, task_id)
 
 
 async def test_diagnose_names_the_pending_approval_and_is_the_tenants_only(

@@ -76,11 +76,25 @@ def _action(a: Any, now: float) -> dict[str, Any]:
             "error": _error_text({"error": a.error})}
 
 
+def _last_fanout(branches: list[dict[str, Any]], node: str | None) -> list[dict[str, Any]]:
+    """The branches of the fan-out the task is in: the latest visit of ``node`` (rows keyed
+    ``<node>#<visit>``), else (a fan-out at the start: no node committed yet) the visit
+    whose branches still run."""
+    groups: dict[tuple[bool, int, str], list[dict[str, Any]]] = {}
+    for b in branches:
+        name, _, visit = str(b["node"]).partition("#")
+        key = (name == node, int(visit) if visit.isdigit() else 0, str(b["node"]))
+        groups.setdefault(key, []).append(b)
+    mine = [k for k in groups if k[0]] or [k for k in groups
+                                           if any(b["status"] == "RUNNING" for b in groups[k])]
+    return groups[max(mine)] if mine else []
+
+
 def _progress(rec: Any, rows: dict[str, Any], now: float) -> dict[str, Any]:
     beats = {b["scope"]: b for b in rows["heartbeats"] if b["step"] == rec.current_node
              or b["scope"]}
     step = beats.get("")
-    running = [b for b in rows["branches"] if b["node"] == rec.current_node]
+    running = _last_fanout(rows["branches"], rec.current_node)
     shares = [1.0 if b["status"] != "RUNNING" else
               float((beats.get(b["branch"]) or {}).get("fraction") or 0.0) for b in running]
     done = rec.status == "SUCCEEDED"
