@@ -35,6 +35,7 @@ __all__ = ["DlqVerbs", "REPLAYABLE"]
 REPLAYABLE = ("ratchet.submit.", "ratchet.mail.", "ratchet.external.", "ratchet.decisions.")
 _MAX_IDS = 100  # letters one replay or purge names at most
 _SHOWN_RAW = 64 * 1024  # bytes of a raw message dlq-show returns
+_MAX_ID = 2**62  # a letter id SQLite can hold
 
 
 class DlqVerbs(ReadVerbs):
@@ -52,7 +53,8 @@ class DlqVerbs(ReadVerbs):
         if ids is None and not required:
             return None
         if (not isinstance(ids, list) or not 1 <= len(ids) <= _MAX_IDS
-                or any(isinstance(i, bool) or not isinstance(i, int) for i in ids)):
+                or any(isinstance(i, bool) or not isinstance(i, int) or not 0 < i < _MAX_ID
+                       for i in ids)):
             raise InvalidMessage(f"args.ids must be a list of 1 to {_MAX_IDS} letter ids",
                                  field="ids")
         return list(dict.fromkeys(ids))
@@ -62,7 +64,7 @@ class DlqVerbs(ReadVerbs):
         (oldest first, optionally of one ``subject``) with their reason and headers."""
         scope = self._scope(tenant)
         subject = self._str_arg(cmd, "subject", max_length=256)
-        after = self._int_arg(cmd, "after", 0)
+        after = self._int_arg(cmd, "after", 0, high=_MAX_ID)
         limit = self._int_arg(cmd, "limit", 100, low=1, high=500)
         letters = await self.store.dead_letter_page(scope, subject, after, limit)
         return {"subjects": await self.store.dead_letter_subjects(scope), "letters": letters,
@@ -71,7 +73,7 @@ class DlqVerbs(ReadVerbs):
     async def _dlq_show(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """One letter: its reason, details, original subject and headers, and its message
         (decoded when it is a msgpack map, secrets redacted; and the first 64 KiB raw)."""
-        letter_id = self._int_arg(cmd, "id", 0, low=1)
+        letter_id = self._int_arg(cmd, "id", 0, low=1, high=_MAX_ID)
         letter = await self.store.dead_letter(self._scope(tenant), letter_id)
         if letter is None:
             raise NotFound("no such dead letter", id=letter_id)
