@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
 from ratchet.persistence.store_rows import _StoreParts
+from ratchet.protocol.catalogue import EventType as E
 
 __all__ = ["DIAGNOSIS_EVENTS", "DiagnoseRows", "DiagnoseStore", "SETTLED"]
 
@@ -23,14 +24,14 @@ __all__ = ["DIAGNOSIS_EVENTS", "DiagnoseRows", "DiagnoseStore", "SETTLED"]
 SETTLED = ("SUCCEEDED", "FAILED", "COMPENSATED")
 #: The event types a diagnosis reads: retries and failures, recovery and interruptions,
 #: and those that put a task in its status (which say since when it is in it).
-DIAGNOSIS_EVENTS = (
-    "action.retry", "step.failed", "action.unknown", "action.failed", "branch.failed",
-    "task.recovered", "task.recovery_stopped", "step.interrupted",
-    "task.queued", "task.started", "task.resumed", "task.paused", "task.waiting_external",
-    "approval.requested", "approval.decided", "wait.started", "wait.completed",
-    "task.unknown", "task.handoff", "sleep.started", "sleep.completed", "action.reconciled",
-    "task.succeeded", "task.failed", "task.cancelled", "fanout.started", "join.completed",
-)
+DIAGNOSIS_EVENTS: tuple[str, ...] = tuple(e.value for e in (
+    E.ACTION_RETRY, E.STEP_FAILED, E.ACTION_UNKNOWN, E.ACTION_FAILED, E.BRANCH_FAILED,
+    E.TASK_RECOVERED, E.TASK_RECOVERY_STOPPED, E.STEP_INTERRUPTED,
+    E.TASK_QUEUED, E.TASK_STARTED, E.TASK_RESUMED, E.TASK_PAUSED, E.TASK_WAITING_EXTERNAL,
+    E.APPROVAL_REQUESTED, E.APPROVAL_DECIDED, E.WAIT_STARTED, E.WAIT_COMPLETED,
+    E.TASK_UNKNOWN, E.TASK_HANDOFF, E.SLEEP_STARTED, E.SLEEP_COMPLETED, E.ACTION_RECONCILED,
+    E.TASK_SUCCEEDED, E.TASK_FAILED, E.TASK_CANCELLED, E.FANOUT_STARTED, E.JOIN_COMPLETED,
+))
 _LIMIT = 200  # rows of each kind a diagnosis shows at most
 
 

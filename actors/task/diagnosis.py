@@ -13,26 +13,27 @@ from __future__ import annotations
 from typing import Any
 
 from ratchet.actors.task.heartbeat import task_percent
+from ratchet.protocol.catalogue import EventType as E
 
 __all__ = ["STATUS_EVENTS", "age", "diagnose"]
 
 #: The events that put a task in each status: the latest one says since when it is in it.
 STATUS_EVENTS: dict[str, frozenset[str]] = {
-    "QUEUED": frozenset({"task.queued", "task.resumed", "task.recovered"}),
-    "RUNNING": frozenset({"task.started", "approval.decided", "wait.completed",
-                          "sleep.completed", "action.reconciled", "task.recovered"}),
-    "WAITING_APPROVAL": frozenset({"approval.requested", "task.handoff"}),
-    "WAITING_EXTERNAL": frozenset({"task.waiting_external", "wait.started"}),
-    "SLEEPING": frozenset({"sleep.started"}),
-    "PAUSED": frozenset({"task.paused"}),
-    "UNKNOWN": frozenset({"task.unknown", "action.unknown"}),
-    "SUCCEEDED": frozenset({"task.succeeded"}),
-    "FAILED": frozenset({"task.failed"}),
-    "CANCELLED": frozenset({"task.cancelled"}),
+    "QUEUED": frozenset({E.TASK_QUEUED, E.TASK_RESUMED, E.TASK_RECOVERED}),
+    "RUNNING": frozenset({E.TASK_STARTED, E.APPROVAL_DECIDED, E.WAIT_COMPLETED,
+                          E.SLEEP_COMPLETED, E.ACTION_RECONCILED, E.TASK_RECOVERED}),
+    "WAITING_APPROVAL": frozenset({E.APPROVAL_REQUESTED, E.TASK_HANDOFF}),
+    "WAITING_EXTERNAL": frozenset({E.TASK_WAITING_EXTERNAL, E.WAIT_STARTED}),
+    "SLEEPING": frozenset({E.SLEEP_STARTED}),
+    "PAUSED": frozenset({E.TASK_PAUSED}),
+    "UNKNOWN": frozenset({E.TASK_UNKNOWN, E.ACTION_UNKNOWN}),
+    "SUCCEEDED": frozenset({E.TASK_SUCCEEDED}),
+    "FAILED": frozenset({E.TASK_FAILED}),
+    "CANCELLED": frozenset({E.TASK_CANCELLED}),
 }
-_RETRIES = frozenset({"action.retry", "step.failed", "branch.failed", "action.failed",
-                      "action.unknown"})
-_RECOVERY = frozenset({"task.recovered", "task.recovery_stopped", "step.interrupted"})
+_RETRIES = frozenset({E.ACTION_RETRY, E.STEP_FAILED, E.BRANCH_FAILED, E.ACTION_FAILED,
+                      E.ACTION_UNKNOWN})
+_RECOVERY = frozenset({E.TASK_RECOVERED, E.TASK_RECOVERY_STOPPED, E.STEP_INTERRUPTED})
 #: Seconds without a heartbeat after which the lease owner is called silent.
 SILENT_AFTER = 30.0
 
@@ -214,7 +215,7 @@ def verdict(rec: Any, report: dict[str, Any]) -> str:
         parts.append(f"{t['kind']} timer fires in {age(t['in_s'])}" if t["in_s"] > 0
                      else f"{t['kind']} timer overdue by {age(t['in_s'])}")
     if rec.step_failures and rec.status not in ("SUCCEEDED", "CANCELLED"):
-        last = next((e for e in reversed(report["retries"]) if e["type"] == "step.failed"),
+        last = next((e for e in reversed(report["retries"]) if e["type"] == E.STEP_FAILED),
                     None)
         error = f", last: {last['error']}" if last and last["error"] else ""
         parts.append(f"step failed {rec.step_failures} time(s){error}")
