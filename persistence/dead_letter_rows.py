@@ -50,6 +50,11 @@ class DeadLetterLimits:
     max_rows: int = 10_000
     max_bytes: int = 64 * 1024 * 1024
 
+    def __post_init__(self) -> None:
+        if self.max_rows < 1 or self.max_bytes < 1:
+            raise ValueError(f"dead-letter limits must be positive: {self.max_rows} letters,"
+                             f" {self.max_bytes} bytes")
+
 
 def kept_headers(headers: dict[str, str] | None) -> dict[str, str]:
     """An inbound message's headers as a dead letter keeps them: at most 32, each value cut

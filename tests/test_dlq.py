@@ -162,9 +162,8 @@ async def test_purge_removes_letters_by_id_then_all_of_them_with_the_streams_cop
 async def test_the_dead_letters_table_stays_bounded_under_a_flood_of_garbage(
     start_node: NodeFactory, nats_url: str
 ) -> None:
-    node = await start_node()
-    assert isinstance(node.store, Store)
-    node.store.dead_letter_limits = DeadLetterLimits(max_rows=40, max_bytes=30_000)
+    node = await start_node(dead_letters=DeadLetterLimits(max_rows=40, max_bytes=30_000))
+    assert isinstance(node.store, Store)  # serve --dead-letters-max 40 --dead-letters-max-mb …
     flooder = await client_as(node, nats_url, "flo", "acme", ["viewer"])
     try:
         letters = Letters(flooder, "ratchet.dlq.submit.acme")
