@@ -12,7 +12,7 @@ from rich.console import Console
 
 import ratchet
 from ratchet.actors.task.diagnosis import age, diagnose
-from ratchet.actors.task.heartbeat import fraction_of, task_percent
+from ratchet.actors.task.heartbeat import StepHeartbeat, fraction_of, task_percent
 from ratchet.persistence.ledger import ActionRecord
 from ratchet.protocol.errors import InvalidMessage
 from ratchet.protocol.ids import task_id_for
@@ -141,6 +141,39 @@ def test_progress_weighs_the_running_step_by_its_heartbeat_and_counts_fan_out_br
     at_start = diagnose(Rec("RUNNING", current_node=None, next_step=0, steps_total=3), beats,
                         NOW)["progress"]
     assert at_start["branches"]["total"] == 3 and at_start["percent"] == 16
+
+
+class Beats:
+    """A DiagnoseStore that records heartbeats, or refuses them (``broken``)."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.rows: list[tuple[Any, ...]] = []
+        self.broken = broken
+
+    async def record_heartbeat(self, *row: Any) -> None:
+        if self.broken:
+            raise ratchet.RatchetError("store unavailable", retryable=True)
+        self.rows.append(row)
+
+    async def heartbeats(self, task_id: str) -> list[dict[str, Any]]:
+        return []
+
+    async def diagnosis_rows(self, task_id: str, partition: int | None) -> dict[str, Any]:
+        return {}
+
+
+async def test_heartbeats_are_written_at_most_once_a_second_and_never_fail_the_step() -> None:
+    clock, store = ratchet.FakeClock(), Beats()
+    beat = StepHeartbeat(store, clock, "t_1", "", "n1")
+    await beat.beat("crunch", 1, 0.1, "first")
+    await beat.beat("crunch", 1, 0.2, "too soon")  # within the second: dropped
+    clock.advance(1.0)
+    await beat.beat("crunch", 1, (3, 10), "x" * 900)
+    assert [(r[4], r[5]) for r in store.rows] == [(0.1, "first"), (0.3, "x" * 500)]
+    with pytest.raises(InvalidMessage):
+        await beat.beat("crunch", 1, 2.0)  # refused even when it would not be written
+    broken = StepHeartbeat(Beats(broken=True), clock, "t_1", "", "n1")
+    await broken.beat("crunch", 1, 0.5)  # logged, not raised
 
 
 def test_a_report_renders_for_people_with_its_verdict() -> None:

@@ -3,9 +3,10 @@
 A step that runs for minutes says how far it is without committing anything: the latest
 heartbeat of the task's step (or of each fan-out branch's) is one row upserted outside the
 task's version and checkpoints (persistence/diagnose_rows.py), at most once per
-:data:`MIN_INTERVAL` seconds of the task's clock (a heartbeat in between is kept in memory
-and written by the next one due; the last of a burst may so be lost, which only shows an
-older figure). ``admin diagnose`` and ``admin get`` show it, and the task's percent with it
+:data:`MIN_INTERVAL` seconds of the task's clock per step run (one in between is dropped:
+the next one due carries the newest figure; the last of a burst may so be lost, which only
+shows an older figure). A heartbeat the store cannot take is logged, never a step failure.
+``admin diagnose`` and ``admin get`` show it, and the task's percent with it
 (:func:`task_percent`).
 """
 
@@ -15,11 +16,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
+
 from ratchet.persistence.diagnose_rows import DiagnoseStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import InvalidMessage
 
 __all__ = ["MIN_INTERVAL", "StepHeartbeat", "fraction_of", "task_percent"]
+
+log = structlog.get_logger("ratchet.heartbeat")
 
 #: Seconds between two heartbeat writes of one step (or branch), at least.
 MIN_INTERVAL = 1.0
@@ -69,7 +74,6 @@ class StepHeartbeat:
     scope: str
     owner: str
     _last: float | None = None
-    _pending: tuple[float | None, str | None] | None = None
 
     async def beat(self, step: str, attempt: int,
                    progress: float | tuple[float, float] | None = None,
@@ -80,14 +84,16 @@ class StepHeartbeat:
         Raises:
             InvalidMessage: a progress that is not a fraction (see :func:`fraction_of`).
         """
-        shown = None if note is None else str(note)[:_NOTE_MAX]
-        self._pending = (fraction_of(progress), shown)
+        fraction = fraction_of(progress)  # a bad one is refused even when not written
         now = self.clock.now()
         if self._last is not None and now - self._last < MIN_INTERVAL:
-            return
+            return  # the next one due carries the newest figure
         if not isinstance(self.store, DiagnoseStore):
             return
-        fraction, shown = self._pending
-        self._last, self._pending = now, None
-        await self.store.record_heartbeat(self.task_id, self.scope, step, attempt,
-                                          fraction, shown, self.owner, now)
+        self._last = now
+        shown = None if note is None else str(note)[:_NOTE_MAX]
+        try:
+            await self.store.record_heartbeat(self.task_id, self.scope, step, attempt,
+                                              fraction, shown, self.owner, now)
+        except Exception as exc:  # a figure for people: never worth failing the step
+            log.warning("heartbeat not recorded", task_id=self.task_id, error=repr(exc))
