@@ -20,6 +20,7 @@ from ratchet.supervisors.cli.render import render_answer
 from tests.conftest import NodeFactory, wait_terminal
 from tests.graph_apps import approve
 from tests.test_admin import admin
+from tests.test_trust_internal import app as shipping_app
 
 # -- the verdict, from rows (no I/O) -------------------------------------------------------
 
@@ -320,3 +321,24 @@ async def test_diagnose_names_the_pending_approval_and_is_the_tenants_only(
                                           " 60 min")
     other = await admin(client, "diagnose", command_id="d4", task_id=task_id, tenant="other")
     assert other.error is not None and other.error.code == "NOT_FOUND"
+
+
+async def test_a_task_waiting_for_a_providers_confirmation_is_diagnosed_as_such(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    await start_node(shipping_app)
+    task_id = (await client.submit("shipping", {"order": 7}, key="ship-d")).task_id
+    async with asyncio.timeout(20):
+        async for event in client.watch(task_id):
+            if event.type == "task.waiting_external":
+                break
+    got = await admin(client, "diagnose", command_id="s1", task_id=task_id)
+    assert got.result is not None, got.error
+    [action] = got.result["unsettled_actions"]
+    assert action["key"] == "ship:7" and action["accepted"] and action["status"] == "IN_FLIGHT"
+    [wait] = got.result["waits"]
+    assert wait["correlation_id"] == "ship-7"
+    assert got.result["status"] == "WAITING_EXTERNAL"
+    assert got.result["verdict"].startswith("waiting for provider confirmation of ship:7 for ")
+    assert any(t["kind"] for t in got.result["timers"])  # the wait's 600 s timeout
+    assert "timer fires in 10 min" in got.result["verdict"]
