@@ -4,6 +4,8 @@
   500 tasks run (all started; 20 steps of 200 ms each, so they are mid-run throughout);
 - console_task_page_ms (and _p50_ms, console_task_list_p50_ms): the web console's page of
   that same task, p99 of 100 loads while the 500 run (bench/console.py);
+- diagnose_p50_ms / _p99_ms: round trip of ``admin diagnose`` while 500 other tasks run
+  (bench/diagnose.py; target p99 < 100 ms), with the statuses the reports gave;
 - cancel_100_branches_s: ``admin cancel`` → ``task.cancelled`` for a task with 100 live
   branches that would never finish on their own;
 - bench/observe.py's figures: metrics_scrape_ms (10,000 tasks in the store), steps/s and
@@ -28,6 +30,7 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.console import page_figures
+from bench.diagnose import diagnose_figures
 from bench.observe import figures as observe_figures
 from bench.steps import NodeProc, percentile, publish_submit
 from ratchet.protocol.ids import new_id, task_id_for
@@ -84,6 +87,7 @@ async def main() -> None:
                 if event.type == "task.cancelled":
                     break
             cancel_s = time.perf_counter() - started
+            diagnosis = await diagnose_figures(client)
         finally:
             await client.close()
             node.stop()
@@ -92,6 +96,7 @@ async def main() -> None:
         "admin_get_p50_ms": round(statistics.median(rtts), 2),
         "admin_get_p99_ms": round(percentile(rtts, 0.99), 2),
         "running_tasks": 500, "cancel_100_branches_s": round(cancel_s, 3), **console,
+        **diagnosis,
         **await observe_figures(),  # metrics_scrape_ms, metrics on/off (bench/observe.py)
     }))
 

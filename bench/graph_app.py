@@ -66,4 +66,14 @@ for _i in range(20):
 
     busy.add_step(f"s{_i}", _nap)
 
-app = ratchet.Registry([wide, parked, hang, busy])
+busy_long = ratchet.Workflow("busy_long")  # bench/diagnose.py: mid-run for ~20 s
+for _i in range(100):
+    async def _beat(ctx: ratchet.StepContext) -> None:
+        import asyncio
+
+        await ctx.heartbeat(progress=0.5, note="halfway")
+        await asyncio.sleep(0.2)
+
+    busy_long.add_step(f"s{_i}", _beat)
+
+app = ratchet.Registry([wide, parked, hang, busy, busy_long])

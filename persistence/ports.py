@@ -1,10 +1,9 @@
 """Store ports: the interfaces the upper layers (actors/, supervisors/) use of the store.
 
 The runtime depends on these protocols, not on a storage engine: each consumer is typed
-with the narrowest port that covers the calls it makes, and only the composition root
-(supervisors/node/node.py, which opens the store) names a concrete class. The SQLite
-:class:`~persistence.store.Store` implements every port (structurally: it does not
-inherit from them); a PostgreSQL store (a later issue) will implement the same ports.
+with the narrowest port that covers its calls; only the composition root (supervisors/node/
+node.py) names a concrete class. The SQLite :class:`~persistence.store.Store` implements
+every port structurally; a PostgreSQL store (a later issue) will implement the same ports.
 
 The ports, by concern:
 
@@ -16,11 +15,9 @@ The ports, by concern:
 - :class:`AdminStore` — the admin service and retention: forks, purge and expiry, kill
   switches, task lists, verifying the audit log, and admin command ids.
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
-- :class:`ScheduleStore` — schedules, :class:`DriftStore` — drift reconciliation passes,
-  :class:`SweepStore` — writes nobody settled, :class:`SettleStore` — what waits for a
-  human, :class:`MetricStore` — a metrics scrape's figures (persistence/schedule_rows.py,
-  drift_rows.py, sweep_rows.py, settle_rows.py, metric_rows.py: declared there for this
-  module's size).
+- Declared beside their rows (persistence/<name>_rows.py) for this module's size:
+  schedules, drift passes, writes nobody settled (sweep), what waits for a human (settle),
+  metrics, diagnosis and heartbeats, dead letters.
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -37,6 +34,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.audit_check import AuditReport
+from ratchet.persistence.dead_letter_rows import DeadLetterStore
+from ratchet.persistence.diagnose_rows import DiagnoseStore
 from ratchet.persistence.drift_rows import DriftStore
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.leases import LeaseRow, NodeRow
@@ -62,7 +61,8 @@ __all__ = [
     "OutboxListener",
     "OutboxStore",
     "ScheduleRow",
-    "ScheduleStore", "DriftStore", "SweepStore", "SettleStore", "MetricStore",
+    "ScheduleStore", "DriftStore", "SweepStore", "SettleStore", "MetricStore", "DiagnoseStore",
+    "DeadLetterStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -119,7 +119,8 @@ class TaskStore(Protocol):
         ...
 
     async def record_dead_letter(
-        self, *, subject: str, raw: bytes, error: dict[str, Any], dlq_subject: str, now: float
+        self, *, subject: str, raw: bytes, error: dict[str, Any], dlq_subject: str, now: float,
+        headers: dict[str, str] | None = None,
     ) -> None:
         ...
 
@@ -355,7 +356,8 @@ class KeyringStore(Protocol):
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
-                DriftStore, SweepStore, SettleStore, MetricStore, Protocol):
+                DriftStore, SweepStore, SettleStore, MetricStore, DiagnoseStore,
+                DeadLetterStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

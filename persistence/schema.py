@@ -7,6 +7,7 @@ Never edit a released migration: append a new one.
 from __future__ import annotations
 
 from ratchet.persistence.drift_schema import RECONCILE_DDL
+from ratchet.persistence.ops_schema import OPS_DDL
 from ratchet.persistence.schedule_schema import SCHEDULES_DDL
 from ratchet.persistence.sweep_rows import UNSETTLED_DDL
 
@@ -390,4 +391,5 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
     (17, "actions not settled, for the action sweeper (persistence/sweep_rows.py)",
      UNSETTLED_DDL),
+    (18, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
 ]

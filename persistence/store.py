@@ -17,6 +17,12 @@ from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.blobs import read_blob
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.connection import open_connection
+from ratchet.persistence.dead_letter_rows import (
+    DeadLetterLimits,
+    DeadLetterRows,
+    record_dead_letter_txn,
+)
+from ratchet.persistence.diagnose_rows import DiagnoseRows
 from ratchet.persistence.drift_rows import DriftRows
 from ratchet.persistence.file_watch import put_back
 from ratchet.persistence.keyring import KeyringRows
@@ -44,7 +50,6 @@ from ratchet.persistence.txns import (
     accept_submission_txn,
     apply_change_txn,
     delete_outbox_txn,
-    record_dead_letter_txn,
 )
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
 from ratchet.persistence.writer import WriterStats, make_writer
@@ -80,13 +85,13 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
 
 
 class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows,
-            SweepRows, SettleRows, MetricRows):
+            SweepRows, SettleRows, MetricRows, DiagnoseRows, DeadLetterRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:
         path: the SQLite file (created, and migrated, if needed).
-        synchronous: ``NORMAL`` (default; in WAL, survives process crashes, may lose the
-            last commits on OS crash or power loss) or ``FULL`` (fsync each commit).
+        synchronous: ``NORMAL`` (default; survives process crashes, may lose the last
+            commits on OS crash) or ``FULL`` (fsync each commit).
         writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
         wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
         lease_clock: the store's time for lease expiry (default: the host's boot time).
@@ -102,6 +107,8 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
             raise ValueError("synchronous must be NORMAL or FULL")
         self.path = str(path)
         self.synchronous = synchronous
+        #: How much the dead_letters table keeps (persistence/dead_letter_rows.py).
+        self.dead_letter_limits = DeadLetterLimits()
         self._writer = make_writer(self.path, synchronous, writer, wal_limit)
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
@@ -259,11 +266,13 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         return result
 
     async def record_dead_letter(
-        self, *, subject: str, raw: bytes, error: dict[str, Any], dlq_subject: str, now: float
+        self, *, subject: str, raw: bytes, error: dict[str, Any], dlq_subject: str, now: float,
+        headers: dict[str, str] | None = None,
     ) -> None:
         rows: list[OutboxRow] = await self._writer.submit(
             lambda c: record_dead_letter_txn(
-                c, subject=subject, raw=raw, error=error, dlq_subject=dlq_subject, now=now
+                c, subject=subject, raw=raw, error=error, dlq_subject=dlq_subject, now=now,
+                headers=headers, limits=self.dead_letter_limits,
             )
         )
         self._announce(rows)

@@ -261,7 +261,8 @@ class AdminRows(_StoreParts):
                 raise ValueError(f"task {task_id} is not finished")
             removed: dict[str, int] = {}
             for table in ("events", "checkpoints", "checkpoint_values", "agent_log", "branches",
-                          "approvals", "tool_sessions", "timers", "waits", "inbox", "handoffs"):
+                          "approvals", "tool_sessions", "timers", "waits", "inbox", "handoffs",
+                          "step_heartbeats"):
                 removed[table] = conn.execute(f"DELETE FROM {table} WHERE task_id = ?",
                                               (task_id,)).rowcount
             conn.execute("DELETE FROM requests WHERE tenant = ? AND idempotency_key = ?",

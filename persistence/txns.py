@@ -36,7 +36,6 @@ from ratchet.persistence.txn_events import (
 )
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import BudgetExhausted, DuplicateMessage, NotFound, VersionConflict
-from ratchet.protocol.ids import new_id
 from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.states import TaskEvent, TaskStatus, transition
 
@@ -51,7 +50,6 @@ __all__ = [
     "AcceptResult",
     "accept_submission_txn",
     "apply_change_txn",
-    "record_dead_letter_txn",
     "delete_outbox_txn",
 ]
 
@@ -360,30 +358,6 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
     subject, msg_id, payload = task.start_mail
     outbox.append(insert_outbox(conn, subject, msg_id, payload, task.now))
     return AcceptResult(task.task_id, TaskStatus.QUEUED.value, created=True, outbox=outbox)
-
-
-def record_dead_letter_txn(
-    conn: sqlite3.Connection,
-    *,
-    subject: str,
-    raw: bytes,
-    error: dict[str, Any],
-    dlq_subject: str,
-    now: float,
-) -> list[OutboxRow]:
-    """Keep an unprocessable message with its error, and queue it for the DLQ stream."""
-    conn.execute(
-        "INSERT INTO dead_letters(subject, error_code, error_message, details, raw, received_at)"
-        " VALUES (?,?,?,?,?,?)",
-        (subject, error["code"], error["message"],
-         msgpack.packb(error.get("details") or {}, use_bin_type=True), raw, now),
-    )
-    headers = {
-        "Ratchet-Error-Code": str(error["code"]),
-        "Ratchet-Error": str(error["message"])[:512],
-        "Ratchet-Source-Subject": subject,
-    }
-    return [insert_outbox(conn, dlq_subject, new_id("dlq"), raw, now, headers)]
 
 
 def delete_outbox_txn(conn: sqlite3.Connection, ids: list[int]) -> int:

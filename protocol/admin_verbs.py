@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CLUSTER_VERBS", "KEY_VERBS", "SWITCH_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
+__all__ = ["ANY_SCOPE", "CLUSTER_VERBS", "DLQ_VERBS", "KEY_VERBS", "SWITCH_VERBS", "SYSTEM_TENANT", "VERB_ROLES"]
 
 #: The role each verb needs.
 VERB_ROLES: dict[str, str] = {
@@ -11,10 +11,14 @@ VERB_ROLES: dict[str, str] = {
     "approve": "approver", "reject": "approver", "restart": "operator", "fork": "operator",
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
     "thaw": "operator", "purge": "operator", "breakers": "viewer",
-    "model-stats": "viewer",
+    "model-stats": "viewer", "diagnose": "viewer",
     # Settling what a machine could not (supervisors/services/admin_settle.py).
     "resolve": "approver", "retry-action": "approver", "skip-step": "approver",
     "approvals": "viewer",
+    # The dead-letter queue (docs/admin.md, "Dead letters"): on a tenant's subject its own
+    # letters, on the SYSTEM_TENANT's every letter.
+    "dlq-list": "viewer", "dlq-show": "viewer", "dlq-replay": "operator",
+    "dlq-purge": "operator",
     # Schedules of the tenant's workflows (protocol/schedules.py).
     "schedule-create": "operator", "schedule-list": "viewer", "schedule-delete": "operator",
     "schedule-pause": "operator", "schedule-resume": "operator",
@@ -32,5 +36,10 @@ CLUSTER_VERBS = frozenset({"nodes", "drain", "undrain", "clock-ack", "verify-aud
 #: The kill switches: on a tenant's subject they act on its tasks, on the SYSTEM_TENANT's
 #: on every tenant's (docs/admin.md).
 SWITCH_VERBS = frozenset({"freeze", "thaw", "disable-tool", "enable-tool"})
+#: The dead-letter verbs: on a tenant's subject they act on its letters, on the
+#: SYSTEM_TENANT's on every letter.
+DLQ_VERBS = frozenset({"dlq-list", "dlq-show", "dlq-replay", "dlq-purge"})
+#: Verbs that act on the subject's tenant, or on every tenant on the SYSTEM_TENANT's.
+ANY_SCOPE = SWITCH_VERBS | DLQ_VERBS
 #: The tenant token of cluster commands; give it only to the platform's operators.
 SYSTEM_TENANT = "_system"

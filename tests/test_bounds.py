@@ -47,6 +47,7 @@ def test_every_stream_has_a_byte_limit_and_says_what_goes_at_it() -> None:
         assert config.max_bytes is not None and config.max_bytes > 0
     assert configs[STREAM_EVENTS].discard == DiscardPolicy.OLD
     assert configs[STREAM_DLQ].discard == DiscardPolicy.OLD
+    assert configs[STREAM_DLQ].max_msgs == StreamLimits().dlq_max_msgs > 0
     queues = [c for c in configs.values() if c.retention == RetentionPolicy.WORK_QUEUE]
     assert len(queues) == 4
     assert all(c.discard == DiscardPolicy.NEW for c in queues)

@@ -97,6 +97,16 @@ def test_admin_verbs_are_wrapped_by_the_cli(tmp_path: Path) -> None:
         denied = _ratchet(state, "admin", "tree", "--creds", str(stranger))
         assert denied.returncode == 2
         assert json.loads(denied.stdout)["error"]["code"] == "UNAUTHENTICATED"
+        letters = _ratchet(state, "admin", "dlq", "list")  # the dlq-list verb
+        assert json.loads(letters.stdout) == {"subjects": [], "letters": [], "next_after": None}
+        missing = _ratchet(state, "admin", "dlq", "show", "7")
+        assert json.loads(missing.stdout)["error"]["details"] == {"id": 7}
+        wrong = _ratchet(state, "admin", "dlq", "frob")
+        assert wrong.returncode != 0 and "ratchet admin dlq {list|show|replay|purge}" in (
+            wrong.stdout + wrong.stderr)
+        unknown = _ratchet(state, "diagnose", "tsk_nothere")
+        assert unknown.returncode == 2
+        assert json.loads(unknown.stdout)["error"]["code"] == "NOT_FOUND"
         serve.send_signal(signal.SIGINT)
         assert serve.wait(timeout=30) == 0
     finally:

@@ -146,6 +146,7 @@ class FakeMsg:
 
     def __init__(self, delivered: int) -> None:
         self.subject, self.data = "ratchet.decisions.acme", b"\x80"
+        self.headers: dict[str, str] | None = None
         self.metadata = self.Metadata(delivered)
         self.settled: list[str] = []
 

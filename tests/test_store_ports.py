@@ -17,6 +17,8 @@ import pytest
 
 from ratchet.persistence.ports import (
     AdminStore,
+    DeadLetterStore,
+    DiagnoseStore,
     DriftStore,
     Fence,
     KeyringStore,
@@ -34,7 +36,7 @@ from tests.conftest import ROOT
 
 CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore,
                              ScheduleStore, DriftStore, SweepStore, SettleStore,
-                             MetricStore]
+                             MetricStore, DiagnoseStore, DeadLetterStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
 #: Where a store is opened: the only modules of the upper layers that name the SQLite class
 #: (the node; and ``ratchet nats-config``, which reads the keyring with no node running).

@@ -39,7 +39,7 @@ from ratchet.actors.task.node_guard import NodeGuard
 from ratchet.actors.task.open_actions import OpenActions, mark_cancelling
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.slow_step import warn_if_slow
-from ratchet.actors.task.step_runner import step_runner
+from ratchet.actors.task.step_runner import step_heartbeat, step_runner
 from ratchet.actors.task.step_sleep import StepSleeper
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
 from ratchet.actors.task.task_secrets import TaskSecrets
@@ -339,7 +339,7 @@ class TaskActor(Actor):
             log=bind_step_logger(self.task_id, self.record.tenant, step.name),
             runner=self.runner(index, step.timeout),
             iteration=loop_runtime.iteration_of(self, step),
-            sleeper=StepSleeper(self, step.name, index),
+            sleeper=StepSleeper(self, step.name, index), beat=step_heartbeat(self),
         )
         started = asyncio.get_running_loop().time()
         try:

@@ -33,6 +33,7 @@ import structlog
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.effects.switches import Switches
+from ratchet.actors.task.heartbeat import StepHeartbeat
 from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.join_policy import JoinVerdict, decide, may_decide
 from ratchet.actors.workflow.nodes import (
@@ -223,7 +224,9 @@ class BranchActor(Actor):
                                   workflow=self.graph.name, step_name=node.name, step_index=0,
                                   attempt=1, input=self.input, state=self.state, clock=self.clock,
                                   log=log.bind(task_id=self.task_id, branch=self.branch),
-                                  runner=runner, branch=self.branch)
+                                  runner=runner, branch=self.branch,
+                                  beat=StepHeartbeat(self.store, self.clock, self.task_id,
+                                                     self.branch, self.producer))
                 if node.timeout is not None:
                     update = await asyncio.wait_for(node.fn(ctx), node.timeout)
                 else:

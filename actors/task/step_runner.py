@@ -1,5 +1,6 @@
 """The action runner a task actor gives one step: its ledger, budget, deadlines, sessions,
-switches and secrets (actors/effects/actions.py)."""
+switches and secrets (actors/effects/actions.py); and the step's heartbeat
+(actors/task/heartbeat.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from typing import Any
 
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.effects.actions import ActionRunner, CallEnv
+from ratchet.actors.task.heartbeat import StepHeartbeat
 from ratchet.actors.task.kernel import TaskKernel
 
-__all__ = ["step_runner"]
+__all__ = ["step_heartbeat", "step_runner"]
 
 
 def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, *,
@@ -39,3 +41,9 @@ def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, 
         count_tool_calls=count_tool_calls and "tool_calls" in record.budget,
         switches=deps.switches, note_secrets=actor.secrets.note,
         pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent)))
+
+
+def step_heartbeat(actor: TaskKernel) -> StepHeartbeat:
+    """The heartbeat of one step run of the task (not of a fan-out branch)."""
+    return StepHeartbeat(actor.deps.store, actor.deps.clock, actor.task_id, "",
+                         actor.deps.producer)

@@ -86,8 +86,9 @@ class StreamLimits:
     - ``events`` (``RATCHET_EVENTS``, limits retention): at ``events_max_age`` or
       ``events_max_bytes`` the *oldest* events are discarded. The store keeps every event
       (``admin history``); only live ``watch`` replays from the stream.
-    - ``dlq`` (``RATCHET_DLQ``): the same, with ``dlq_max_age`` / ``dlq_max_bytes``; the
-      store's ``dead_letters`` table keeps a row per dead letter.
+    - ``dlq`` (``RATCHET_DLQ``): the same, with ``dlq_max_age`` / ``dlq_max_bytes`` /
+      ``dlq_max_msgs``; the store's ``dead_letters`` table keeps a row per dead letter,
+      bounded on its own (persistence/dead_letter_rows.py).
     - the work queues (submit, mail, external, decisions) hold only what is not consumed
       yet: at ``queue_max_bytes`` a stream refuses *new* messages (the publisher gets an
       error: a producer's submit fails, the outbox relay keeps the row and retries), so a
@@ -98,6 +99,7 @@ class StreamLimits:
     events_max_bytes: int = 1024 * MB
     dlq_max_age: float = 30 * DAY
     dlq_max_bytes: int = 256 * MB
+    dlq_max_msgs: int = 100_000
     queue_max_bytes: int = 1024 * MB
 
 
@@ -117,7 +119,8 @@ def stream_configs(limits: StreamLimits | None = None) -> list[StreamConfig]:
         StreamConfig(name=STREAM_EVENTS, subjects=["ratchet.events.>"],
                      max_age=lim.events_max_age, max_bytes=lim.events_max_bytes, **kept),
         StreamConfig(name=STREAM_DLQ, subjects=["ratchet.dlq.>"],
-                     max_age=lim.dlq_max_age, max_bytes=lim.dlq_max_bytes, **kept),
+                     max_age=lim.dlq_max_age, max_bytes=lim.dlq_max_bytes,
+                     max_msgs=lim.dlq_max_msgs, **kept),
     ]
 
 

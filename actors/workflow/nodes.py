@@ -119,6 +119,7 @@ class StepContext:
     branch: str | None = None  # set inside a fan-out branch
     iteration: int | None = None  # a loop's iteration, from 0 (actors/workflow/loop_node.py)
     sleeper: Any = None  # actors.task.step_sleep.StepSleeper (None inside a branch)
+    beat: Any = None  # actors.task.heartbeat.StepHeartbeat (None: heartbeats are ignored)
 
     async def call(self, tool: Tool[Any, Any], args: Any) -> Any:
         """Call a registered tool under the action protocol and return its result model.
@@ -127,6 +128,14 @@ class StepContext:
         again when the step re-runs, its recorded result is returned instead.
         """
         return await self.runner.call(tool, args)
+
+    async def heartbeat(self, progress: float | tuple[float, float] | None = None,
+                        note: str | None = None) -> None:
+        """Say how far this step is — a fraction from 0 to 1, or ``(done, total)`` — with
+        an optional note, without a checkpoint (``admin diagnose`` and ``admin get`` show
+        it; actors/task/heartbeat.py). At most one is written a second."""
+        if self.beat is not None:
+            await self.beat.beat(self.step_name, self.attempt, progress, note)
 
     async def sleep(self, seconds: float) -> None:
         """Sleep durably: the task passivates (SLEEPING, a timer row) and, when the time

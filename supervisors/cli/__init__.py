@@ -23,7 +23,7 @@ from ratchet.protocol.errors import (
     UsageError,
     WorkflowDefinitionError,
 )
-from ratchet.supervisors.cli.admin import admin, console_login, issue, nats_config
+from ratchet.supervisors.cli.admin import admin, console_login, diagnose, issue, nats_config
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.cli.output import set_output, show_error, show_usage_error
 from ratchet.supervisors.cli.parser import parser
@@ -40,6 +40,7 @@ _ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, in
     "submit": submit,
     "watch": watch,
     "status": status,
+    "diagnose": diagnose,
     "admin": admin,
     "creds": issue,
     "nats-config": nats_config,

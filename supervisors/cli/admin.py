@@ -17,6 +17,8 @@ from ratchet.supervisors.node.nats_auth import keyring_config
 
 
 async def admin(args: argparse.Namespace) -> int:
+    if args.verb == "dlq" or args.ids:
+        dlq_arguments(args)
     cluster = args.verb in CLUSTER_VERBS  # about nodes: the system tenant's subject
     client = await connect(args, SYSTEM_TENANT if cluster else args.tenant)
     if args.verb in KEY_VERBS:  # grant, revoke: --tenant is the principal's tenant
@@ -60,6 +62,32 @@ def settle_args(args: argparse.Namespace) -> dict[str, Any]:
     of digits stays a string)."""
     return {name: getattr(args, name) for name in _SETTLE_FLAGS
             if getattr(args, name, None) is not None}
+
+
+def dlq_arguments(args: argparse.Namespace) -> None:
+    """``admin dlq list|show|replay|purge [ID ...]`` as the verbs ``dlq-list`` ... with
+    ``id`` (show) or ``ids`` (replay, purge) arguments."""
+    actions = ("list", "show", "replay", "purge")
+    if args.verb != "dlq" or args.task_id not in actions:
+        raise UsageError(f"usage: ratchet admin dlq {{{'|'.join(actions)}}} [ID ...]")
+    args.verb, args.task_id = f"dlq-{args.task_id}", None
+    if args.verb == "dlq-show" and len(args.ids) == 1:
+        args.arg.append(f"id={args.ids[0]}")
+    elif args.verb == "dlq-show" or (args.ids and args.verb == "dlq-list"):
+        raise UsageError("usage: ratchet admin dlq show ID")
+    elif args.ids:
+        args.args_json = {**(args.args_json or {}), "ids": args.ids}
+
+
+async def diagnose(args: argparse.Namespace) -> int:
+    """``ratchet diagnose TASK``: the ``diagnose`` admin verb."""
+    client = await connect(args, args.tenant)
+    try:
+        emit(await client.request_admin("diagnose", {"command_id": new_id("cmd"),
+                                                     "task_id": args.task_id, "args": {}}))
+    finally:
+        await client.close()
+    return ExitCode.OK
 
 
 async def issue(args: argparse.Namespace) -> int:

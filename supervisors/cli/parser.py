@@ -123,17 +123,23 @@ def task_commands(command: AddCommand) -> None:
     s = with_nats(command("status", help="print a task's snapshot"))
     s.add_argument("task_id")
 
+    s = with_nats(command("diagnose", help="why a task is where it is (admin diagnose)"))
+    s.add_argument("task_id")
+
 
 def admin_command(command: AddCommand) -> None:
     s = with_nats(command("admin", help="an admin command (docs/admin.md)"))
-    s.add_argument("verb", choices=list(VERB_ROLES))
+    s.add_argument("verb", choices=[*VERB_ROLES, "dlq"],
+                   help="a verb; dlq list|show|replay|purge [ID ...] (docs/admin.md)")
     s.add_argument(
         "task_id",
         nargs="?",
         default=None,
         help="the task (for drain, undrain and clock-ack: the node id; for"
-        " grant and revoke: the principal's name)",
+        " grant and revoke: the principal's name; for dlq: list, show, replay or purge)",
     )
+    s.add_argument("ids", nargs="*", type=int, default=[], metavar="ID",
+                   help="for dlq show, replay and purge: dead letter ids")
     s.add_argument("--arg", action="append", default=[], metavar="KEY=VALUE", type=key_value,
                    help="verb arguments, e.g. --arg after=5 --arg status=RUNNING")
     s.add_argument("--command-id", default=None, help="repeat one to get its first answer")

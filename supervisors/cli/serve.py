@@ -24,6 +24,7 @@ from typing import Any
 
 from ratchet.actors.effects.risk_policy import ToolRisk, parse_policy
 from ratchet.actors.transport.bus import MB, StreamLimits
+from ratchet.persistence.dead_letter_rows import DeadLetterLimits
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.supervisors.cli.common import ExitCode, load_app
@@ -201,6 +202,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         streams=StreamLimits(
             events_max_bytes=int(args.events_max_mb * MB), dlq_max_bytes=int(args.dlq_max_mb * MB)
         ),
+        dead_letters=dead_letter_limits(args),
         max_running=args.max_running,
         recovery_interval=args.recovery_interval,
         tenant_quotas=pairs(args.tenant_quota, int),
@@ -221,6 +223,14 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
     if args.node_id:
         config.node_id = args.node_id
     return config
+
+
+def dead_letter_limits(args: argparse.Namespace) -> DeadLetterLimits:
+    """``--dead-letters-max`` / ``--dead-letters-max-mb``; not positive: a usage error."""
+    try:
+        return DeadLetterLimits(args.dead_letters_max, int(args.dead_letters_max_mb * MB))
+    except ValueError as exc:
+        raise UsageError(f"--dead-letters-max/--dead-letters-max-mb: {exc}") from None
 
 
 def risk_policy(path: str | None) -> dict[str, dict[str, ToolRisk]]:
@@ -339,6 +349,10 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
         default=256.0,
         help="dead-letter stream size; the oldest dead letters go beyond it",
     )
+    s.add_argument("--dead-letters-max", type=int, default=10_000,
+                   help="dead letters the store keeps; the oldest go beyond it")
+    s.add_argument("--dead-letters-max-mb", type=float, default=64.0,
+                   help="MiB of raw messages the store's dead letters keep at most")
     s.add_argument(
         "--max-running",
         type=int,

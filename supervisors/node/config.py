@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ratchet.actors.effects.risk_policy import ToolRisk
 from ratchet.actors.transport.bus import MB, StreamLimits
+from ratchet.persistence.dead_letter_rows import DeadLetterLimits
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS
 
 __all__ = ["NodeConfig"]
@@ -107,6 +108,8 @@ class NodeConfig:
     wal_limit_mb: float = 32.0
     #: JetStream: what the events, dead-letter and work-queue streams may hold (actors/transport/bus.py).
     streams: StreamLimits = field(default_factory=StreamLimits)
+    #: What the store's dead_letters table keeps (persistence/dead_letter_rows.py).
+    dead_letters: DeadLetterLimits = field(default_factory=DeadLetterLimits)
     #: A task's state: one value's encoding, and the values one checkpoint writes, at most
     #: this many MiB (persistence/checkpoints.py); a step over either fails for good.
     max_value_mb: float = 16.0

@@ -51,9 +51,11 @@ async def open_store(cfg: NodeConfig, fence: Fence) -> StorePort:
     try:
         secure_state_dir(Path(cfg.state_dir), cfg.db_path)
         seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))
-        return await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
-                                wal_limit=int(cfg.wal_limit_mb * 1024 * 1024), fence=fence,
-                                audit_seal=seal)
+        store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
+                                 wal_limit=int(cfg.wal_limit_mb * 1024 * 1024), fence=fence,
+                                 audit_seal=seal)
+        store.dead_letter_limits = cfg.dead_letters
+        return store
     except OSError as exc:
         if exc.errno not in _UNWRITABLE:
             raise

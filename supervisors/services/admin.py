@@ -3,18 +3,17 @@
 Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``,
 ``resume`` (actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill
 switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw`` (for the subject's tenant,
-or on ``_system`` for every tenant); and ``purge``. Each with the contract every verb follows: a typed reply; a signed command whose key holds the role
-the verb needs (supervisors/services/authn.py: UNAUTHENTICATED or PERMISSION_DENIED
-otherwise; the payload's ``principal`` decides nothing); the tenant of the subject (a task of
-another tenant is NOT_FOUND: no existence leak); a command id (a repeat returns the first
-answer, the same id with another request is CONFLICT); and an audit entry, hash-chained,
-written before the command takes effect and again with its outcome.
+or on ``_system`` for every tenant); and ``purge``. Every verb follows one contract: a typed
+reply; a signed command whose key holds the role the verb needs (supervisors/services/
+authn.py: UNAUTHENTICATED or PERMISSION_DENIED otherwise; the payload's ``principal``
+decides nothing); the tenant of the subject (another tenant's task is NOT_FOUND: no
+existence leak); a command id (a repeat returns the first answer, the same id with another
+request is CONFLICT); an audit entry, hash-chained, before the effect and with its outcome.
 
-The read verbs live in supervisors/services/admin_reads.py, the cluster verbs in
-supervisors/services/admin_cluster.py, the keyring's (``grant``, ``revoke``, ``keys``) in
-supervisors/services/admin_keys.py, the schedules' (``schedule-create``, ...) in
-supervisors/services/admin_schedules.py, the settling ones (``resolve``, ``retry-action``,
-``skip-step``, ``approvals``) in admin_settle.py (mixins of :class:`AdminActor`).
+Mixins of :class:`AdminActor` hold the others: the reads (admin_reads.py), ``diagnose``
+(admin_diagnose.py), the dead letters' (admin_dlq.py), the cluster's (admin_cluster.py),
+the keyring's (admin_keys.py), the schedules' (admin_schedules.py) and the settling ones
+(``resolve``, ``retry-action``, ``skip-step``, ``approvals``: admin_settle.py).
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.fork import ForkRequest
 from ratchet.persistence.ports import StorePort
 from ratchet.persistence.txns import NewTask, TaskChange
-from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SWITCH_VERBS, SYSTEM_TENANT, VERB_ROLES
+from ratchet.protocol.admin_verbs import ANY_SCOPE, CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import EventType, MessageType, admin_type
 from ratchet.protocol.clock import Clock
@@ -56,6 +55,8 @@ from ratchet.protocol.redaction import REDACTED, redact
 from ratchet.protocol.states import TaskStatus, is_terminal
 from ratchet.protocol.subjects import mail_subject
 from ratchet.supervisors.services.admin_cluster import ClusterVerbs
+from ratchet.supervisors.services.admin_diagnose import DiagnoseVerbs
+from ratchet.supervisors.services.admin_dlq import DlqVerbs
 from ratchet.supervisors.services.admin_keys import KeyringHooks, KeyVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
 from ratchet.supervisors.services.admin_schedules import ScheduleVerbs
@@ -86,8 +87,8 @@ _EFFECTS = {
 }
 
 
-class AdminActor(SettleVerbs, ReadVerbs, ClusterVerbs, KeyVerbs, ScheduleVerbs,
-                 RequestService):
+class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, ClusterVerbs, KeyVerbs,
+                 ScheduleVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
@@ -110,7 +111,7 @@ class AdminActor(SettleVerbs, ReadVerbs, ClusterVerbs, KeyVerbs, ScheduleVerbs,
         if verb not in VERB_ROLES or env.type != admin_type(verb):
             raise InvalidMessage(f"unknown admin verb {verb!r} (type {env.type!r})", verb=verb)
         cmd = parse_body(env, AdminCommand)
-        if (verb in CLUSTER_VERBS) != (tenant == SYSTEM_TENANT) and verb not in SWITCH_VERBS:
+        if (verb in CLUSTER_VERBS) != (tenant == SYSTEM_TENANT) and verb not in ANY_SCOPE:
             raise PermissionDenied(f"{verb} is not a command of tenant {tenant!r}", verb=verb)
         if cmd.task_id:
             await self._forward_if_elsewhere(tenant, verb, cmd.task_id, msg)

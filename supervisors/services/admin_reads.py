@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ratchet.actors.core.actor import ActorSystem
+from ratchet.actors.task.heartbeat import task_percent
 from ratchet.persistence.ports import StorePort
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import canonical
@@ -73,9 +74,14 @@ class ReadVerbs:
                      # the store's lease time is not wall time: as this node's wall time
                      "lease_expires_at": self.clock.now() + lease.ttl_left if lease else None,
                      "answered_by": self.node_id}
+        beats = await self.store.heartbeats(rec.task_id)  # ctx.heartbeat, no checkpoint
+        step = next((b["fraction"] for b in beats if not b["scope"]
+                     and b["step"] == rec.current_node), None)
         return {**snapshot, "current_node": rec.current_node, **owner,
                 "live": self.system.lookup(task_actor_name(rec.task_id)) is not None,
-                "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent}
+                "last_heartbeat": rec.updated_at, "budget": rec.budget, "spent": rec.spent,
+                "heartbeats": beats, "percent": 100 if rec.status == "SUCCEEDED" else
+                task_percent(rec.next_step, rec.steps_total, step)}
 
     @staticmethod
     def _int_arg(cmd: AdminCommand, name: str, default: int, low: int = 0,

@@ -46,6 +46,6 @@ class ApiActor(RequestService):
     async def on_error(self, msg: Msg, tenant: str, exc: RatchetError) -> None:
         if isinstance(exc, InvalidMessage):
             try:
-                await self.acceptor.dead_letter(msg.subject, msg.data, exc, tenant)
+                await self.acceptor.dead_letter(msg.subject, msg.data, exc, tenant, msg.headers)
             except Exception as store_exc:
                 log.error("dead-letter failed", error=repr(store_exc))

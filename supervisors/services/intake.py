@@ -134,12 +134,13 @@ class Acceptor:
                  task_id=result.task_id, tenant=tenant, correlation_id=env.correlation_id)
         return TaskAccepted(task_id=result.task_id, status=result.status, created=result.created)
 
-    async def dead_letter(self, subject: str, raw: bytes, exc: RatchetError, tenant: str) -> None:
+    async def dead_letter(self, subject: str, raw: bytes, exc: RatchetError, tenant: str,
+                          headers: dict[str, str] | None = None) -> None:
         log.warning("message dead-lettered", subject=subject, code=exc.code.value,
                     error=exc.message, details=exc.details)
         await self.store.record_dead_letter(
             subject=subject, raw=self._without_secret_input(raw), error=exc.to_wire(),
-            dlq_subject=dlq_subject("submit", tenant), now=self.clock.now(),
+            dlq_subject=dlq_subject("submit", tenant), now=self.clock.now(), headers=headers,
         )
 
 
@@ -292,7 +293,8 @@ class IntakeActor(ServiceActor):
                 await msg.nak(delay=redelivery_delay(msg))
                 return
             try:
-                await self.acceptor.dead_letter(msg.subject, msg.data, failure, tenant)
+                await self.acceptor.dead_letter(msg.subject, msg.data, failure, tenant,
+                                                msg.headers)
             except Exception as store_exc:  # the store could not record it: let JetStream retry
                 log.error("dead-letter failed", error=repr(store_exc))
                 await msg.nak(delay=redelivery_delay(msg))

@@ -195,7 +195,8 @@ async def settle_failure(msg: Msg, exc: Exception, *, store: TaskStore, clock: C
         log.warning("message dead-lettered", subject=msg.subject, error=exc.message)
         try:
             await store.record_dead_letter(subject=msg.subject, raw=msg.data,
-                                           error=exc.to_wire(), dlq_subject=dlq, now=clock.now())
+                                           error=exc.to_wire(), dlq_subject=dlq, now=clock.now(),
+                                           headers=msg.headers)
         except Exception as store_exc:  # not recorded: keep it in the stream for later
             log.error("dead-letter failed", error=repr(store_exc))
             await msg.nak(delay=redelivery_delay(msg))
