@@ -90,8 +90,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
 
     Args:
         path: the SQLite file (created, and migrated, if needed).
-        synchronous: ``NORMAL`` (default; survives process crashes, may lose the last
-            commits on OS crash) or ``FULL`` (fsync each commit).
+        synchronous: ``NORMAL`` (default: an OS crash may lose the last commits) or ``FULL``.
         writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
         wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
         lease_clock: the store's time for lease expiry (default: the host's boot time).

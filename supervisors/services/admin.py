@@ -1,19 +1,18 @@
 """The admin service: operators' commands on ``ratchet.admin.<tenant>.<verb>``.
 
-Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``,
-``resume`` (actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill
-switches ``disable-tool``, ``enable-tool``, ``freeze``, ``thaw`` (for the subject's tenant,
-or on ``_system`` for every tenant); and ``purge``. Every verb follows one contract: a typed
+Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``, ``resume``
+(actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill switches
+(``disable-tool``, ``enable-tool``, ``freeze``, ``thaw``: a tenant's, or every tenant's on
+``_system``); and ``purge``. Every verb follows one contract: a typed
 reply; a signed command whose key holds the role the verb needs (supervisors/services/
 authn.py: UNAUTHENTICATED or PERMISSION_DENIED otherwise; the payload's ``principal``
 decides nothing); the tenant of the subject (another tenant's task is NOT_FOUND: no
 existence leak); a command id (a repeat returns the first answer, the same id with another
 request is CONFLICT); an audit entry, hash-chained, before the effect and with its outcome.
 
-Mixins of :class:`AdminActor` hold the others: the reads (admin_reads.py), ``diagnose``
-(admin_diagnose.py), the dead letters' (admin_dlq.py), the cluster's (admin_cluster.py),
-the keyring's (admin_keys.py), the schedules' (admin_schedules.py) and the settling ones
-(``resolve``, ``retry-action``, ``skip-step``, ``approvals``: admin_settle.py).
+Mixins of :class:`AdminActor` hold the others (supervisors/services/admin_<name>.py): reads,
+diagnose, dlq (dead letters), cluster, keys (the keyring), schedules, settle (``resolve``,
+``retry-action``, ``skip-step``, ``approvals``).
 """
 
 from __future__ import annotations
