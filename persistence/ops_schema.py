@@ -23,7 +23,7 @@ OPS_DDL = """
     ) WITHOUT ROWID;
     CREATE INDEX timers_by_task ON timers(task_id) WHERE fired_at IS NULL;
     CREATE INDEX waits_by_task ON waits(task_id) WHERE resolved_at IS NULL;
-    CREATE INDEX actions_unsettled ON actions(task_id)
+    CREATE INDEX actions_open_by_task ON actions(task_id)
         WHERE status NOT IN ('SUCCEEDED', 'FAILED', 'COMPENSATED');
     -- Dead letters: which DLQ subject (and so which tenant) they went to, the original
     -- message's headers, their size (the table is bounded in bytes and rows), and replays.

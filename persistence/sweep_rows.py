@@ -18,7 +18,7 @@ UNSETTLED = ("IN_FLIGHT", "UNKNOWN")
 #: Migration 17: the sweeper's scan reads only the few rows not settled (a partial index:
 #: a row enters it with IN_FLIGHT and leaves it with its outcome).
 UNSETTLED_DDL = """
-    CREATE INDEX actions_unsettled ON actions(updated_at)
+    CREATE INDEX actions_unsettled_since ON actions(updated_at)
         WHERE status IN ('IN_FLIGHT', 'UNKNOWN') AND accepted = 0 AND kind = 'write';
 """
 
