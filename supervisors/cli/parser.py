@@ -25,7 +25,7 @@ from ratchet.protocol.auth import ROLES
 from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR, ExitCode
 from ratchet.supervisors.cli.output import OutputMode
 from ratchet.supervisors.cli.schedule import schedule_flags
-from ratchet.supervisors.cli.serve import serve_flags
+from ratchet.supervisors.cli.serve_flags import serve_flags
 from ratchet.supervisors.cli.tasks import submit_flags, watch_flags
 from ratchet.supervisors.node.log_output import LOG_LEVELS
 
