@@ -387,4 +387,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
      "CREATE TABLE secret_keys (key_id TEXT PRIMARY KEY, created_at REAL NOT NULL)"),
     (15, "schedules: one task of a workflow per tick (protocol/schedules.py)", SCHEDULES_DDL),
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
+    # The intake span's context (W3C traceparent; protocol/tracing.py), NULL when tracing
+    # was off: the task actor continues that trace wherever and whenever the task runs.
+    (17, "tasks.traceparent: the trace a task's spans continue",
+     "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),
 ]

@@ -24,9 +24,11 @@ from ratchet.actors.effects.risk_policy import ToolRisk, parse_policy
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
+from ratchet.protocol.tracing import enabled as tracing_enabled
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
+from ratchet.supervisors.node.otel import start_tracing, stop_tracing
 
 #: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
 REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
@@ -39,6 +41,17 @@ async def serve(args: argparse.Namespace) -> int:
     config = node_config(args)
     node = Node(config, registry)
     stop = asyncio.Event()
+    # Traces before the node starts (its first spans are the recovery's), flushed after it
+    # stopped (supervisors/node/otel.py); off unless --otel or OTEL_* ask for them.
+    provider = start_tracing(config.otel)
+    try:
+        return await _serve(node, config, registry.names(), stop)
+    finally:
+        stop_tracing(provider)
+
+
+async def _serve(node: Node, config: NodeConfig, workflows: list[str],
+                 stop: asyncio.Event) -> int:
     with _stop_signals(stop, again=node.hurry):
         starting = asyncio.ensure_future(node.start())
         if not await _first(starting, stop.wait()):
@@ -55,7 +68,8 @@ async def serve(args: argparse.Namespace) -> int:
                       flush=True)
             return REFUSED_START_EXIT[exc.code]
         _say({"serving": config.node_id, "nats_url": redact_url(node.url),
-              "db": str(config.db_path), "workflows": registry.names(), "pid": os.getpid()})
+              "db": str(config.db_path), "workflows": workflows, "pid": os.getpid(),
+              "traces": config.otel or tracing_enabled()})
         await _first(node.failed.wait(), stop.wait())
         await node.stop()
         _say({"stopped": config.node_id, "failed": node.failed.is_set(),
@@ -144,6 +158,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         submit_rate=args.submit_rate,
         tenant_submit_rates=pairs(args.tenant_submit_rate, float),
         submit_burst=args.submit_burst,
+        otel=args.otel,
     )
     if args.node_id:
         config.node_id = args.node_id
@@ -287,6 +302,12 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
     )
     risk_flags(s)
     submit_rate_flags(s)
+    s.add_argument(
+        "--otel",
+        action="store_true",
+        help="OpenTelemetry traces to the OTLP exporter the OTEL_* variables configure"
+        " (also on when OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT is set)",
+    )
 
 
 def submit_rate_flags(s: argparse.ArgumentParser) -> None:

@@ -1,0 +1,196 @@
+"""OpenTelemetry traces: spans for submit → intake → each node → each tool or model call,
+with the W3C ``traceparent`` carried in NATS headers (docs/operations.md, Traces).
+
+**Off by default, and then free:** until :func:`enable` is given a tracer provider, every
+helper here returns at its first test — no span, no context, no attribute map is made
+(:func:`span` hands back one shared null context). Hot paths test :func:`enabled` before
+building attributes. ``ratchet serve --otel`` or the standard ``OTEL_*`` variables turn it
+on (``supervisors/node/otel.py`` builds the provider and its exporter).
+
+**Where a trace lives:** in OpenTelemetry's context (a contextvar), so it follows asyncio
+tasks. Across processes it travels as the ``traceparent`` header (W3C Trace Context) of the
+NATS message: a producer's submit, an admin request, and every event the node publishes.
+Across time it is the task row's ``traceparent`` (the intake span's), made current again
+for the task actor's whole asyncio task (:func:`enter_task`), so a task resumed days later,
+or on another node, continues the trace its submit began.
+
+An inbound header is hostile input like the rest: only ``traceparent`` and ``tracestate``
+are read, by OpenTelemetry's W3C propagator, which ignores a malformed one (the span then
+starts a trace of its own).
+
+Only the OpenTelemetry *API* is imported here; the SDK and exporters stay with the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+from collections.abc import Callable, Coroutine, Mapping
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+__all__ = ["TRACEPARENT", "add_event", "bind_context", "call_span", "current_traceparent",
+           "disable", "enable", "enabled", "enter_task", "outbound_headers", "parent_from",
+           "set_attributes", "span", "trace_id", "traced"]
+
+T = TypeVar("T")
+
+#: The header (and the task row's column) that carries a span context.
+TRACEPARENT = "traceparent"
+_TRACESTATE = "tracestate"
+#: W3C Trace Context, version 00: what a caller may pass as ``traceparent=``.
+_TRACEPARENT_FORM = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+_NULL: AbstractContextManager[None] = contextlib.nullcontext()
+_tracer: trace.Tracer | None = None
+
+
+def enable(provider: trace.TracerProvider) -> None:
+    """Trace from now on, into ``provider`` (the node's; tests give one with an in-memory
+    exporter). Not OpenTelemetry's global provider: a process may trace its own way."""
+    global _tracer
+    _tracer = provider.get_tracer("ratchet")
+
+
+def disable() -> None:
+    """Stop tracing: the helpers are no-ops again (spans already open end normally)."""
+    global _tracer
+    _tracer = None
+
+
+def enabled() -> bool:
+    return _tracer is not None
+
+
+def span(name: str, attributes: Mapping[str, Any] | None = None, *,
+         kind: SpanKind = SpanKind.INTERNAL,
+         parent: otel_context.Context | None = None) -> AbstractContextManager[Any]:
+    """A span made current for the ``with`` block (ended, with any exception recorded, when
+    it leaves); one shared null context when tracing is off.
+
+    ``parent``: the context to start from (:func:`parent_from`); None, the current one."""
+    if _tracer is None:
+        return _NULL
+    return _tracer.start_as_current_span(name, context=parent, kind=kind,
+                                         attributes=dict(attributes or {}))
+
+
+def parent_from(headers: Mapping[str, str] | None) -> otel_context.Context:
+    """The context an inbound message's headers carry; an empty one (the span starts a new
+    trace) without a valid ``traceparent``. Never the receiving task's current context:
+    a message's span belongs to the message's trace, not to whatever served it before."""
+    carrier = {}
+    if headers:
+        for key in (TRACEPARENT, _TRACESTATE):
+            value = headers.get(key)
+            if isinstance(value, str) and len(value) <= 512:
+                carrier[key] = value
+    return _PROPAGATOR.extract(carrier, context=otel_context.Context())
+
+
+def traced(coro: Coroutine[Any, Any, T], name: str, headers: Mapping[str, str] | None, subject: str,
+           kind: SpanKind = SpanKind.CONSUMER) -> Coroutine[Any, Any, T]:
+    """``coro`` run inside a span whose parent is the message's (its ``headers``, received
+    on ``subject``); ``coro`` itself, untouched, when tracing is off."""
+    if _tracer is None:
+        return coro
+
+    async def run() -> T:
+        with span(name, {"messaging.system": "nats", "messaging.destination.name": subject},
+                  kind=kind, parent=parent_from(headers)):
+            return await coro
+
+    return run()
+
+
+def set_attributes(attributes: Mapping[str, Any]) -> None:
+    """Add attributes to the current span (none when off: test :func:`enabled` first on a
+    hot path, so the map is not even built)."""
+    if _tracer is not None:
+        trace.get_current_span().set_attributes(attributes)
+
+
+def add_event(name: str, attributes: Mapping[str, Any]) -> None:
+    """A span event on the current span (the task's events, as they are committed)."""
+    if _tracer is not None:
+        trace.get_current_span().add_event(name, attributes)
+
+
+def current_traceparent() -> str | None:
+    """The current span context as a ``traceparent`` value; None when off or none."""
+    if _tracer is None:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get(TRACEPARENT)
+
+
+def trace_id() -> str | None:
+    """The current trace's id (32 hex digits), for logs, events and the audit log."""
+    if _tracer is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    return format(context.trace_id, "032x") if context.is_valid else None
+
+
+def enter_task(traceparent: str | None) -> None:
+    """Make a task's trace (its row's ``traceparent``) current for the rest of the calling
+    asyncio task — the task actor's own, whose context no other task shares; a task
+    without one gets an empty context, not its spawner's span."""
+    if _tracer is None:
+        return
+    carrier = {TRACEPARENT: traceparent} if traceparent else {}
+    otel_context.attach(_PROPAGATOR.extract(carrier, context=otel_context.Context()))
+
+
+def bind_context(fn: Callable[..., T]) -> Callable[..., T]:
+    """``fn`` to run later (in the store's writer, maybe on its thread) in the caller's
+    context, so that what it writes (events, audit entries) knows the caller's span;
+    ``fn`` itself when tracing is off."""
+    if _tracer is None:
+        return fn
+    ctx = contextvars.copy_context()
+    return lambda *args: ctx.run(fn, *args)
+
+
+def call_span(task_id: str, tenant: str, step_index: int, tool: str, session: str,
+              key: str | None, attempt: int, op: str, args: Any) -> AbstractContextManager[Any]:
+    """The span of one tool call (one attempt, or one query) — of one model call when the
+    tool is an agent turn's (session ``model``; ``args.model`` names the model); the
+    shared null context when off."""
+    if _tracer is None:
+        return _NULL
+    attributes: dict[str, Any] = {
+        "ratchet.task_id": task_id, "ratchet.tenant": tenant, "ratchet.step_index": step_index,
+        "ratchet.tool": tool, "ratchet.attempt": attempt, "ratchet.operation": op}
+    if key is not None:
+        attributes["ratchet.idempotency_key"] = key
+    model = getattr(args, "model", None) if session == "model" else None
+    if isinstance(model, str):
+        attributes["gen_ai.request.model"] = model
+    return _tracer.start_as_current_span("ratchet.model" if session == "model"
+                                         else "ratchet.tool", kind=SpanKind.CLIENT,
+                                         attributes=attributes)
+
+
+def outbound_headers(headers: dict[str, str], traceparent: str | None = None) -> dict[str, str]:
+    """``headers`` with the trace a message continues: ``traceparent`` if given, else the
+    caller's current span, if any (its own OpenTelemetry setup, or this process's).
+
+    Raises:
+        ValueError: ``traceparent`` is not a W3C ``00-<trace id>-<span id>-<flags>``.
+    """
+    if traceparent is not None:
+        if not _TRACEPARENT_FORM.match(traceparent):
+            raise ValueError(f"not a W3C traceparent: {traceparent[:80]!r}")
+        headers[TRACEPARENT] = traceparent
+    elif trace.get_current_span().get_span_context().is_valid:
+        _PROPAGATOR.inject(headers)
+    return headers

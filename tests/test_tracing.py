@@ -1,0 +1,283 @@
+"""Traces: a producer's trace continues through intake, each step and each tool and model
+call of its task, with the task's attributes; its events and the audit log carry the trace
+id; with tracing off nothing is made. Spans are read from the SDK's in-memory exporter of
+a real node in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import pytest
+from nats.aio.msg import Msg
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic import BaseModel
+
+import ratchet
+from ratchet import END
+from ratchet.actors.agents.models import ModelRequest
+from ratchet.actors.agents.scripted_model import ScriptedModel, reply
+from ratchet.protocol import tracing
+from ratchet.protocol.codec import decode_map, encode
+from ratchet.protocol.ids import task_id_for
+from ratchet.protocol.messages import Envelope, Reply
+from ratchet.supervisors.node.otel import TracingUnavailable, start_tracing, wanted
+from tests.conftest import NodeFactory, wait_terminal
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+TRACEPARENT = f"00-{TRACE}-{PARENT}-01"
+
+
+class Charge(BaseModel):
+    customer: str
+    amount: float
+
+
+class Charged(BaseModel):
+    provider_id: str
+
+
+@ratchet.tool(kind="write", args=Charge, result=Charged, key=lambda a: f"charge:{a.customer}")
+async def charge(ctx: ratchet.ToolContext, args: Charge) -> Charged:
+    """Charge a customer."""
+    return Charged(provider_id=f"ch-{args.customer}")
+
+
+class Category(BaseModel):
+    category: str
+
+
+class Limit(BaseModel):
+    category: str
+    limit: float
+
+
+@ratchet.tool(kind="read", args=Category, result=Limit)
+async def lookup_policy(ctx: ratchet.ToolContext, args: Category) -> Limit:
+    """Look up the expense policy of a category."""
+    return Limit(category=args.category, limit=100.0)
+
+
+def _script(request: ModelRequest) -> dict[str, Any]:
+    if not any(m.role == "tool" for m in request.messages):
+        return reply(tool_calls=[("lookup_policy", {"category": "meals"})])
+    return reply(json.dumps({"category": "meals", "limit": 100.0}))
+
+
+def _workflow() -> ratchet.Workflow:
+    wf = ratchet.Workflow("traced")
+
+    @wf.step(next="assistant")
+    async def pay(ctx: ratchet.StepContext) -> dict[str, Any]:
+        await ctx.call(charge, {"customer": "c-7", "amount": 12.5})
+        return {}
+
+    wf.agent("assistant", model=ScriptedModel(_script), tools=[lookup_policy], output=Limit,
+             prompt=lambda state, inp: "What is the limit for meals?", next="done")
+
+    @wf.step(next=END)
+    async def done(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"output": ctx.state["assistant"]}
+
+    return wf
+
+
+APP = ratchet.Registry([_workflow()])
+
+
+class Spans(InMemorySpanExporter):
+    """The in-memory exporter, and a bounded wait for the spans a test expects (a span
+    ends, and is exported, as its ``with`` block leaves: maybe just after the event that
+    told the test the task ended)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loop = asyncio.get_running_loop()
+        self._exported = asyncio.Event()
+
+    def export(self, spans: Sequence[ReadableSpan]) -> Any:
+        result = super().export(spans)
+        self._loop.call_soon_threadsafe(self._exported.set)
+        return result
+
+    async def until(self, found: Callable[[list[ReadableSpan]], bool],
+                    timeout: float = 10.0) -> list[ReadableSpan]:
+        async with asyncio.timeout(timeout):
+            while not found(spans := list(self.get_finished_spans())):
+                self._exported.clear()
+                await self._exported.wait()
+        return spans
+
+
+@pytest.fixture
+async def spans() -> AsyncIterator[Spans]:
+    exporter = Spans()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing.enable(provider)
+    try:
+        yield exporter
+    finally:
+        tracing.disable()
+        provider.shutdown()
+
+
+async def _event_headers(client: ratchet.Client, task_id: str) -> tuple[list[Msg], Any]:
+    """Every event message of the task as published (headers included), from now on."""
+    seen: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        seen.append(msg)
+
+    sub = await client.nc.subscribe(f"ratchet.events.acme.{task_id}.>", cb=keep)
+    return seen, sub
+
+
+def _trace_of(span: ReadableSpan) -> str:
+    assert span.context is not None
+    return format(span.context.trace_id, "032x")
+
+
+def _named(spans: list[ReadableSpan], name: str, **attributes: Any) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name and all(
+        (s.attributes or {}).get(k) == v for k, v in attributes.items())]
+
+
+def _done(spans: list[ReadableSpan]) -> bool:
+    return bool(_named(spans, "ratchet.step", **{"ratchet.step": "done"}))
+
+
+async def test_a_submit_with_a_traceparent_is_traced_through_intake_steps_tool_and_model_calls(
+    start_node: NodeFactory, client: ratchet.Client, spans: Spans
+) -> None:
+    await start_node(APP)
+    task_id = task_id_for("acme", "traced-1")
+    messages, sub = await _event_headers(client, task_id)
+    await client.submit("traced", {}, key="traced-1", traceparent=TRACEPARENT)
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded", events[-1]
+    found = await spans.until(_done)
+    ours = [s for s in found if _trace_of(s) == TRACE]
+    task = {"ratchet.task_id": task_id, "ratchet.tenant": "acme"}
+
+    intake, = _named(ours, "ratchet.intake", **task, **{"ratchet.idempotency_key": "traced-1"})
+    assert intake.parent is not None and format(intake.parent.span_id, "016x") == PARENT
+    steps = _named(ours, "ratchet.step", **task)
+    assert {(s.attributes or {})["ratchet.step"] for s in steps} == {"pay", "assistant", "done"}
+    assert all(s.parent is not None and s.parent.span_id == intake.context.span_id  # type: ignore[union-attr]
+               and (s.attributes or {})["ratchet.idempotency_key"] == "traced-1" for s in steps)
+    pay, = _named(steps, "ratchet.step", **{"ratchet.step": "pay"})
+    turns = {s.context.span_id for s in _named(steps, "ratchet.step",  # type: ignore[union-attr]
+                                               **{"ratchet.step": "assistant"})}
+    tool, = _named(ours, "ratchet.tool", **task, **{"ratchet.tool": "charge"})
+    assert (tool.attributes or {})["ratchet.idempotency_key"] == "charge:c-7"
+    assert tool.parent is not None and tool.parent.span_id == pay.context.span_id  # type: ignore[union-attr]
+    models = _named(ours, "ratchet.model", **task)
+    assert len(models) == 2 and all(  # one model call per agent turn, inside the turn's span
+        m.parent is not None and m.parent.span_id in turns
+        and (m.attributes or {})["gen_ai.request.model"] == "scripted:1" for m in models)
+    assert _named(ours, "ratchet.tool", **task, **{"ratchet.tool": "lookup_policy"})
+    # The events a node committed are span events of it, and every event message carries
+    # the trace: the producer's trace id in its traceparent header.
+    assert "step.completed" in [e.name for e in pay.events]
+    await sub.unsubscribe()
+    assert {decode_map(m.data)["type"] for m in messages} >= {"task.started", "task.succeeded"}
+    assert all(TRACE in (m.headers or {}).get("traceparent", "") for m in messages)
+
+
+async def test_the_callers_current_span_is_continued_without_a_traceparent_argument(
+    start_node: NodeFactory, client: ratchet.Client, spans: Spans
+) -> None:
+    node = await start_node(APP)
+    tracer = TracerProvider().get_tracer("producer")  # the producer's own OpenTelemetry
+    with tracer.start_as_current_span("producer") as producer:
+        handle = await client.submit_sync("traced", {}, key="traced-2")
+    await wait_terminal(client, handle.task_id)
+    found = await spans.until(_done)
+    trace_id = format(producer.get_span_context().trace_id, "032x")
+    api, = [s for s in _named(found, "ratchet.api") if _trace_of(s) == trace_id]
+    assert api.parent is not None and api.parent.span_id == producer.get_span_context().span_id
+    assert (api.attributes or {})["ratchet.task_id"] == handle.task_id
+    assert {(s.attributes or {}).get("ratchet.step") for s in _named(found, "ratchet.step")
+            if _trace_of(s) == trace_id} == {"pay", "assistant", "done"}
+    assert node.store is not None
+    assert trace_id in ((await node.store.load_task(handle.task_id)).traceparent or "")
+
+
+async def test_an_admin_command_in_a_trace_is_audited_with_its_trace_id(
+    start_node: NodeFactory, client: ratchet.Client, spans: Spans
+) -> None:
+    """A foreign client's request: the traceparent header is all it takes."""
+    node = await start_node(APP)
+    env = Envelope(type="admin.list", message_id="cmd-1", correlation_id="cmd-1",
+                   body={"command_id": "cmd-1"})
+    subject, data = "ratchet.admin.acme.list", encode(env)
+    msg = await client.nc.request(subject, data, timeout=10, headers={
+        **client.sign(subject, data), "traceparent": TRACEPARENT})
+    assert Reply.model_validate(decode_map(msg.data)).ok
+    assert node.store is not None
+    log = await node.store.audit_log("acme")
+    assert [(e["outcome"], e["detail"].get("trace_id")) for e in log] == [
+        ("requested", TRACE), ("ok", TRACE)]
+    assert (await node.store.verify_audit()).ok
+    admin, = await spans.until(lambda found: bool(_named(found, "ratchet.admin")))
+    assert _trace_of(admin) == TRACE
+
+
+async def test_a_malformed_traceparent_starts_a_trace_of_its_own(
+    start_node: NodeFactory, client: ratchet.Client, spans: Spans
+) -> None:
+    await start_node(APP)
+    env = Envelope(type="admin.list", message_id="cmd-2", correlation_id="cmd-2",
+                   body={"command_id": "cmd-2"})
+    subject, data = "ratchet.admin.acme.list", encode(env)
+    await client.nc.request(subject, data, timeout=10, headers={
+        **client.sign(subject, data), "traceparent": "00-" + "z" * 32 + "-" + "0" * 16 + "-01"})
+    admin, = await spans.until(lambda found: bool(_named(found, "ratchet.admin")))
+    assert admin.parent is None and admin.context is not None and admin.context.is_valid
+    with pytest.raises(ValueError, match="traceparent"):
+        await client.submit("traced", {}, key="bad", traceparent="not-a-traceparent")
+
+
+async def test_tracing_off_makes_no_span_and_events_carry_no_trace(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()  # the user's own provider; Ratchet's tracing stays off
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    node = await start_node(APP)
+    task_id = task_id_for("acme", "untraced")
+    messages, sub = await _event_headers(client, task_id)
+    await client.submit("traced", {}, key="untraced", traceparent=TRACEPARENT)
+    events = await wait_terminal(client, task_id)
+    await sub.unsubscribe()
+    assert events[-1].type == "task.succeeded"
+    assert not tracing.enabled() and exporter.get_finished_spans() == ()
+    assert messages and not any("traceparent" in (m.headers or {}) for m in messages)
+    assert node.store is not None
+    assert (await node.store.load_task(task_id)).traceparent is None
+    assert tracing.span("x") is tracing.span("y")  # one shared null context, no span
+
+
+def test_serve_traces_on_the_flag_or_the_standard_variables() -> None:
+    assert not wanted(False, {})
+    assert wanted(True, {})
+    assert wanted(False, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+    assert wanted(False, {"OTEL_TRACES_EXPORTER": "otlp"})
+    assert not wanted(True, {"OTEL_TRACES_EXPORTER": "none"})
+    assert not wanted(True, {"OTEL_SDK_DISABLED": "true"})
+    assert start_tracing(False, {}) is None and not tracing.enabled()
+
+
+def test_an_exporter_that_is_not_installed_refuses_with_what_to_install() -> None:
+    with pytest.raises(TracingUnavailable, match="opentelemetry-exporter-otlp-proto-grpc"):
+        start_tracing(True, {"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    with pytest.raises(TracingUnavailable, match="zipkin"):
+        start_tracing(True, {"OTEL_TRACES_EXPORTER": "zipkin"})
+    assert not tracing.enabled()
+
