@@ -28,6 +28,10 @@ __all__ = [
     "write_checkpoint",
 ]
 
+#: Events that are not span events: a step span's end is its ``step.completed`` and
+#: progress is a figure, and recording them would be ~25 µs a step (bench/tracing.py).
+_ROUTINE = frozenset({"step.completed", "task.progress"})
+
 
 @dataclass(frozen=True, slots=True)
 class OutboxRow:
@@ -81,7 +85,8 @@ def append_events(
     stream's copy is truncated past ``protocol.events.MAX_EVENT_PAYLOAD``).
 
     When tracing, each event's message carries the ``traceparent`` of the span that
-    committed it, and the event is a span event of that span (protocol/tracing.py)."""
+    committed it, and the event (but a routine one) is a span event of that span
+    (protocol/tracing.py)."""
     rows: list[OutboxRow] = []
     seq = first_seq
     traceparent = current_traceparent()  # None when tracing is off
@@ -100,8 +105,8 @@ def append_events(
             producer=producer, payload=payload, packed_payload=packed_payload)
         rows.append(insert_outbox(conn, event_subject(tenant, task_id, event_type), event_id, wire,
                                   now, headers))
-        if headers is not None:
-            add_event(event_type, {"ratchet.task_id": task_id, "ratchet.sequence": seq})
+        if headers is not None and event_type not in _ROUTINE:
+            add_event(event_type, {"ratchet.sequence": seq})
         seq += 1
     return rows
 
