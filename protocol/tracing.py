@@ -164,8 +164,8 @@ def call_span(task_id: str, tenant: str, step_index: int, tool: str, session: st
               key: str | None, attempt: int, op: str, args: Any) -> AbstractContextManager[Any]:
     """The span of one tool call (one attempt, or one query) — of one model call when the
     tool is an agent turn's (session ``model``; ``args.model`` names the model); the
-    shared null context when off."""
-    if _tracer is None:
+    shared null context when off, or outside a trace (a task begun untraced)."""
+    if _tracer is None or not trace.get_current_span().get_span_context().is_valid:
         return _NULL
     attributes: dict[str, Any] = {
         "ratchet.task_id": task_id, "ratchet.tenant": tenant, "ratchet.step_index": step_index,

@@ -89,7 +89,25 @@ def _workflow() -> ratchet.Workflow:
     return wf
 
 
-APP = ratchet.Registry([_workflow()])
+def _branch(name: str) -> ratchet.Workflow:
+    wf = ratchet.Workflow(f"branch.{name}")
+
+    @wf.step
+    async def look(ctx: ratchet.StepContext) -> dict[str, Any]:
+        found = await ctx.call(lookup_policy, {"category": name})
+        return {"output": found.limit}
+
+    return wf
+
+
+def _fanout() -> ratchet.Workflow:
+    wf = ratchet.Workflow("traced.fanout")
+    wf.fanout("spread", {b: _branch(b) for b in ("a", "b")}, join="gather")
+    wf.join("gather", of="spread")
+    return wf
+
+
+APP = ratchet.Registry([_workflow(), _fanout()])
 
 
 class Spans(InMemorySpanExporter):
@@ -205,6 +223,19 @@ async def test_a_submit_with_a_traceparent_is_traced_through_intake_steps_tool_a
     await sub.unsubscribe()
     assert {decode_map(m.data)["type"] for m in messages} >= {"task.started", "task.succeeded"}
     assert all(TRACE in (m.headers or {}).get("traceparent", "") for m in messages)
+
+
+async def test_the_tool_calls_of_fanout_branches_are_children_of_the_fanouts_span(
+    node: ratchet.Node, client: ratchet.Client, spans: Spans
+) -> None:
+    handle = await client.submit("traced.fanout", {}, key="fan-1", traceparent=TRACEPARENT)
+    assert (await wait_terminal(client, handle.task_id))[-1].type == "task.succeeded"
+    found = await spans.until(lambda found: len(_named(found, "ratchet.tool")) == 2)
+    spread, = _named(found, "ratchet.step", **{"ratchet.step": "spread"})
+    calls = _named(found, "ratchet.tool", **{"ratchet.tool": "lookup_policy"})
+    assert len(calls) == 2 and all(
+        _trace_of(c) == TRACE and c.parent is not None
+        and c.parent.span_id == spread.context.span_id for c in calls)  # type: ignore[union-attr]
 
 
 async def test_the_callers_current_span_is_continued_without_a_traceparent_argument(

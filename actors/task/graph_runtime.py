@@ -58,9 +58,8 @@ async def run_node(actor: TaskKernel, node: Node) -> bool:
     When tracing, the node runs in a span of its own (``ratchet.step``), a child of the
     task's trace (protocol/tracing.py): its tool and model calls and the events it commits
     are the span's children and span events."""
-    if not tracing.enabled():
-        return await _run_node(actor, node)
-    assert actor.record is not None
+    if not tracing.enabled() or actor.record is None or actor.record.traceparent is None:
+        return await _run_node(actor, node)  # not tracing, or a task begun untraced
     # Four attributes, no more: each costs a few µs a step to record and export, and a
     # trivial step is ~0.4 ms (bench/tracing.py); the workflow is on the intake span.
     with tracing.span("ratchet.step", {
