@@ -35,7 +35,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["TRACEPARENT", "add_event", "bind_context", "call_span", "current_traceparent",
+__all__ = ["TRACEPARENT", "add_event", "bind_context", "call_span", "check_traceparent",
+           "current_traceparent",
            "disable", "enable", "enabled", "enter_task", "outbound_headers", "parent_from",
            "set_attributes", "span", "trace_id", "traced"]
 
@@ -180,6 +181,18 @@ def call_span(task_id: str, tenant: str, step_index: int, tool: str, session: st
                                          attributes=attributes)
 
 
+def check_traceparent(value: str) -> str:
+    """``value`` if it is a W3C ``traceparent`` (version 00, lower case, ids not all zero).
+
+    Raises:
+        ValueError: it is not; the message says what one looks like.
+    """
+    if not _TRACEPARENT_FORM.match(value):
+        raise ValueError(f"not a W3C traceparent: {value[:80]!r}; expected"
+                         " 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>")
+    return value
+
+
 def outbound_headers(headers: dict[str, str], traceparent: str | None = None) -> dict[str, str]:
     """``headers`` with the trace a message continues: ``traceparent`` if given, else the
     caller's current span, if any (its own OpenTelemetry setup, or this process's).
@@ -188,9 +201,7 @@ def outbound_headers(headers: dict[str, str], traceparent: str | None = None) ->
         ValueError: ``traceparent`` is not a W3C ``00-<trace id>-<span id>-<flags>``.
     """
     if traceparent is not None:
-        if not _TRACEPARENT_FORM.match(traceparent):
-            raise ValueError(f"not a W3C traceparent: {traceparent[:80]!r}")
-        headers[TRACEPARENT] = traceparent
+        headers[TRACEPARENT] = check_traceparent(traceparent)
     elif trace.get_current_span().get_span_context().is_valid:
         _PROPAGATOR.inject(headers)
     return headers
