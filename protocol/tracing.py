@@ -23,6 +23,7 @@ Only the OpenTelemetry *API* is imported here; the SDK and exporters stay with t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import re
@@ -32,10 +33,10 @@ from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-__all__ = ["TRACEPARENT", "add_event", "bind_context", "call_span", "check_traceparent",
+__all__ = ["TRACEPARENT", "add_event", "bind_context", "in_call_span", "check_traceparent",
            "current_traceparent",
            "disable", "enable", "enabled", "enter_task", "outbound_headers", "parent_from",
            "set_attributes", "span", "trace_id", "traced"]
@@ -70,17 +71,45 @@ def enabled() -> bool:
     return _tracer is not None
 
 
+class _Current:
+    """A started span made current for a ``with`` block, then ended. Leaner than the SDK's
+    ``start_as_current_span`` (no generator-based context manager: ~10 µs a span less,
+    measured), and it records what failed by its type only: an exception's message or
+    traceback may quote a task's secrets, and spans leave for the user's backend."""
+
+    __slots__ = ("_span", "_token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self._span = span
+        self._token: object = None
+
+    def __enter__(self) -> trace.Span:
+        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        return self._span
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: Any) -> None:
+        try:
+            if exc is not None and not isinstance(exc, asyncio.CancelledError):
+                failure = type(exc).__name__
+                self._span.set_attribute("error.type", failure)
+                self._span.set_status(Status(StatusCode.ERROR, failure))
+        finally:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            self._span.end()
+
+
 def span(name: str, attributes: Mapping[str, Any] | None = None, *,
          kind: SpanKind = SpanKind.INTERNAL,
          parent: otel_context.Context | None = None) -> AbstractContextManager[Any]:
-    """A span made current for the ``with`` block (ended, with any exception recorded, when
-    it leaves); one shared null context when tracing is off.
+    """A span made current for the ``with`` block (ended, and marked failed with the
+    exception's type when it raised, as it leaves); one shared null context when off.
 
     ``parent``: the context to start from (:func:`parent_from`); None, the current one."""
     if _tracer is None:
         return _NULL
-    return _tracer.start_as_current_span(name, context=parent, kind=kind,
-                                         attributes=dict(attributes or {}))
+    return _Current(_tracer.start_span(name, context=parent, kind=kind,
+                                       attributes=attributes))
 
 
 def parent_from(headers: Mapping[str, str] | None) -> otel_context.Context:
@@ -161,13 +190,15 @@ def bind_context(fn: Callable[..., T]) -> Callable[..., T]:
     return lambda *args: ctx.run(fn, *args)
 
 
-def call_span(task_id: str, tenant: str, step_index: int, tool: str, session: str,
-              key: str | None, attempt: int, op: str, args: Any) -> AbstractContextManager[Any]:
-    """The span of one tool call (one attempt, or one query) — of one model call when the
-    tool is an agent turn's (session ``model``; ``args.model`` names the model); the
-    shared null context when off, or outside a trace (a task begun untraced)."""
+async def in_call_span(call: Coroutine[Any, Any, tuple[bool, Any]], task_id: str, tenant: str,
+                       step_index: int, tool: str, session: str, key: str | None,
+                       attempt: int, op: str, args: Any) -> tuple[bool, Any]:
+    """Await one tool call (one attempt, or one query) — one model call when the tool is an
+    agent turn's (session ``model``; ``args.model`` names the model) — inside its span; an
+    answer ``(False, error)`` marks the span failed with the error's type. Just awaited
+    when off, or outside a trace (a task begun untraced)."""
     if _tracer is None or not trace.get_current_span().get_span_context().is_valid:
-        return _NULL
+        return await call
     attributes: dict[str, Any] = {
         "ratchet.task_id": task_id, "ratchet.tenant": tenant, "ratchet.step_index": step_index,
         "ratchet.tool": tool, "ratchet.attempt": attempt, "ratchet.operation": op}
@@ -176,9 +207,14 @@ def call_span(task_id: str, tenant: str, step_index: int, tool: str, session: st
     model = getattr(args, "model", None) if session == "model" else None
     if isinstance(model, str):
         attributes["gen_ai.request.model"] = model
-    return _tracer.start_as_current_span("ratchet.model" if session == "model"
-                                         else "ratchet.tool", kind=SpanKind.CLIENT,
-                                         attributes=attributes)
+    with _Current(_tracer.start_span("ratchet.model" if session == "model" else "ratchet.tool",
+                                     kind=SpanKind.CLIENT, attributes=attributes)) as span:
+        ok, value = await call
+        if not ok and value is not None:
+            failure = type(value).__name__
+            span.set_attribute("error.type", failure)
+            span.set_status(Status(StatusCode.ERROR, failure))
+        return ok, value
 
 
 def check_traceparent(value: str) -> str:

@@ -17,6 +17,7 @@ from nats.errors import NoRespondersError
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from pydantic import BaseModel
 
 import ratchet
@@ -27,6 +28,7 @@ from ratchet.protocol import tracing
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.messages import Envelope, Reply
+from ratchet.protocol.tool_errors import ToolInvalidArgument
 from ratchet.supervisors.node.otel import TracingUnavailable, start_tracing, wanted
 from tests.conftest import NodeFactory, node_key, wait_terminal
 
@@ -89,6 +91,23 @@ def _workflow() -> ratchet.Workflow:
     return wf
 
 
+@ratchet.tool(kind="read", args=Category, result=Limit)
+async def refuse(ctx: ratchet.ToolContext, args: Category) -> Limit:
+    """A provider that refuses for good, quoting the caller's key."""
+    raise ToolInvalidArgument("HTTP 400: key sk-live-4242 is not valid")
+
+
+def _failing() -> ratchet.Workflow:
+    wf = ratchet.Workflow("traced.fails")
+
+    @wf.step(next=END)
+    async def ask(ctx: ratchet.StepContext) -> dict[str, Any]:
+        await ctx.call(refuse, {"category": "meals"})
+        return {}
+
+    return wf
+
+
 def _branch(name: str) -> ratchet.Workflow:
     wf = ratchet.Workflow(f"branch.{name}")
 
@@ -107,7 +126,7 @@ def _fanout() -> ratchet.Workflow:
     return wf
 
 
-APP = ratchet.Registry([_workflow(), _fanout()])
+APP = ratchet.Registry([_workflow(), _fanout(), _failing()])
 
 
 class Spans(InMemorySpanExporter):
@@ -236,6 +255,23 @@ async def test_the_tool_calls_of_fanout_branches_are_children_of_the_fanouts_spa
     assert len(calls) == 2 and all(
         _trace_of(c) == TRACE and c.parent is not None
         and c.parent.span_id == spread.context.span_id for c in calls)  # type: ignore[union-attr]
+
+
+async def test_a_failed_call_marks_its_spans_failed_by_type_without_its_message(
+    node: ratchet.Node, client: ratchet.Client, spans: Spans
+) -> None:
+    handle = await client.submit("traced.fails", {}, key="fails-1", traceparent=TRACEPARENT)
+    assert (await wait_terminal(client, handle.task_id))[-1].type == "task.failed"
+    found = await spans.until(lambda found: bool(_named(found, "ratchet.step")))
+    call, = _named(found, "ratchet.tool", **{"ratchet.tool": "refuse"})
+    step, = _named(found, "ratchet.step", **{"ratchet.step": "ask"})
+    assert call.status.status_code is StatusCode.ERROR
+    assert (call.attributes or {})["error.type"] == "ToolInvalidArgument"
+    assert {"step.failed", "task.failed"} <= {e.name for e in step.events}
+    # An exception's message may quote a secret: spans leave for the user's backend.
+    assert "sk-live-4242" not in repr([(s.attributes, s.status.description,
+                                         [(e.name, e.attributes) for e in s.events])
+                                        for s in found])
 
 
 async def test_the_callers_current_span_is_continued_without_a_traceparent_argument(

@@ -61,7 +61,7 @@ from ratchet.protocol.errors import (
 )
 from ratchet.protocol.ids import request_hash
 from ratchet.protocol.redaction import dump_model, has_secrets, secret_values
-from ratchet.protocol.tracing import call_span
+from ratchet.protocol.tracing import in_call_span
 
 __all__ = ["ActionRunner", "PauseRequested", "AwaitExternal", "CallEnv", "HandoffRequired",
            "TaskSuspended"]
@@ -381,11 +381,10 @@ class ActionRunner:
     async def _ask(self, tool: Tool[Any, Any], args: BaseModel, key: str | None, attempt: int,
                    timeout: float, op: str) -> tuple[bool, Any]:
         session = await self.env.session(tool.session)
-        with call_span(self.env.task_id, self.env.tenant, self.env.step_index, tool.name,
-                       tool.session, key, attempt, op, args):  # a null context if not tracing
-            outcome: tuple[bool, Any] = await session.ask(
-                Invoke(tool, args, key, attempt, timeout, op), timeout=timeout + 30.0)
-        return outcome
+        return await in_call_span(  # its span, if tracing (protocol/tracing.py)
+            session.ask(Invoke(tool, args, key, attempt, timeout, op), timeout=timeout + 30.0),
+            self.env.task_id, self.env.tenant, self.env.step_index, tool.name, tool.session,
+            key, attempt, op, args)
 
     def _retry_payload(self, tool: Tool[Any, Any], args: BaseModel, key: str | None,
                        decision: Decision, exc: BaseException, delay: float, attempt: int,
