@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
-from bench.steps import NodeProc, sequential
+from bench.steps import NodeProc
 from ratchet.supervisors.cli import configure_logging
 
-PAIRS = 10  # seq1000 tasks on each node, alternating off, on, off, on ...
+PAIRS = 8  # tasks of each kind on each node, alternating off, on, off, on ...
+#: (workflow, traced): seq1000's steps do nothing; tool1000's make one tool call each.
+_KINDS = [(w, traced) for w in ("seq1000", "tool1000") for traced in (False, True)]
 
 
 class _Sink(BaseHTTPRequestHandler):
@@ -60,12 +63,16 @@ class _Sink(BaseHTTPRequestHandler):
         return
 
 
-async def _one_task(node: NodeProc, client: ratchet.Client) -> tuple[float, float]:
-    """One seq1000 task: its steps a second (the node's own timestamps) and the node
-    process's CPU seconds a step."""
+async def _one_task(node: NodeProc, client: ratchet.Client,
+                    workflow: str) -> tuple[float, float]:
+    """One task of 1,000 steps: its steps a second (the node's own timestamps) and the
+    node process's CPU seconds a step."""
     cpu = node.cpu_seconds()
-    rate = (await sequential(client, runs=1))["sequential_steps_per_s"]
-    return float(rate), (node.cpu_seconds() - cpu) / 1000
+    task_id = (await client.submit(workflow, {}, key=f"{workflow}-{time.time_ns()}")).task_id
+    events = [e async for e in client.watch(task_id, idle_timeout=120)]
+    assert events[-1].type == "task.succeeded", events[-1]
+    started = next(e for e in events if e.type == "task.started").occurred_at
+    return 1000 / (events[-1].occurred_at - started), (node.cpu_seconds() - cpu) / 1000
 
 
 async def main() -> None:
@@ -79,8 +86,8 @@ async def main() -> None:
     sink = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=sink.serve_forever, daemon=True).start()
     endpoint = f"http://127.0.0.1:{sink.server_address[1]}"
-    rates: dict[bool, list[float]] = {False: [], True: []}
-    cpu: dict[bool, list[float]] = {False: [], True: []}
+    rates: dict[tuple[str, bool], list[float]] = {k: [] for k in _KINDS}
+    cpu: dict[tuple[str, bool], list[float]] = {k: [] for k in _KINDS}
     with tempfile.TemporaryDirectory(prefix="ratchet-tracing-") as tmp:
         # Two nodes, each with its own embedded NATS and store, up at once: tasks alternate
         # between them, so the load of a shared machine falls on both alike.
@@ -96,30 +103,37 @@ async def main() -> None:
                 clients[traced] = await ratchet.Client.connect(node.url, "bench",
                                                                creds=node.creds)
             for _ in range(PAIRS):
-                for traced in (False, True):
-                    rate, seconds = await _one_task(nodes[traced], clients[traced])
-                    rates[traced].append(rate)
-                    cpu[traced].append(seconds)
+                for workflow, traced in _KINDS:
+                    rate, seconds = await _one_task(nodes[traced], clients[traced], workflow)
+                    rates[workflow, traced].append(rate)
+                    cpu[workflow, traced].append(seconds)
         finally:
             for client in clients.values():
                 await client.close()
             for node in nodes.values():
                 node.stop()  # the traced node flushes its last spans as it stops
             sink.shutdown()
-    off, on = rates[False], rates[True]
+    print(json.dumps({**_figures(rates, cpu, "seq1000", ""),
+                      **_figures(rates, cpu, "tool1000", "tool_step_"),
+                      "otlp_requests": _Sink.requests, "otlp_bytes": _Sink.body_bytes,
+                      "tasks_each": PAIRS}))
+
+
+def _figures(rates: dict[tuple[str, bool], list[float]], cpu: dict[tuple[str, bool], list[float]],
+             workflow: str, prefix: str) -> dict[str, Any]:
+    off, on = rates[workflow, False], rates[workflow, True]
     off_median, on_median = statistics.median(off), statistics.median(on)
-    cpu_off, cpu_on = statistics.median(cpu[False]), statistics.median(cpu[True])
-    print(json.dumps({
-        "steps_per_s_tracing_off": round(off_median, 1),
-        "steps_per_s_tracing_on": round(on_median, 1),
-        "tracing_cost_pct": round(100 * (off_median - on_median) / off_median, 1),
-        "off_spread_pct": round(100 * (max(off) - min(off)) / off_median, 1),
-        "node_cpu_us_per_step_off": round(cpu_off * 1e6, 1),
-        "node_cpu_us_per_step_on": round(cpu_on * 1e6, 1),
-        "tracing_cpu_cost_pct": round(100 * (cpu_on - cpu_off) / cpu_off, 1),
-        "otlp_requests": _Sink.requests, "otlp_bytes": _Sink.body_bytes,
-        "tasks_each": PAIRS,
-    }))
+    cpu_off = statistics.median(cpu[workflow, False])
+    cpu_on = statistics.median(cpu[workflow, True])
+    return {
+        f"{prefix}steps_per_s_tracing_off": round(off_median, 1),
+        f"{prefix}steps_per_s_tracing_on": round(on_median, 1),
+        f"{prefix}tracing_cost_pct": round(100 * (off_median - on_median) / off_median, 1),
+        f"{prefix}off_spread_pct": round(100 * (max(off) - min(off)) / off_median, 1),
+        f"{prefix}node_cpu_us_per_step_off": round(cpu_off * 1e6, 1),
+        f"{prefix}node_cpu_us_per_step_on": round(cpu_on * 1e6, 1),
+        f"{prefix}tracing_cpu_cost_pct": round(100 * (cpu_on - cpu_off) / cpu_off, 1),
+    }
 
 
 if __name__ == "__main__":
