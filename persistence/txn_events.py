@@ -15,6 +15,7 @@ import msgpack
 
 from ratchet.persistence.blobs import write_blobs
 from ratchet.persistence.checkpoints import StateDelta
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.events import encode_event, pack_payload
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.subjects import event_subject
@@ -30,7 +31,7 @@ __all__ = [
 
 #: Events that are not span events: a step span's end is its ``step.completed`` and
 #: progress is a figure, and recording them would be ~25 µs a step (bench/tracing.py).
-_ROUTINE = frozenset({"step.completed", "task.progress"})
+_ROUTINE = frozenset({EventType.STEP_COMPLETED.value, EventType.TASK_PROGRESS.value})
 
 
 @dataclass(frozen=True, slots=True)

@@ -117,11 +117,11 @@ def parent_from(headers: Mapping[str, str] | None) -> otel_context.Context:
     trace) without a valid ``traceparent``. Never the receiving task's current context:
     a message's span belongs to the message's trace, not to whatever served it before."""
     carrier = {}
-    if headers:
-        for key in (TRACEPARENT, _TRACESTATE):
-            value = headers.get(key)
-            if isinstance(value, str) and len(value) <= 512:
-                carrier[key] = value
+    for key, value in (headers or {}).items():
+        # Any case: NATS's Go client, like HTTP's, sends "Traceparent".
+        name = key.lower() if isinstance(key, str) else ""
+        if name in (TRACEPARENT, _TRACESTATE) and isinstance(value, str) and len(value) <= 512:
+            carrier[name] = value
     return _PROPAGATOR.extract(carrier, context=otel_context.Context())
 
 
