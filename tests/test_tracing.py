@@ -126,7 +126,24 @@ def _fanout() -> ratchet.Workflow:
     return wf
 
 
-APP = ratchet.Registry([_workflow(), _fanout(), _failing()])
+def _approval() -> ratchet.Workflow:
+    wf = ratchet.Workflow("traced.approve")
+
+    @wf.step(next="manager")
+    async def prepare(ctx: ratchet.StepContext) -> dict[str, Any]:
+        return {"amount": 900}
+
+    wf.approval("manager", on_approve="pay", on_reject=END, timeout=3600, on_timeout="cancel")
+
+    @wf.step(next=END)
+    async def pay(ctx: ratchet.StepContext) -> dict[str, Any]:
+        await ctx.call(charge, {"customer": "c-9", "amount": ctx.state["amount"]})
+        return {"output": {"paid": ctx.state["amount"]}}
+
+    return wf
+
+
+APP = ratchet.Registry([_workflow(), _fanout(), _failing(), _approval()])
 
 
 class Spans(InMemorySpanExporter):
@@ -272,6 +289,40 @@ async def test_a_failed_call_marks_its_spans_failed_by_type_without_its_message(
     assert "sk-live-4242" not in repr([(s.attributes, s.status.description,
                                          [(e.name, e.attributes) for e in s.events])
                                         for s in found])
+
+
+async def test_a_task_resumed_by_a_decision_goes_on_in_its_submits_trace(
+    node: ratchet.Node, client: ratchet.Client, spans: Spans
+) -> None:
+    """Parked for an approval, the task's actor is gone; the one the decision starts reads
+    the trace from the task's row."""
+    task_id = task_id_for("acme", "approve-1")
+    asked: list[ratchet.Event] = []
+    async with asyncio.timeout(20):
+        await client.submit("traced.approve", {}, key="approve-1", traceparent=TRACEPARENT)
+        async for event in client.watch(task_id):
+            if event.type == "approval.requested":
+                asked.append(event)
+                break
+    assert node.system.lookup(f"node/tasks/{task_id}/actor") is None  # passivated
+    request = asked[0].payload
+    env = Envelope(type="approval.decision", message_id="decision-1",
+                   correlation_id=request["approval_id"],
+                   body={"task_id": task_id, "approval_id": request["approval_id"],
+                         "decision": "approve", "decided_by": "dana",
+                         "request_hash": request["request_hash"]})
+    await client.publish_signed("ratchet.decisions.acme", encode(env))
+    assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+    found = await spans.until(lambda found: bool(
+        _named(found, "ratchet.step", **{"ratchet.step": "pay"})))
+    intake, = _named(found, "ratchet.intake", **{"ratchet.task_id": task_id})
+    pay, = _named(found, "ratchet.step", **{"ratchet.step": "pay"})
+    call, = _named(found, "ratchet.tool", **{"ratchet.idempotency_key": "charge:c-9"})
+    assert _trace_of(pay) == _trace_of(call) == TRACE
+    assert pay.parent is not None and pay.parent.span_id == intake.context.span_id  # type: ignore[union-attr]
+    assert node.store is not None
+    applied = [e for e in await node.store.audit_log("acme") if e["outcome"] == "applied"]
+    assert [e["detail"].get("trace_id") for e in applied] == [TRACE]
 
 
 async def test_the_callers_current_span_is_continued_without_a_traceparent_argument(
