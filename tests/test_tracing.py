@@ -295,7 +295,7 @@ async def test_a_task_resumed_by_a_decision_goes_on_in_its_submits_trace(
     node: ratchet.Node, client: ratchet.Client, spans: Spans
 ) -> None:
     """Parked for an approval, the task's actor is gone; the one the decision starts reads
-    the trace from the task's row."""
+    the trace from the task's row. The decision's routing is in the approver's trace."""
     task_id = task_id_for("acme", "approve-1")
     asked: list[ratchet.Event] = []
     async with asyncio.timeout(20):
@@ -311,10 +311,13 @@ async def test_a_task_resumed_by_a_decision_goes_on_in_its_submits_trace(
                    body={"task_id": task_id, "approval_id": request["approval_id"],
                          "decision": "approve", "decided_by": "dana",
                          "request_hash": request["request_hash"]})
-    await client.publish_signed("ratchet.decisions.acme", encode(env))
+    decider = TracerProvider().get_tracer("approver")  # the approver's own tracing
+    with decider.start_as_current_span("approve") as approving:
+        await client.publish_signed("ratchet.decisions.acme", encode(env))
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
     found = await spans.until(lambda found: bool(
-        _named(found, "ratchet.step", **{"ratchet.step": "pay"})))
+        _named(found, "ratchet.step", **{"ratchet.step": "pay"}))
+        and bool(_named(found, "ratchet.decisions")))
     intake, = _named(found, "ratchet.intake", **{"ratchet.task_id": task_id})
     pay, = _named(found, "ratchet.step", **{"ratchet.step": "pay"})
     call, = _named(found, "ratchet.tool", **{"ratchet.idempotency_key": "charge:c-9"})
@@ -323,6 +326,10 @@ async def test_a_task_resumed_by_a_decision_goes_on_in_its_submits_trace(
     assert node.store is not None
     applied = [e for e in await node.store.audit_log("acme") if e["outcome"] == "applied"]
     assert [e["detail"].get("trace_id") for e in applied] == [TRACE]
+    # The decision's routing is a span of the approver's trace.
+    routed, = _named(found, "ratchet.decisions")
+    assert routed.parent is not None \
+        and routed.parent.span_id == approving.get_span_context().span_id
 
 
 async def test_the_callers_current_span_is_continued_without_a_traceparent_argument(

@@ -254,8 +254,10 @@ class Client:
         return self.signer.headers(subject, data, time.time()) if self.signer else {}
 
     async def publish_signed(self, subject: str, data: bytes) -> None:
-        """A signed JetStream publish: decisions and external confirmations."""
-        await self.js.publish(subject, data, headers=self.sign(subject, data) or None)
+        """A signed JetStream publish: decisions and external confirmations (in the
+        caller's trace, if it has one)."""
+        await self.js.publish(subject, data,
+                              headers=outbound_headers(self.sign(subject, data)) or None)
 
     async def decide(self, task_id: str, approval_id: str, decision: str,
                      reason: str | None = None) -> None:
