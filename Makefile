@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,otel]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -33,6 +33,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/agent.py
 	$(BIN)/python bench/admin.py
 	$(BIN)/python bench/settle.py
+	$(BIN)/python bench/tracing.py
 	$(BIN)/python bench/chaos.py --runs 200
 
 # Ten minutes of steady load at 150 tasks/s (WAL, memory and latency over time).

@@ -6,6 +6,8 @@ import asyncio
 import os
 from typing import Any
 
+from pydantic import BaseModel
+
 import ratchet
 
 
@@ -45,9 +47,32 @@ def _sleepy(steps: int, seconds: float) -> ratchet.Workflow:
     return wf
 
 
+class Lookup(BaseModel):
+    n: int
+
+
+@ratchet.tool(kind="read", args=Lookup, result=Lookup)
+async def lookup(ctx: ratchet.ToolContext, args: Lookup) -> Lookup:
+    """A read tool that answers at once: what a step costs around one call."""
+    return Lookup(n=args.n + 1)
+
+
+def _tooled(name: str, steps: int) -> ratchet.Workflow:
+    """Steps of one tool call each (bench/tracing.py: a step with a call and its span)."""
+    wf = ratchet.Workflow(name, version=1)
+    for i in range(steps):
+        async def step(ctx: ratchet.StepContext) -> dict[str, Any]:
+            found = await ctx.call(lookup, {"n": ctx.state.get("n", 0)})
+            return {"n": found.n}
+
+        wf.add_step(f"s{i}", step)
+    return wf
+
+
 app = ratchet.Registry([
     _trivial("seq1000", 1000),
     _trivial("five", 5),
     _big_document(100),
     _sleepy(20, 0.05),
+    _tooled("tool1000", 1000),
 ])

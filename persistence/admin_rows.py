@@ -5,20 +5,22 @@ and with its outcome), every approval decision a task applied or refused (also t
 ``ratchet.decisions.<tenant>``, and the crash-loop handoffs they resolve), and credential
 changes (verbs ``grant``, ``revoke``, ``bootstrap``). One chain per store, across tenants;
 the key and the head that make it tamper-evident are in persistence/audit_seal.py, the
-check in persistence/audit_check.py.
+check in persistence/audit_check.py. When tracing, an entry's ``detail`` holds the
+``trace_id`` of the span that wrote it (the command's, the task's; protocol/tracing.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import sqlite3
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgpack
 
 from ratchet.persistence.audit_seal import GENESIS, AuditHead, AuditSeal
 from ratchet.protocol.codec import canonical
+from ratchet.protocol.tracing import trace_id
 
 __all__ = ["AuditEntry", "CREDENTIAL_VERBS", "append_audit_txn", "claim_command_txn",
            "credential_entry", "entry_fields", "entry_hash", "release_command_txn",
@@ -72,6 +74,9 @@ def append_audit_txn(conn: sqlite3.Connection, e: AuditEntry,
     past the table's newest: after the newest entries were deleted, the next entry leaves
     their numbers as a gap that verification reports for good, instead of taking them
     over and letting the head move on as if nothing had happened."""
+    trace = trace_id()  # the command's trace, when tracing (protocol/tracing.py)
+    if trace is not None and "trace_id" not in e.detail:
+        e = replace(e, detail={**e.detail, "trace_id": trace})
     row = conn.execute("SELECT seq, hash FROM audit ORDER BY seq DESC LIMIT 1").fetchone()
     last, prev = (row[0], row[1]) if row else (0, GENESIS)
     head, _ = seal.current_head() if seal else (None, None)

@@ -42,6 +42,8 @@ class TaskRecord:
     budget: dict[str, Any]
     spent: dict[str, float]
     control: dict[str, Any]
+    traceparent: str | None = None  # the trace its spans continue (protocol/tracing.py)
+    idempotency_key: str = ""  # its submit's key (a span attribute of its steps)
 
 
 @dataclass(frozen=True, slots=True)

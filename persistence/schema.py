@@ -392,4 +392,8 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (17, "actions not settled, for the action sweeper (persistence/sweep_rows.py)",
      UNSETTLED_DDL),
     (18, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
+    # The intake span's context (W3C traceparent; protocol/tracing.py), NULL when tracing
+    # was off: the task actor continues that trace wherever and whenever the task runs.
+    (19, "tasks.traceparent: the trace a task's spans continue",
+     "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),
 ]

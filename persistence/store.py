@@ -67,7 +67,8 @@ T = TypeVar("T")
 _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
-    " error, output, step_failures, current_node, visits, budget, spent, control"
+    " error, output, step_failures, current_node, visits, budget, spent, control,"
+    " traceparent, idempotency_key"
 )
 
 
@@ -80,7 +81,8 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
         error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
         current_node=row[17], visits=dict(_unpack(row[18]) or {}),
         budget=dict(_unpack(row[19]) or {}), spent=dict(_unpack(row[20]) or {}),
-        control=dict(_unpack(row[21]) or {}),
+        control=dict(_unpack(row[21]) or {}), traceparent=row[22],
+        idempotency_key=row[23],
     )
 
 

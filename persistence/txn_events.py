@@ -15,9 +15,11 @@ import msgpack
 
 from ratchet.persistence.blobs import write_blobs
 from ratchet.persistence.checkpoints import StateDelta
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.events import encode_event, pack_payload
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.subjects import event_subject
+from ratchet.protocol.tracing import TRACEPARENT, add_event, current_traceparent
 
 __all__ = [
     "OutboxRow",
@@ -26,6 +28,10 @@ __all__ = [
     "append_events",
     "write_checkpoint",
 ]
+
+#: Events that are not span events: a step span's end is its ``step.completed`` and
+#: progress is a figure, and recording them would be ~25 µs a step (bench/tracing.py).
+_ROUTINE = frozenset({EventType.STEP_COMPLETED.value, EventType.TASK_PROGRESS.value})
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +83,15 @@ def append_events(
 ) -> list[OutboxRow]:
     """Append ``events`` to the task's history from ``first_seq`` on, each with the outbox
     row that publishes it on the event stream (the table keeps the payload whole; the
-    stream's copy is truncated past ``protocol.events.MAX_EVENT_PAYLOAD``)."""
+    stream's copy is truncated past ``protocol.events.MAX_EVENT_PAYLOAD``).
+
+    When tracing, each event's message carries the ``traceparent`` of the span that
+    committed it, and the event (but a routine one) is a span event of that span
+    (protocol/tracing.py)."""
     rows: list[OutboxRow] = []
     seq = first_seq
+    traceparent = current_traceparent()  # None when tracing is off
+    headers = {TRACEPARENT: traceparent} if traceparent else None
     for event_type, payload in events:
         event_id = new_id("evt")
         packed_payload = pack_payload(payload)
@@ -92,7 +104,10 @@ def append_events(
             event_id=event_id, task_id=task_id, tenant=tenant, sequence=seq,
             event_type=event_type, aggregate_version=version, occurred_at=now,
             producer=producer, payload=payload, packed_payload=packed_payload)
-        rows.append(insert_outbox(conn, event_subject(tenant, task_id, event_type), event_id, wire, now))
+        rows.append(insert_outbox(conn, event_subject(tenant, task_id, event_type), event_id, wire,
+                                  now, headers))
+        if headers is not None and event_type not in _ROUTINE:
+            add_event(event_type, {"ratchet.sequence": seq})
         seq += 1
     return rows
 

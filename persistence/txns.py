@@ -293,6 +293,7 @@ class NewTask:
     message_id: str | None
     start_mail: tuple[str, str, bytes]  # subject, msg_id, payload
     budget: dict[str, Any] | None = None
+    traceparent: str | None = None  # the intake span's, when tracing (protocol/tracing.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -337,11 +338,11 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
     conn.execute(
         "INSERT INTO tasks(task_id, tenant, workflow, workflow_version, status, version,"
         " idempotency_key, request_hash, input, steps_total, last_event_seq, deadline_at,"
-        " created_at, updated_at, budget) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        " created_at, updated_at, budget, traceparent) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (task.task_id, task.tenant, task.workflow, task.workflow_version,
          TaskStatus.QUEUED.value, 1, task.idempotency_key, task.request_hash, task.input,
          task.steps_total, 1, task.deadline_at, task.now, task.now,
-         None if task.budget is None else msgpack.packb(task.budget)),
+         None if task.budget is None else msgpack.packb(task.budget), task.traceparent),
     )
     outbox = append_events(
         conn,

@@ -41,6 +41,7 @@ import structlog
 from ratchet.persistence.batch import close_connection, execute_batch
 from ratchet.persistence.connection import open_connection
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalGuard
+from ratchet.protocol.tracing import bind_context
 
 __all__ = ["COMMIT_BUCKETS", "Writer", "LoopWriter", "ThreadWriter", "WriterStats", "make_writer",
            "open_connection"]
@@ -146,6 +147,7 @@ class LoopWriter:
         flood of step commits)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
+        fn = bind_context(fn)  # the caller's span, for the events it writes (if tracing)
         if urgent:
             self._pending.insert(0, (fn, fut))
         else:
@@ -237,6 +239,7 @@ class ThreadWriter:
         """``urgent``: into the next batch, ahead of everything queued."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
+        fn = bind_context(fn)  # the caller's span, for the events it writes (if tracing)
         if urgent:
             self._urgent.append((fn, loop, fut))
             self._queue.put(_WAKE)

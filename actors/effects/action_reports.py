@@ -1,17 +1,33 @@
-"""What the action protocol tells about a call: its error as a map, a retry event's payload,
-and the handoff package a human gets when an outcome cannot be settled by machine."""
+"""What the action protocol tells about a call: its result as the tool's model, its error as
+a map, a retry event's payload, and the handoff package a human gets when an outcome cannot
+be settled by machine."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from ratchet.actors.workflow.tools import Decision
-from ratchet.protocol.errors import RatchetError
+from ratchet.actors.workflow.tools import Decision, Tool
+from ratchet.protocol.errors import ActionFailed, RatchetError
 from ratchet.protocol.redaction import dump_model
 
-__all__ = ["error_of", "handoff_package", "retry_payload"]
+__all__ = ["coerce_result", "error_of", "handoff_package", "retry_payload"]
+
+
+def coerce_result(tool: Tool[Any, Any], value: Any) -> Any:
+    """A provider's answer as the tool's result model.
+
+    Raises:
+        ActionFailed: it does not validate.
+    """
+    if isinstance(value, tool.result):
+        return value
+    try:
+        return tool.result.model_validate(value)
+    except ValidationError as exc:
+        raise ActionFailed(f"{tool.name} returned an invalid result: {exc.errors()[:3]}",
+                           tool=tool.name) from None
 
 
 def error_of(exc: BaseException) -> dict[str, Any]:

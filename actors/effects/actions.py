@@ -29,7 +29,12 @@ from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.core.backoff import backoff_delay
-from ratchet.actors.effects.action_reports import error_of, handoff_package, retry_payload
+from ratchet.actors.effects.action_reports import (
+    coerce_result,
+    error_of,
+    handoff_package,
+    retry_payload,
+)
 from ratchet.actors.effects.breakers import circuit_open_failure, through_breaker
 from ratchet.actors.effects.risk import gate
 from ratchet.actors.effects.signals import (
@@ -56,6 +61,7 @@ from ratchet.protocol.errors import (
 )
 from ratchet.protocol.ids import request_hash
 from ratchet.protocol.redaction import dump_model, has_secrets, secret_values
+from ratchet.protocol.tracing import in_call_span
 
 __all__ = ["ActionRunner", "PauseRequested", "AwaitExternal", "CallEnv", "HandoffRequired",
            "TaskSuspended"]
@@ -142,7 +148,7 @@ class ActionRunner:
         while True:
             ok, value = await self._invoke(tool, args, None, attempt, "call")
             if ok:
-                return self._coerce(tool, value)
+                return coerce_result(tool, value)
             decision = classify(value, "read")
             delay = self._delay(decision, value, attempt, tool)
             if decision is Decision.FAIL or delay is None:
@@ -196,7 +202,7 @@ class ActionRunner:
         if row.status == "SUCCEEDED":
             await self.env.commit(events=[(EventType.ACTION_REUSED, {"key": key, "tool": tool.name,
                                                                      "status": row.status})])
-            return self._coerce(tool, row.result)
+            return coerce_result(tool, row.result)
         if row.status == "FAILED":
             failure = ActionFailed(f"{tool.name} failed before: "
                                    f"{(row.error or {}).get('message')}", key=key,
@@ -292,7 +298,7 @@ class ActionRunner:
                                                      "correlation_id": correlation})])
             raise AwaitExternal(correlation, key, value.timeout or self.env.default_external_timeout)
         try:
-            result = self._coerce(tool, value)
+            result = coerce_result(tool, value)
         except ActionFailed as exc:
             # The provider acted but answered outside the contract: we cannot know what it
             # did. That is an unknown outcome for a human, not a failure to retry.
@@ -331,15 +337,6 @@ class ActionRunner:
         JSON dump would mask them, and a reused result must give them back)."""
         data = dump_model(result)
         return self.env.store.secrets.seal_leaves(data) if has_secrets(type(result)) else data
-
-    def _coerce(self, tool: Tool[Any, Any], value: Any) -> Any:
-        if isinstance(value, tool.result):
-            return value
-        try:
-            return tool.result.model_validate(value)
-        except ValidationError as exc:
-            raise ActionFailed(f"{tool.name} returned an invalid result: {exc.errors()[:3]}",
-                               tool=tool.name) from None
 
     def _remaining(self) -> float | None:
         return None if self.env.deadline is None else self.env.deadline - self.env.clock.due_now()
@@ -384,9 +381,10 @@ class ActionRunner:
     async def _ask(self, tool: Tool[Any, Any], args: BaseModel, key: str | None, attempt: int,
                    timeout: float, op: str) -> tuple[bool, Any]:
         session = await self.env.session(tool.session)
-        outcome: tuple[bool, Any] = await session.ask(
-            Invoke(tool, args, key, attempt, timeout, op), timeout=timeout + 30.0)
-        return outcome
+        return await in_call_span(  # its span, if tracing (protocol/tracing.py)
+            session.ask(Invoke(tool, args, key, attempt, timeout, op), timeout=timeout + 30.0),
+            self.env.task_id, self.env.tenant, self.env.step_index, tool.name, tool.session,
+            key, attempt, op, args)
 
     def _retry_payload(self, tool: Tool[Any, Any], args: BaseModel, key: str | None,
                        decision: Decision, exc: BaseException, delay: float, attempt: int,

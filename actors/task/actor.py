@@ -47,6 +47,7 @@ from ratchet.actors.workflow.nodes import END, StepContext, StepNode
 from ratchet.actors.workflow.registry import Workflow, bind_step_logger
 from ratchet.actors.workflow.revalidate import AFTER
 from ratchet.persistence import CheckpointWrite, StateDelta, StateTracker, TaskChange, TaskRecord
+from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
     ActionFailed,
@@ -106,8 +107,8 @@ class TaskActor(Actor):
         rec = await self.deps.store.load_task(self.task_id)
         self.record = rec
         self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
-        self.visits = dict(rec.visits)
-        self.spent = dict(rec.spent)
+        self.visits, self.spent = dict(rec.visits), dict(rec.spent)
+        tracing.enter_task(rec.traceparent)  # its steps' spans continue its submit's trace
         self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
         self._attempt = rec.step_failures + 1
         self.checkpoint_seq = rec.last_checkpoint

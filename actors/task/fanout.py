@@ -48,6 +48,7 @@ from ratchet.actors.workflow.nodes import (
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
+from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType, MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import encode
@@ -163,8 +164,10 @@ class BranchActor(Actor):
                  store: TaskStore, clock: Clock, producer: str, session: Any,
                  switches: Switches | None = None,
                  max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
-                 arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS) -> None:
+                 arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS,
+                 traceparent: str | None = None) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
+        self.traceparent = traceparent  # the fan-out's span (protocol/tracing.py)
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
         self.state = state
         self.store, self.clock, self.producer, self.session = store, clock, producer, session
@@ -176,6 +179,7 @@ class BranchActor(Actor):
         self.secrets.note(secret_values(task_input))
 
     async def on_start(self) -> None:
+        tracing.enter_task(self.traceparent)  # its calls' spans: children of the fan-out's
         self.ref.tell("run")
 
     async def receive(self, message: Any) -> Any:

@@ -27,6 +27,7 @@ from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import BranchGraph, JoinPolicy
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
+from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import RatchetError
 
@@ -109,6 +110,9 @@ def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
     assert actor.record is not None
     tenant, task_input = actor.record.tenant, dict(actor.record.input)
     initial = visit.inputs[branch]
+    # The fan-out's span, if tracing: the branch's calls are its children (the branch's
+    # actor is started by the task's supervisor, in a context of its own).
+    traceparent = tracing.current_traceparent()
 
     async def session(name: str) -> Any:
         return await actor.deps.children.session(actor.task_id, tenant, name)
@@ -119,7 +123,8 @@ def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
                            state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
                            producer=actor.deps.producer, session=session,
                            switches=actor.deps.switches, max_concurrency=limit,
-                           arm_timeout=arm_timeout, partitions=actor.deps.partitions)
+                           arm_timeout=arm_timeout, partitions=actor.deps.partitions,
+                           traceparent=traceparent)
 
     return make
 

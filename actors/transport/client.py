@@ -54,6 +54,7 @@ from ratchet.protocol.subjects import (
     task_events_filter,
 )
 from ratchet.protocol.task_outcomes import TERMINAL_EVENTS
+from ratchet.protocol.tracing import outbound_headers
 
 __all__ = ["CONNECT_TIMEOUT_S", "Client", "TERMINAL_EVENTS"]
 
@@ -178,10 +179,13 @@ class Client:
 
     async def submit(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                      version: int | None = None, deadline_s: float | None = None,
-                     budget: dict[str, Any] | None = None, priority: int = 0) -> TaskHandle:
+                     budget: dict[str, Any] | None = None, priority: int = 0,
+                     traceparent: str | None = None) -> TaskHandle:
         """Publish a task request on JetStream (fire and forget); returns the task's handle,
         whose id is known up front. ``await handle.result()`` awaits its outcome.
         ``priority``: 0 to 9, higher admitted first within the tenant's share.
+        ``traceparent``: the W3C trace the task's spans continue; by default the caller's
+        current OpenTelemetry span, if any (docs/protocol.md, Traces).
 
         Nothing confirms acceptance: a request the node refuses (an unknown workflow, an
         invalid input) is dead-lettered and never becomes a task. :meth:`submit_sync`
@@ -192,23 +196,25 @@ class Client:
         """
         body = self._submission(workflow, input, key, version, deadline_s, budget, priority)
         env = self._envelope(MessageType.TASK_SUBMIT, body.model_dump())
-        await self.js.publish(submit_subject(self.tenant), encode(env),
-                              headers={"Nats-Msg-Id": f"{self.tenant}:{key}"})
+        await self.js.publish(submit_subject(self.tenant), encode(env), headers=outbound_headers(
+            {"Nats-Msg-Id": f"{self.tenant}:{key}"}, traceparent))
         return self.handle(task_id_for(self.tenant, key), key)
 
     async def submit_sync(self, workflow: str, input: dict[str, Any] | BaseModel, key: str, *,
                           version: int | None = None, deadline_s: float | None = None,
                           budget: dict[str, Any] | None = None,
-                          priority: int = 0) -> TaskHandle:
+                          priority: int = 0, traceparent: str | None = None) -> TaskHandle:
         """Submit over request/reply: the node validates and accepts (or finds the task
         this key made before) before it answers; ``handle.accepted`` holds its answer.
+        ``traceparent``: as for :meth:`submit`.
 
         Raises:
             RemoteError: refused — ``INVALID_ARGUMENT`` (unknown workflow, invalid input),
                 ``CONFLICT`` (the key was used with another request), ``UNAVAILABLE``.
         """
         body = self._submission(workflow, input, key, version, deadline_s, budget, priority)
-        result = await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump())
+        result = await self.request("submit", MessageType.TASK_SUBMIT, body.model_dump(),
+                                    traceparent=traceparent)
         accepted = TaskAccepted.model_validate(result)
         return TaskHandle(accepted.task_id, self.tenant, key, self, accepted)
 
@@ -248,8 +254,10 @@ class Client:
         return self.signer.headers(subject, data, time.time()) if self.signer else {}
 
     async def publish_signed(self, subject: str, data: bytes) -> None:
-        """A signed JetStream publish: decisions and external confirmations."""
-        await self.js.publish(subject, data, headers=self.sign(subject, data) or None)
+        """A signed JetStream publish: decisions and external confirmations (in the
+        caller's trace, if it has one)."""
+        await self.js.publish(subject, data,
+                              headers=outbound_headers(self.sign(subject, data)) or None)
 
     async def decide(self, task_id: str, approval_id: str, decision: str,
                      reason: str | None = None) -> None:
@@ -260,8 +268,10 @@ class Client:
         await self.publish_signed(decision_subject(self.tenant), encode(env))
 
     async def request(self, verb: str, type_: str, body: dict[str, Any],
-                      timeout: float = 10.0, subject: str | None = None) -> dict[str, Any]:
-        """One signed request; its error reply raised as RemoteError.
+                      timeout: float = 10.0, subject: str | None = None,
+                      traceparent: str | None = None) -> dict[str, Any]:
+        """One signed request, in the caller's trace (or ``traceparent``'s); its error reply
+        raised as RemoteError.
 
         Raises:
             Unavailable: no node answered (none serves the subject, or not within
@@ -272,7 +282,8 @@ class Client:
         data = encode(env)
         try:
             msg = await self.nc.request(subject, data, timeout=timeout,
-                                        headers=self.sign(subject, data) or None)
+                                        headers=outbound_headers(self.sign(subject, data),
+                                                                 traceparent) or None)
         except nats.errors.NoRespondersError:
             raise Unavailable(f"no node serves {subject}", subject=subject) from None
         except nats.errors.TimeoutError:

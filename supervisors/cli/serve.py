@@ -27,6 +27,7 @@ from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.persistence.dead_letter_rows import DeadLetterLimits
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
+from ratchet.protocol.tracing import enabled as tracing_enabled
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.cli.serve_health import (
     observability_for,
@@ -35,6 +36,7 @@ from ratchet.supervisors.cli.serve_health import (
 from ratchet.supervisors.console import Console
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
+from ratchet.supervisors.node.otel import start_tracing, stop_tracing
 from ratchet.supervisors.observability.health import readiness
 from ratchet.supervisors.observability.http import Observability
 
@@ -50,9 +52,13 @@ async def serve(args: argparse.Namespace) -> int:
     observed = observability_for(node)
     if observed is not None:
         await observed.start()  # UsageError (exit 2): the port is taken
+    # Traces before the node starts (its first spans are the recovery's), flushed after it
+    # stopped (supervisors/node/otel.py); off unless --otel or OTEL_* ask for them.
+    provider = start_tracing(node.config.otel)
     try:
         return await _serve(node, observed)
     finally:
+        stop_tracing(provider)
         if observed is not None:
             await observed.stop()
 
@@ -92,7 +98,8 @@ async def _serve(node: Node, observed: Observability | None) -> int:
             console = await _start_console(node, config)
             _say({"serving": config.node_id, "nats_url": redact_url(node.url),
                   "db": str(config.db_path), "workflows": node.registry.names(),
-                  "pid": os.getpid(), **({"metrics": observed.url} if observed else {}),
+                  "pid": os.getpid(), "traces": config.otel or tracing_enabled(),
+                  **({"metrics": observed.url} if observed else {}),
                   **({"console": console.url} if console else {})})
             await _first(node.failed.wait(), stop.wait())
             if console is not None:
@@ -217,6 +224,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         ready_timeout=args.ready_timeout,
+        otel=args.otel,
     )
     if args.node_id:
         config.node_id = args.node_id

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -17,6 +18,7 @@ from ratchet.protocol.task_outcomes import (
     TaskFailed,
     TaskHandedOff,
 )
+from ratchet.protocol.tracing import check_traceparent
 from ratchet.supervisors.cli.common import ExitCode, connect, emit, load_app
 from ratchet.supervisors.cli.output import watch_view
 
@@ -51,6 +53,16 @@ def submit_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--sync", action="store_true", help=argparse.SUPPRESS)  # the default now
     sp.add_argument("--priority", type=int, default=0, choices=range(10), metavar="0-9",
                     help="higher is admitted first within the tenant's share (default 0)")
+    sp.add_argument("--traceparent", type=_traceparent, default=os.environ.get("TRACEPARENT"),
+                    metavar="00-TRACE-SPAN-FLAGS",
+                    help="the W3C trace the task continues (default $TRACEPARENT; docs/protocol.md)")
+
+
+def _traceparent(text: str) -> str:
+    try:
+        return check_traceparent(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def watch_flags(sp: argparse.ArgumentParser) -> None:
@@ -91,12 +103,12 @@ async def submit(args: argparse.Namespace) -> int:
     try:
         if args.fire_and_forget:
             handle = await client.submit(args.workflow, data, args.key, version=args.version,
-                                        priority=args.priority)
+                                         priority=args.priority, traceparent=args.traceparent)
             accepted: dict[str, Any] = {"task_id": handle.task_id, "tenant": handle.tenant}
         else:
             handle = await client.submit_sync(args.workflow, data, args.key,
-                                              version=args.version,
-                                              priority=args.priority)
+                                              version=args.version, priority=args.priority,
+                                              traceparent=args.traceparent)
             assert handle.accepted is not None
             accepted = {**handle.accepted.model_dump(), "tenant": handle.tenant}
         if not args.wait:

@@ -80,6 +80,9 @@ class NodeConfig:
     submit_rate: float | None = None
     tenant_submit_rates: dict[str, float] = field(default_factory=dict)
     submit_burst: int | None = None
+    #: OpenTelemetry traces (``serve --otel``; the ``OTEL_*`` variables turn them on too):
+    #: read by ``ratchet serve``, which owns the process's tracer (supervisors/node/otel.py).
+    otel: bool = False
     #: Crash-loop guard: more than this many recoveries of a task within the window hand it
     #: to a human instead of recovering it again.
     max_recoveries: int = 3

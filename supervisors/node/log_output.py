@@ -30,8 +30,9 @@ import threading
 from typing import Any, TextIO
 
 import structlog
-from structlog.typing import Processor
+from structlog.typing import EventDict, Processor
 
+from ratchet.protocol import tracing
 from ratchet.protocol.redaction import redact_log_event
 
 __all__ = ["BestEffortHandler", "BestEffortLogger", "BestEffortLoggerFactory", "LOG_LEVELS",
@@ -104,6 +105,16 @@ def install_log_redaction() -> None:
     structlog.configure(processors=processors)
 
 
+def add_trace_id(_logger: Any, _method: str, event: EventDict) -> EventDict:
+    """The current trace's id on a line logged inside a span (``trace_id``, 32 hex digits:
+    search the trace backend for it); nothing when tracing is off (protocol/tracing.py)."""
+    if "trace_id" not in event:
+        trace = tracing.trace_id()
+        if trace is not None:
+            event["trace_id"] = trace
+    return event
+
+
 def _renderer(console: bool) -> list[Processor]:
     """The chain's last processors: how an event dict becomes a line."""
     if not console:
@@ -131,7 +142,7 @@ def configure_logging(level: str, *, console: bool | None = None) -> None:
         console = sys.stderr.isatty()
     stamp = structlog.processors.TimeStamper(fmt="%H:%M:%S" if console else "iso",
                                              utc=not console)
-    shared: list[Processor] = [structlog.processors.add_log_level, stamp]
+    shared: list[Processor] = [structlog.processors.add_log_level, stamp, add_trace_id]
     rendering = [redact_log_event, *_renderer(console)]  # a live task's secrets never reach the log
     structlog.configure(
         processors=[structlog.contextvars.merge_contextvars, *shared, *rendering],

@@ -33,6 +33,7 @@ from ratchet.actors.transport.bus import STREAM_GONE, Bus, redelivery_delay
 from ratchet.actors.workflow.registry import Registry
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import NewTask
+from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.codec import decode_envelope, decode_map, encode, parse_body, reply_route
@@ -109,6 +110,10 @@ class Acceptor:
                                       "budget": body.budget.model_dump() if body.budget
                                       else None}))
         task_id = task_id_for(tenant, body.idempotency_key)
+        if tracing.enabled():  # the intake span: the parent of every span of the task
+            tracing.set_attributes({"ratchet.task_id": task_id, "ratchet.tenant": tenant,
+                                    "ratchet.idempotency_key": body.idempotency_key,
+                                    "ratchet.workflow": workflow.name})
         now = self.clock.now()
         start = Envelope(
             type=MessageType.TASK_START, message_id=new_id("msg"),
@@ -122,6 +127,7 @@ class Acceptor:
             deadline_at=now + body.deadline_s if body.deadline_s else None, now=now,
             budget=body.budget.model_dump(exclude_none=True) if body.budget else None,
             producer=self.producer, message_id=env.message_id,
+            traceparent=tracing.current_traceparent(),
             start_mail=(mail_subject(task_id, "task", self.partitions), start.message_id,
                         encode(start)),
         ))
@@ -270,7 +276,9 @@ class IntakeActor(ServiceActor):
             await self.acceptor.wait_for_room()
 
     async def _handle_batch(self, msgs: list[Msg]) -> None:
-        await asyncio.gather(*(self._handle(m) for m in msgs))
+        # Each submit in its own span, child of the producer's (its traceparent header).
+        await asyncio.gather(*(tracing.traced(self._handle(m), "ratchet.intake", m.headers,
+                                              m.subject) for m in msgs))
 
     async def _handle(self, msg: Msg) -> None:
         tenant = tenant_of(msg.subject)

@@ -17,9 +17,11 @@ import structlog
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import MaxPayloadError
+from opentelemetry.trace import SpanKind
 
 from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.transport.bus import Bus
+from ratchet.protocol import tracing
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.codec import decode_envelope, encode, reply_route
 from ratchet.protocol.errors import RatchetError
@@ -117,7 +119,10 @@ class RequestService(ServiceActor):
 
     async def _on_msg(self, msg: Msg) -> None:
         await self._slots.acquire()
-        task = asyncio.get_running_loop().create_task(self._handle(msg))
+        # A request's span is a child of its sender's (the traceparent header), if tracing.
+        task = asyncio.get_running_loop().create_task(tracing.traced(
+            self._handle(msg), f"ratchet.{self.service}", msg.headers, msg.subject,
+            kind=SpanKind.SERVER))
         self._tasks.add(task)
         task.add_done_callback(self._done)
 

@@ -22,6 +22,7 @@ from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.task.actor import DeliverMail
 from ratchet.actors.transport.bus import Bus, deliveries, redelivery_delay
 from ratchet.persistence.ports import TaskRecord, TaskStore
+from ratchet.protocol import tracing
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.catalogue import MessageType
 from ratchet.protocol.clock import Clock
@@ -97,7 +98,14 @@ class TaskRouter(ServiceActor):
                                  batch=self.batch, idle_timeout=5.0)
 
     async def _batch(self, msgs: list[Msg]) -> None:
-        await asyncio.gather(*(self.route(m) for m in msgs))
+        if self.signed_service is None:  # actor mail: its task's own trace carries it
+            await asyncio.gather(*(self.route(m) for m in msgs))
+            return
+        # A person's or a provider's message (a decision, a confirmation): in a span of
+        # its sender's trace (its traceparent header), if tracing.
+        name = f"ratchet.{self.signed_service}"
+        await asyncio.gather(*(tracing.traced(self.route(m), name, m.headers, m.subject)
+                               for m in msgs))
 
     async def route(self, msg: Msg) -> None:
         try:

@@ -1,0 +1,111 @@
+"""Turning traces on for a serving process: the OpenTelemetry SDK's tracer provider and the
+user's exporter (docs/operations.md, Traces).
+
+Off unless ``ratchet serve --otel`` or the standard variables ask for it:
+``OTEL_TRACES_EXPORTER`` (other than ``none``), ``OTEL_EXPORTER_OTLP_ENDPOINT`` or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; ``OTEL_SDK_DISABLED=true`` keeps it off whatever
+else says. The rest is the SDK's own reading of ``OTEL_*``: the service name
+(``OTEL_SERVICE_NAME``, default ``ratchet``) and resource, the sampler
+(``OTEL_TRACES_SAMPLER``), the batch processor's bounds (``OTEL_BSP_*``), the OTLP
+endpoint, headers, protocol and timeout.
+
+The exporter: ``otlp`` (the default) sends OTLP over HTTP/protobuf
+(``opentelemetry-exporter-otlp-proto-http``, the ``otel`` extra:
+``pip install 'ratchet-runtime[otel]'``), or over gRPC when
+``OTEL_EXPORTER_OTLP_PROTOCOL=grpc`` and ``opentelemetry-exporter-otlp-proto-grpc`` is
+installed; ``console`` prints spans to stdout (a quick look, no collector). An exporter
+that is not installed refuses the start with what to install, rather than tracing into
+nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Mapping
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+
+from ratchet.protocol import tracing
+from ratchet.protocol.errors import UsageError
+
+__all__ = ["TracingUnavailable", "start_tracing", "stop_tracing", "wanted"]
+
+_EXPORTERS = {
+    "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
+                      "opentelemetry-exporter-otlp-proto-http"),
+    "grpc": ("opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
+             "opentelemetry-exporter-otlp-proto-grpc"),
+}
+
+
+class TracingUnavailable(UsageError):
+    """Traces were asked for but the exporter they name cannot be made: ``serve`` prints
+    what to install and exits 2 (docs/cli.md)."""
+
+
+def wanted(flag: bool, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether this process traces: ``--otel``, or the standard variables (module doc)."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if exporter == "none":
+        return False
+    return flag or bool(exporter) or bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")) \
+        or bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+
+
+def _exporter(environ: Mapping[str, str]) -> SpanExporter:
+    name = (environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
+    if name == "console":
+        return ConsoleSpanExporter()
+    if name != "otlp":
+        raise TracingUnavailable(f"OTEL_TRACES_EXPORTER={name!r}: Ratchet knows otlp, console"
+                                 " and none", exporter=name)
+    protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
+    module_name, package = _EXPORTERS.get(protocol, _EXPORTERS["http/protobuf"])
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        raise TracingUnavailable(
+            f"traces over OTLP ({protocol}) need {package}: pip install {package}"
+            " (or 'ratchet-runtime[otel]' for http/protobuf)", package=package) from None
+    exporter: SpanExporter = module.OTLPSpanExporter()
+    return exporter
+
+
+def start_tracing(flag: bool, environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
+    """Trace this process if asked (:func:`wanted`); the provider (to stop), or None.
+
+    It also becomes OpenTelemetry's global provider when none was set, so that tools'
+    own instrumentation (an HTTP client's) joins the same traces.
+
+    Raises:
+        TracingUnavailable: the exporter asked for is not installed or not known.
+    """
+    if not wanted(flag, environ):
+        return None
+    resource = Resource.create({SERVICE_NAME: environ.get("OTEL_SERVICE_NAME") or "ratchet"})
+    provider = TracerProvider(resource=resource)
+    provider.add_span_processor(BatchSpanProcessor(_exporter(environ)))
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        trace.set_tracer_provider(provider)
+    tracing.enable(provider)
+    return provider
+
+
+def stop_tracing(provider: TracerProvider | None) -> None:
+    """Stop tracing and flush what is buffered to the exporter (bounded by the SDK's
+    export timeout)."""
+    if provider is None:
+        return
+    tracing.disable()
+    provider.shutdown()
