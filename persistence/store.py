@@ -286,12 +286,10 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
     async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
         """Every row of one read, executed and read to its end in a single call.
 
-        Why in one call: a statement left active (a cursor not read to its end) holds the
-        connection's read transaction open, and every other read on the connection then
-        sees that old snapshot. Actors' reads interleaving on the one connection could keep
-        it stale for seconds under load (``test_a_read_sees_every_commit_made_before_it_
-        began_even_under_load``); read to the end at once, no statement outlives its call.
-        (A lock around each read did it too, but halved concurrent throughput.)"""
+        Why: a statement left active holds the connection's read transaction open, so every
+        other read on it sees that old snapshot — stale for seconds under load
+        (``test_a_read_sees_every_commit_made_before_it_began_even_under_load``). A lock
+        around each read did it too, but halved concurrent throughput."""
         assert self._reader is not None, "Store.open() first"
         gate = self._writer.wal.reads_open
         if not gate.is_set():  # the WAL is being reset: milliseconds (persistence/wal.py)

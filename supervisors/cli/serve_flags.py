@@ -146,12 +146,6 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
     )
     risk_flags(s)
     submit_rate_flags(s)
-    s.add_argument(
-        "--otel",
-        action="store_true",
-        help="OpenTelemetry traces to the OTLP exporter the OTEL_* variables configure"
-        " (also on when OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT is set)",
-    )
     console_flags(s)
     observability_flags(s)
 

@@ -34,6 +34,10 @@ def observability_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--ready-timeout", type=float, default=60.0, metavar="SECONDS",
                    help="exit with status 15 (NOT_READY) when the node is not ready this"
                    " long after it began to start")
+    s.add_argument("--otel", action="store_true",
+                   help="OpenTelemetry traces to the OTLP exporter the OTEL_* variables"
+                   " configure (also on when OTEL_TRACES_EXPORTER or"
+                   " OTEL_EXPORTER_OTLP_ENDPOINT is set)")
 
 
 def observability_for(node: Node) -> Observability | None:
