@@ -280,10 +280,9 @@ class Client:
         env = self._envelope(type_, body)
         subject = subject or api_subject(self.tenant, verb)
         data = encode(env)
+        headers = outbound_headers(self.sign(subject, data), traceparent) or None
         try:
-            msg = await self.nc.request(subject, data, timeout=timeout,
-                                        headers=outbound_headers(self.sign(subject, data),
-                                                                 traceparent) or None)
+            msg = await self._ask(subject, data, timeout, headers)
         except nats.errors.NoRespondersError:
             raise Unavailable(f"no node serves {subject}", subject=subject) from None
         except nats.errors.TimeoutError:
@@ -295,6 +294,20 @@ class Client:
             assert err is not None
             raise RemoteError(err.code, err.message, err.retryable, err.details)
         return reply.result or {}
+
+    async def _ask(self, subject: str, data: bytes, timeout: float,
+                   headers: dict[str, str] | None) -> Any:
+        """``nc.request``, asked again (after 0.05, 0.1, 0.2 s) when the server says no one
+        serves the subject: a node that has just started or is rebalancing may not be seen
+        yet (nobody received the request, so asking again cannot do it twice)."""
+        for delay in (0.05, 0.1, 0.2, None):
+            try:
+                return await self.nc.request(subject, data, timeout=timeout, headers=headers)
+            except nats.errors.NoRespondersError:
+                if delay is None:
+                    raise
+                await asyncio.sleep(delay)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def request_admin(self, verb: str, body: dict[str, Any]) -> dict[str, Any]:
         """An admin command (``body`` is an AdminCommand); raises RemoteError on errors."""
