@@ -221,11 +221,12 @@ def test_the_state_diff_shows_added_removed_and_changed_keys_escaped() -> None:
 def test_the_resolve_form_is_shown_only_when_the_node_serves_the_resolve_verb() -> None:
     pending = [{"approval_id": "apr_1", "node": "@handoff", "request": {"why": "x"},
                 "request_hash": "sha256:1", "expires_at": None, "at": 1.0, "kind": "handoff"}]
-    served = decision_box("tsk_1", pending, True, True, ["pay-1"], "tok")
+    served = decision_box("tsk_1", pending, True, True, [("pay-1", "sha256:9")], "tok")
     assert 'action="/tasks/tsk_1/resolve"' in served and 'value="pay-1"' in served
+    assert 'name="request_hash" value="sha256:9"' in served
     assert 'id="approve"' in served and 'name="csrf" value="tok"' in served
-    assert "/resolve" not in decision_box("tsk_1", pending, True, None, ["pay-1"], "tok")
-    viewer = decision_box("tsk_1", pending, False, False, ["pay-1"], "tok")
+    assert "/resolve" not in decision_box("tsk_1", pending, True, None, [("pay-1", "h")], "tok")
+    viewer = decision_box("tsk_1", pending, False, False, [("pay-1", "h")], "tok")
     assert "/resolve" not in viewer and 'id="approve"' not in viewer
 
 
@@ -317,7 +318,8 @@ async def test_the_resolve_button_runs_the_admin_verb_by_name_once_the_node_serv
     node = node_of(console)
     vic, ann = (await grant(node, "vic", "acme", ["viewer"]),
                 await grant(node, "ann", "acme", ["approver"]))
-    form = {"action": "pay-1", "outcome": "succeeded", "evidence": "bank statement 7"}
+    form = {"action": "pay-1", "request_hash": "sha256:1", "outcome": "succeeded",
+            "evidence": "bank statement 7"}
     for signer, expect in ((vic, 403), (ann, 200)):
         http = await logged_in(console, signer)
         async with http:
@@ -362,5 +364,39 @@ async def test_pages_show_secrets_redacted_and_unsettled_actions_for_resolving(
         assert "State diff #1" in pages[0] and "ch-c1" in pages[0]
         assert 'action="/tasks/' + lost + '/resolve"' in pages[1]
         assert 'value="lost:c2"' in pages[1] and "UNKNOWN" in pages[1]
+    finally:
+        await console.stop()
+
+
+async def test_an_approver_settles_an_unknown_action_through_the_page_with_the_real_verb(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    """The resolve form carries the request hash the page showed; the admin service's
+    ``resolve`` settles the action with the evidence, and the task goes on."""
+    node = await start_node(secret_apps.app)
+    console = await start_console(node)
+    try:
+        lost = (await client.submit("signup.lost", {"customer": "c3", "api_key": "sk-x"},
+                                    key="s-3")).task_id
+        async for event in client.watch(lost, idle_timeout=30):
+            if event.type == "task.unknown":  # parked: the charge's outcome is lost
+                break
+        [action] = await node.store.task_actions(lost)  # type: ignore[union-attr]
+        ann = await grant(node, "ann", "acme", ["approver"])
+        http = await logged_in(console, ann)
+        async with http:
+            async with http.get(f"/tasks/{lost}") as page:
+                html = await page.text()
+            assert f'name="request_hash" value="{action.request_hash}"' in html
+            form = {"csrf": csrf_of(html), "action": action.key,
+                    "request_hash": action.request_hash, "outcome": "failed",
+                    "evidence": "the provider has no such charge"}
+            async with http.post(f"/tasks/{lost}/resolve", data=form) as answer:
+                assert answer.status == 200 and "resolve: done" in await answer.text()
+        events = await wait_terminal(client, lost)
+        assert "action.human_resolved" in [e.type for e in events]
+        [settled] = await node.store.task_actions(lost)  # type: ignore[union-attr]
+        assert settled.status == "FAILED"
+        assert await status_of(console, lost) != "UNKNOWN"
     finally:
         await console.stop()

@@ -15,6 +15,7 @@ a console session has no signature to pass on. Open that node's console.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -35,9 +36,9 @@ __all__ = ["ACTIONS", "Actions"]
 ACTIONS: dict[str, tuple[str, ...]] = {
     "approve": ("approval_id", "request_hash", "reason"),
     "reject": ("approval_id", "request_hash", "reason"),
-    # Another engineer's verb (issue 14, item 1): shown and served only once it is in
-    # VERB_ROLES; its arguments as `ratchet admin resolve --action --outcome --evidence`.
-    "resolve": ("action", "outcome", "evidence"),
+    # Settles an action with the human's evidence (supervisors/services/admin_settle.py):
+    # bound to the request hash the page showed; ``result`` is JSON (for ``succeeded``).
+    "resolve": ("action", "request_hash", "outcome", "evidence", "result"),
 }
 
 
@@ -60,7 +61,12 @@ class Actions:
             owner = lease.owner if lease is not None else None
             raise Unavailable(f"node {owner} runs this task: decide in its console (or with"
                               " `ratchet admin`, which reaches it)", owner=owner)
-        args = {name: form[name] for name in ACTIONS[verb] if form.get(name)}
+        args: dict[str, Any] = {name: form[name] for name in ACTIONS[verb] if form.get(name)}
+        if isinstance(args.get("result"), str):
+            try:
+                args["result"] = json.loads(args["result"])
+            except ValueError:
+                raise InvalidMessage("the result is not JSON", field="result") from None
         cmd = AdminCommand(command_id=new_id("cmd"), task_id=rec.task_id, args=args)
         env = Envelope(type=admin_type(verb), message_id=new_id("msg"),
                        correlation_id=cmd.command_id, body=cmd.model_dump())

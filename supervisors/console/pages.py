@@ -74,10 +74,10 @@ def _summary(rec: Any, now: float, owner: str | None) -> str:
 
 
 def decision_box(task_id: str, pending: list[dict[str, Any]], may_decide: bool,
-                 may_resolve: bool | None, unknown: list[str], csrf: str) -> str:
+                 may_resolve: bool | None, unknown: list[tuple[str, str]], csrf: str) -> str:
     """Pending approvals and handoffs, with approve / reject buttons for approvers and a
-    resolve form when the node serves the ``resolve`` verb (``may_resolve`` None: it does
-    not)."""
+    resolve form per unsettled action ``(key, request hash)`` when the node serves the
+    ``resolve`` verb (``may_resolve`` None: it does not)."""
     if not pending and not unknown:
         return ""
     parts = ["<h2>Waiting for a human</h2>"]
@@ -103,14 +103,7 @@ def decision_box(task_id: str, pending: list[dict[str, Any]], may_decide: bool,
                      f"{pretty(p.get('request'))}{forms}</div>")
     if may_resolve is not None and unknown:
         if may_resolve:
-            opts = "".join(f'<option value="{esc(k)}">{esc(k)}</option>' for k in unknown)
-            parts.append(
-                f'<div class="box pending"><b>Settle an action</b> (admin verb resolve)'
-                f'<form method="post" action="/tasks/{q(task_id)}/resolve">{hidden}'
-                f'action <select name="action" id="resolve-action">{opts}</select> outcome '
-                '<select name="outcome"><option>succeeded</option><option>failed</option>'
-                '<option>compensated</option></select> evidence <input name="evidence"'
-                ' size="50" required> <button id="resolve">Resolve</button></form></div>')
+            parts.extend(_resolve_form(task_id, key, digest, hidden) for key, digest in unknown)
         else:
             parts.append('<p class="ro">unsettled actions: resolving needs the approver role</p>')
     return "".join(parts)
@@ -205,3 +198,15 @@ def nodes_body(nodes: list[dict[str, Any]], leases: list[Any], this_node: str) -
             + "<h2>Partition leases</h2>" + table(
                 ["partition", "owner", "fencing token", "ttl left", "previous owner", "reaped"],
                 lease_rows))
+
+
+def _resolve_form(task_id: str, key: str, digest: str, hidden: str) -> str:
+    """Settle one action (admin verb ``resolve``), bound to the request hash shown."""
+    return (f'<div class="box pending"><b>Settle action {esc(key)}</b> (admin verb resolve)'
+            f'<form method="post" action="/tasks/{q(task_id)}/resolve">{hidden}'
+            f'<input type="hidden" name="action" value="{esc(key)}">'
+            f'<input type="hidden" name="request_hash" value="{esc(digest)}"> outcome '
+            '<select name="outcome"><option>succeeded</option><option>failed</option>'
+            '<option>compensated</option></select> evidence <input name="evidence"'
+            ' size="40" required> result (JSON, for succeeded) <input name="result" size="30">'
+            ' <button class="resolve">Resolve</button></form></div>')

@@ -148,7 +148,7 @@ class Reader:
         events = await self.store.events(rec.task_id)
         actions = await self.store.task_actions(rec.task_id)
         names = await self.store.checkpoint_names(rec.task_id)
-        unknown = [a.key for a in actions if a.status in UNSETTLED]
+        unknown = [(a.key, a.request_hash) for a in actions if a.status in UNSETTLED]
         may_resolve = who.has(VERB_ROLES["resolve"]) if "resolve" in VERB_ROLES else None
         data: dict[str, Any] = {
             "actions": actions, "checkpoints": names, "chosen": chosen,
