@@ -49,7 +49,7 @@ async def main() -> None:
         server = EmbeddedNats(Path(tmp) / "nats")
         url = await server.start()
         node = NodeProc(Path(tmp) / "node", url, app="bench.graph_app:app",
-                        args=("--console-port", "0"))
+                        args=("--console-port", "0", "--max-running", "600"))
         node.start()
         client = await ratchet.Client.connect(url, "bench", creds=node.creds)
         try:
