@@ -121,7 +121,7 @@ async def budget_overshoot(client: ratchet.Client, node: ratchet.Node,
     while model.calls < BUDGET_TURNS:
         budgets = [{"tokens": rng.randint(100, 4000)} if rng.random() < 0.5 else
                    {"money": round(rng.uniform(0.1, 3.0), 3)} for _ in range(20)]
-        ids = [await client.submit("budgeted", {}, key=f"b-{n}-{i}", budget=b)
+        ids = [(await client.submit("budgeted", {}, key=f"b-{n}-{i}", budget=b)).task_id
                for i, b in enumerate(budgets)]
         n += 1
         for task_id, budget in zip(ids, budgets, strict=True):
