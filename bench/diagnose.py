@@ -1,6 +1,6 @@
 """The ``diagnose_p99_ms`` figure of bench/admin.py: ``admin diagnose`` while 500 tasks run.
 
-500 tasks of ``busy_long`` (bench/graph_app.py: 100 steps of 200 ms, each step sending a
+500 tasks of ``busy_long`` (bench/graph_app.py: 100 steps of 1 s, each step sending a
 ``ctx.heartbeat``) are submitted to a node with ``--max-running 600`` (bench/admin.py); once
 all 500 run (none finishes within the measurement) 200 of them, spread over all of them,
 are diagnosed one after another. The reports' statuses are returned with the figures, so that a run in which the

@@ -57,22 +57,24 @@ async def stuck(ctx: ratchet.StepContext) -> None:
 hang.fanout("spread", {f"b{i:03d}": _stuck for i in range(100)}, join="gather")
 hang.join("gather", of="spread", policy=JoinPolicy("all"), next=END)
 
-busy = ratchet.Workflow("busy")
+busy = ratchet.Workflow("busy")  # bench/admin.py: 500 of them run at once, steps of a second
 for _i in range(20):
     async def _nap(ctx: ratchet.StepContext) -> None:
         import asyncio
 
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
 
     busy.add_step(f"s{_i}", _nap)
 
-busy_long = ratchet.Workflow("busy_long")  # bench/diagnose.py: mid-run for ~20 s
+# bench/diagnose.py: an agent-like task, mid-run for ~100 s (steps of a second: 500 of them
+# at once make 500 steps and heartbeats a second, what this 2-core machine sustains).
+busy_long = ratchet.Workflow("busy_long")
 for _i in range(100):
     async def _beat(ctx: ratchet.StepContext) -> None:
         import asyncio
 
         await ctx.heartbeat(progress=0.5, note="halfway")
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
 
     busy_long.add_step(f"s{_i}", _beat)
 
