@@ -28,7 +28,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.trace import Event, ReadableSpan, sampling
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-__all__ = ["Starter", "fast_starter"]
+__all__ = ["CheapSpan", "Starter", "fast_starter"]
 
 #: start(name, attributes, kind, parent context) → a started span.
 Starter = Callable[[str, Mapping[str, Any] | None, SpanKind, "otel_context.Context | None"],
@@ -52,7 +52,7 @@ def _clean(attributes: Mapping[str, Any], into: dict[str, Any]) -> None:
             into.update(BoundedAttributes(attributes={key: value}))
 
 
-class _Span(trace.Span, ReadableSpan):
+class CheapSpan(trace.Span, ReadableSpan):
     """A recording span that is its own finished ``ReadableSpan`` (module doc). Used from
     one asyncio task at a time (the one whose step or call it is): no lock."""
 
@@ -194,7 +194,7 @@ def fast_starter(tracer: trace.Tracer) -> Starter | None:
         clean: dict[str, Any] = {}
         if attributes:
             _clean(attributes, clean)
-        span = _Span(name, context, parent_span, kind, clean, sdk)
+        span = CheapSpan(name, context, parent_span, kind, clean, sdk)
         sdk.on_start(span, parent_context=parent)
         return span
 

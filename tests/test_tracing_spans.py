@@ -143,3 +143,62 @@ def test_the_hashed_resource_is_the_same_resource() -> None:
     assert hashed == resource and hash(hashed) == hash(resource)
     grouped: dict[Resource, int] = {hashed: 1}  # as the OTLP encoder groups spans
     assert hashed.attributes == resource.attributes and grouped[resource] == 1
+
+
+def _all_kinds_of_span() -> list[ReadableSpan]:
+    """Cheap spans with what a span may hold: a remote parent with a trace state, a local
+    one, none; every plain kind of value; events; a failure; a value the wire form leaves
+    to the encoder (a list)."""
+    exporter, provider = _traced()
+    tracing.enable(provider)
+    tracing.enter_task(SAMPLED)
+    otel_context.attach(TraceContextTextMapPropagator().extract(
+        {"traceparent": SAMPLED, "tracestate": "vendor=v1,other=o-2"}))
+    with tracing.span("ratchet.step", {**STEP, "x.neg": -5, "x.big": 2**62, "x.f": 0.25,
+                                       "x.yes": True, "x.no": False, "x.utf": "é✓"}):
+        tracing.add_event("action.started", {"ratchet.sequence": 1, "x.f": -1.5})
+        tracing.add_event("bare", {})
+        with pytest.raises(KeyError), tracing.span("ratchet.tool", {"ratchet.tool": "t"},
+                                                   kind=SpanKind.CLIENT):
+            raise KeyError("k")
+        with tracing.span("ratchet.model", {"x.list": ["a", "b"]}, kind=SpanKind.CONSUMER):
+            pass
+    with tracing.span("ratchet.admin", {}, parent=tracing.parent_from({})):
+        pass
+    return list(exporter.get_finished_spans())
+
+
+def test_the_wire_form_is_the_message_the_otlp_encoder_makes(in_task: None) -> None:
+    from opentelemetry.exporter.otlp.proto.common._internal import trace_encoder
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as WireSpan
+
+    from ratchet.protocol.span_wire import span_message
+    from ratchet.supervisors.node.otel import _encode_ours_directly
+
+    found = _all_kinds_of_span()
+    assert len(found) == 4
+    original = getattr(trace_encoder._encode_span, "__wrapped__", trace_encoder._encode_span)
+    written = [span_message(s) for s in found]
+    assert [s.name for s, data in zip(found, written, strict=True) if data is None] == [
+        "ratchet.model"]  # a list value: the encoder's own way
+    for span, data in zip(found, written, strict=True):
+        if data is not None:
+            assert WireSpan.FromString(data) == original(span), span.name
+    _encode_ours_directly()  # as the node does: the encoder then takes the wire form
+    batch = trace_encoder.encode_spans(found)
+    assert [s.name for s in batch.resource_spans[0].scope_spans[0].spans] == [
+        s.name for s in found]
+    assert batch.SerializeToString() == _plain_encoding(found, original)
+
+
+def _plain_encoding(spans: list[ReadableSpan], original: Any) -> bytes:
+    """The whole request as the exporter's own encoder makes it."""
+    from opentelemetry.exporter.otlp.proto.common._internal import trace_encoder
+
+    patched = trace_encoder._encode_span
+    trace_encoder._encode_span = original
+    try:
+        data: bytes = trace_encoder.encode_spans(spans).SerializeToString()
+        return data
+    finally:
+        trace_encoder._encode_span = patched

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -35,6 +36,8 @@ from opentelemetry.sdk.trace.export import (
 
 from ratchet.protocol import tracing
 from ratchet.protocol.errors import UsageError
+from ratchet.protocol.span_wire import span_message
+from ratchet.protocol.spans import CheapSpan
 
 __all__ = ["TracingUnavailable", "start_tracing", "stop_tracing", "wanted"]
 
@@ -118,6 +121,33 @@ def _batching(environ: Mapping[str, str]) -> dict[str, int]:
     return bounds
 
 
+def _encode_ours_directly() -> None:
+    """Have the OTLP encoder take Ratchet's cheap spans (protocol/spans.py) in their wire
+    form (protocol/span_wire.py): half its CPU a span, on a thread that competes with the
+    event loop for the GIL. Any other span, and one the wire form does not cover, goes
+    through the encoder's own ``_encode_span`` as before. An exporter package without
+    that function (another version) is left as it is."""
+    try:
+        from opentelemetry.exporter.otlp.proto.common._internal import trace_encoder
+        from opentelemetry.proto.trace.v1.trace_pb2 import Span as WireSpan
+    except ImportError:
+        return
+    original = getattr(trace_encoder, "_encode_span", None)
+    if original is None or getattr(original, "ratchet_cheap_spans", False):
+        return
+
+    def encode_span(span: Any) -> Any:
+        if type(span) is CheapSpan:
+            data = span_message(span)
+            if data is not None:
+                return WireSpan.FromString(data)
+        return original(span)
+
+    encode_span.ratchet_cheap_spans = True  # type: ignore[attr-defined]
+    encode_span.__wrapped__ = original  # type: ignore[attr-defined]
+    trace_encoder._encode_span = encode_span  # type: ignore[assignment]
+
+
 def start_tracing(flag: bool, environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
     """Trace this process if asked (:func:`wanted`); the provider (to stop), or None.
 
@@ -132,6 +162,7 @@ def start_tracing(flag: bool, environ: Mapping[str, str] = os.environ) -> Tracer
     resource = _HashedResource(Resource.create(
         {SERVICE_NAME: environ.get("OTEL_SERVICE_NAME") or "ratchet"}))
     provider = TracerProvider(resource=resource)
+    _encode_ours_directly()
     bounds = _batching(environ)
     provider.add_span_processor(BatchSpanProcessor(
         _exporter(environ), max_queue_size=bounds.get("max_queue_size"),
