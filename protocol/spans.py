@@ -73,6 +73,16 @@ class CheapSpan(trace.Span, ReadableSpan):
         self._dropped_events = 0
         self._start_time = time_ns()
         self._end_time: int | None = None
+        self._traceparent: str | None = None
+
+    @property
+    def traceparent(self) -> str:
+        """This span as a W3C ``traceparent`` (the propagator's form), made once."""
+        if self._traceparent is None:
+            context = self._own
+            self._traceparent = (f"00-{context.trace_id:032x}-{context.span_id:016x}"
+                                 f"-{context.trace_flags:02x}")
+        return self._traceparent
 
     @property
     def dropped_events(self) -> int:

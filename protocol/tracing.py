@@ -38,7 +38,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ratchet.protocol.spans import Starter, fast_starter
+from ratchet.protocol.spans import CheapSpan, Starter, fast_starter
 
 __all__ = ["TRACEPARENT", "add_event", "bind_context", "in_call_span", "check_traceparent",
            "current_traceparent",
@@ -169,8 +169,11 @@ def current_traceparent() -> str | None:
     """The current span context as a ``traceparent`` value; None when off or none."""
     if _tracer is None:
         return None
-    # The W3C propagator's own form, without its carrier and setter (once a step, or more).
-    context = trace.get_current_span().get_span_context()
+    span = trace.get_current_span()
+    if type(span) is CheapSpan:  # it keeps its own: a step's writes ask for it each
+        return span.traceparent
+    # The W3C propagator's own form, without its carrier and setter.
+    context = span.get_span_context()
     if not context.is_valid:
         return None
     return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
