@@ -59,14 +59,27 @@ def _any_value(value: Any) -> bytes | None:
     return None
 
 
+#: KeyValue messages already written, by (key, type, value): a task's id, tenant and
+#: key recur on each of its spans. Bounded; used from the exporter's one thread.
+_KEY_VALUES: dict[tuple[str, type, Any], bytes] = {}
+_KEY_VALUES_MAX = 4096
+
+
 def _attributes(tag: bytes, attributes: Mapping[str, Any]) -> bytes | None:
     """Repeated KeyValue{key = 1, value = 2} under ``tag``; None for a value not known."""
     out = []
     for key, value in attributes.items():
-        encoded = _any_value(value)
-        if encoded is None:
-            return None
-        out.append(_field(tag, _field(b"\x0a", key.encode()) + _field(b"\x12", encoded)))
+        known = (key, type(value), value)  # the type: True == 1 == 1.0 as keys
+        pair = _KEY_VALUES.get(known)
+        if pair is None:
+            encoded = _any_value(value)
+            if encoded is None:
+                return None
+            pair = _field(b"\x0a", key.encode()) + _field(b"\x12", encoded)
+            if len(_KEY_VALUES) >= _KEY_VALUES_MAX:
+                _KEY_VALUES.clear()
+            _KEY_VALUES[known] = pair
+        out.append(_field(tag, pair))
     return b"".join(out)
 
 
