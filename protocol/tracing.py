@@ -18,7 +18,9 @@ An inbound header is hostile input like the rest: only ``traceparent`` and ``tra
 are read, by OpenTelemetry's W3C propagator, which ignores a malformed one (the span then
 starts a trace of its own).
 
-Only the OpenTelemetry *API* is imported here; the SDK and exporters stay with the node.
+Only the OpenTelemetry *API* is used here; the SDK and exporters stay with the node —
+but for the spans of Ratchet's hot paths, which ``protocol/spans.py`` makes cheaply when
+the provider is the SDK's and samples everything (the default): a third of the SDK's CPU a span.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ratchet.protocol.spans import CheapSpan, Starter, fast_starter
+
 __all__ = ["TRACEPARENT", "add_event", "bind_context", "in_call_span", "check_traceparent",
            "current_traceparent",
            "disable", "enable", "enabled", "enter_task", "outbound_headers", "parent_from",
@@ -52,19 +56,27 @@ _TRACEPARENT_FORM = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NULL: AbstractContextManager[None] = contextlib.nullcontext()
 _tracer: trace.Tracer | None = None
+_start: Starter | None = None  # _tracer's spans: protocol/spans.py's, or the SDK's own
 
 
 def enable(provider: trace.TracerProvider) -> None:
     """Trace from now on, into ``provider`` (the node's; tests give one with an in-memory
     exporter). Not OpenTelemetry's global provider: a process may trace its own way."""
-    global _tracer
-    _tracer = provider.get_tracer("ratchet")
+    global _tracer, _start
+    tracer = provider.get_tracer("ratchet")
+
+    def sdk_start(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind,
+                  parent: otel_context.Context | None) -> trace.Span:
+        return tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
+
+    _start = fast_starter(tracer) or sdk_start
+    _tracer = tracer
 
 
 def disable() -> None:
     """Stop tracing: the helpers are no-ops again (spans already open end normally)."""
-    global _tracer
-    _tracer = None
+    global _tracer, _start
+    _tracer = _start = None
 
 
 def enabled() -> bool:
@@ -108,8 +120,8 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, *,
     ``parent``: the context to start from (:func:`parent_from`); None, the current one."""
     if _tracer is None:
         return _NULL
-    return _Current(_tracer.start_span(name, context=parent, kind=kind,
-                                       attributes=attributes))
+    assert _start is not None
+    return _Current(_start(name, attributes, kind, parent))
 
 
 def parent_from(headers: Mapping[str, str] | None) -> otel_context.Context:
@@ -157,9 +169,14 @@ def current_traceparent() -> str | None:
     """The current span context as a ``traceparent`` value; None when off or none."""
     if _tracer is None:
         return None
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier)
-    return carrier.get(TRACEPARENT)
+    span = trace.get_current_span()
+    if type(span) is CheapSpan:  # it keeps its own: a step's writes ask for it each
+        return span.traceparent
+    # The W3C propagator's own form, without its carrier and setter.
+    context = span.get_span_context()
+    if not context.is_valid:
+        return None
+    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
 
 def trace_id() -> str | None:
@@ -207,8 +224,9 @@ async def in_call_span(call: Coroutine[Any, Any, tuple[bool, Any]], task_id: str
     model = getattr(args, "model", None) if session == "model" else None
     if isinstance(model, str):
         attributes["gen_ai.request.model"] = model
-    with _Current(_tracer.start_span("ratchet.model" if session == "model" else "ratchet.tool",
-                                     kind=SpanKind.CLIENT, attributes=attributes)) as span:
+    assert _start is not None
+    with _Current(_start("ratchet.model" if session == "model" else "ratchet.tool",
+                         attributes, SpanKind.CLIENT, None)) as span:
         ok, value = await call
         if not ok and value is not None:
             failure = type(value).__name__

@@ -31,7 +31,7 @@ NOT_TYPES = {
     "chat",  # the OpenAI object name chat.completion (the model stub)
     "expense",  # workflow names (expense.agent, expense.split)
     "audit",  # the audit seal's file names (audit.head, audit.key)
-    "error", "messaging",  # OpenTelemetry attribute names (error.type, messaging.system)
+    "error", "messaging", "exception",  # OpenTelemetry attribute names (error.type, ...)
 }
 #: f-strings that start with a type family's word but build no type: the agent
 #: conversation's state-key prefix (agent.<node>.).

@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 from collections.abc import Mapping
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
@@ -35,6 +36,8 @@ from opentelemetry.sdk.trace.export import (
 
 from ratchet.protocol import tracing
 from ratchet.protocol.errors import UsageError
+from ratchet.protocol.span_wire import span_message
+from ratchet.protocol.spans import CheapSpan
 
 __all__ = ["TracingUnavailable", "start_tracing", "stop_tracing", "wanted"]
 
@@ -82,6 +85,69 @@ def _exporter(environ: Mapping[str, str]) -> SpanExporter:
     return exporter
 
 
+class _HashedResource(Resource):
+    """The provider's resource, hashed once: the OTLP encoder groups each span by its
+    resource, and ``Resource.__hash__`` is a JSON dump of its attributes — ~8 µs a span
+    on the exporter's thread (profiled; docs/operations.md, Traces). Resources are
+    immutable, so the hash is too."""
+
+    def __init__(self, resource: Resource) -> None:
+        super().__init__(resource.attributes, resource.schema_url)
+        self._hash = super().__hash__()
+
+    def __hash__(self) -> int:
+        return self._hash
+
+
+#: Batches bigger than the SDK's defaults (512 spans, in a queue of 2,048): a node makes a
+#: span or two a step, a thousand and more a second; each export is an HTTP request.
+_QUEUE, _BATCH = 8192, 2048
+
+
+def _batching(environ: Mapping[str, str]) -> dict[str, int]:
+    """The batch processor's bounds: the user's ``OTEL_BSP_*`` where set (the SDK reads
+    them), ours otherwise (a batch no bigger than the queue, as the SDK requires)."""
+    bounds: dict[str, int] = {}
+    if not environ.get("OTEL_BSP_MAX_QUEUE_SIZE"):
+        bounds["max_queue_size"] = _QUEUE
+    if not environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE"):
+        queue = bounds.get("max_queue_size")
+        if queue is None:
+            try:
+                queue = int(environ["OTEL_BSP_MAX_QUEUE_SIZE"])
+            except ValueError:
+                queue = 2048  # the SDK's default, which it falls back to
+        bounds["max_export_batch_size"] = max(1, min(_BATCH, queue))
+    return bounds
+
+
+def _encode_ours_directly() -> None:
+    """Have the OTLP encoder take Ratchet's cheap spans (protocol/spans.py) in their wire
+    form (protocol/span_wire.py): half its CPU a span, on a thread that competes with the
+    event loop for the GIL. Any other span, and one the wire form does not cover, goes
+    through the encoder's own ``_encode_span`` as before. An exporter package without
+    that function (another version) is left as it is."""
+    try:
+        from opentelemetry.exporter.otlp.proto.common._internal import trace_encoder
+        from opentelemetry.proto.trace.v1.trace_pb2 import Span as WireSpan
+    except ImportError:
+        return
+    original = getattr(trace_encoder, "_encode_span", None)
+    if original is None or getattr(original, "ratchet_cheap_spans", False):
+        return
+
+    def encode_span(span: Any) -> Any:
+        if type(span) is CheapSpan:
+            data = span_message(span)
+            if data is not None:
+                return WireSpan.FromString(data)
+        return original(span)
+
+    encode_span.ratchet_cheap_spans = True  # type: ignore[attr-defined]
+    encode_span.__wrapped__ = original  # type: ignore[attr-defined]
+    trace_encoder._encode_span = encode_span  # type: ignore[assignment]
+
+
 def start_tracing(flag: bool, environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
     """Trace this process if asked (:func:`wanted`); the provider (to stop), or None.
 
@@ -93,9 +159,14 @@ def start_tracing(flag: bool, environ: Mapping[str, str] = os.environ) -> Tracer
     """
     if not wanted(flag, environ):
         return None
-    resource = Resource.create({SERVICE_NAME: environ.get("OTEL_SERVICE_NAME") or "ratchet"})
+    resource = _HashedResource(Resource.create(
+        {SERVICE_NAME: environ.get("OTEL_SERVICE_NAME") or "ratchet"}))
     provider = TracerProvider(resource=resource)
-    provider.add_span_processor(BatchSpanProcessor(_exporter(environ)))
+    _encode_ours_directly()
+    bounds = _batching(environ)
+    provider.add_span_processor(BatchSpanProcessor(
+        _exporter(environ), max_queue_size=bounds.get("max_queue_size"),
+        max_export_batch_size=bounds.get("max_export_batch_size")))
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
     tracing.enable(provider)

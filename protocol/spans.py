@@ -1,0 +1,211 @@
+"""Cheap spans for Ratchet's own hot paths (a step's, a tool or model call's), when the
+tracer provider is the OpenTelemetry SDK's and samples every trace it is given
+(``parentbased_always_on``, the default, or ``always_on``).
+
+Why: the SDK's ``start_span``/``end`` cost ~60 µs of CPU a span in the node (profiled,
+docs/operations.md, Traces): a sampler call, attribute validation and copying into
+``BoundedAttributes`` at start, at each ``set_attribute`` and each event, a lock per
+call, a second object (the ``ReadableSpan`` copy) at the end. Ratchet's spans carry a few
+attributes of its own making, strings and integers; this span is itself the finished
+``ReadableSpan`` handed to the provider's span processors (``on_start``, ``on_end``), with
+ids from the provider's id generator, the provider's resource and the tracer's scope: what
+reaches the exporter is what the SDK would have made — same names, parents, trace flags,
+attributes, events and status.
+
+Any other sampler (``OTEL_TRACES_SAMPLER``), a disabled tracer, or an SDK without the
+parts used here: :func:`fast_starter` returns None and the SDK's own ``start_span`` is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from time import time_ns
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.attributes import BoundedAttributes
+from opentelemetry.sdk.trace import Event, ReadableSpan, sampling
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+
+__all__ = ["CheapSpan", "Starter", "fast_starter"]
+
+#: start(name, attributes, kind, parent context) → a started span.
+Starter = Callable[[str, Mapping[str, Any] | None, SpanKind, "otel_context.Context | None"],
+                   trace.Span]
+
+_PLAIN = (str, int, float, bool)
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
+_RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # the W3C level-2 flag (SDK ≥ 1.40)
+_UNSET = Status(StatusCode.UNSET)
+
+
+def _clean(attributes: Mapping[str, Any], into: dict[str, Any]) -> None:
+    """Copy ``attributes`` into ``into``: plain values as they are (Ratchet's own, the
+    common case), anything else through the SDK's validation (a sequence becomes a
+    tuple, an invalid value is dropped with its warning)."""
+    for key, value in attributes.items():
+        if type(value) in _PLAIN and type(key) is str and key:
+            into[key] = value
+        else:
+            into.update(BoundedAttributes(attributes={key: value}))
+
+
+class CheapSpan(trace.Span, ReadableSpan):
+    """A recording span that is its own finished ``ReadableSpan`` (module doc). Used from
+    one asyncio task at a time (the one whose step or call it is): no lock."""
+
+    def __init__(self, name: str, context: SpanContext, parent: SpanContext | None,
+                 kind: SpanKind, attributes: dict[str, Any], sdk: _Sdk) -> None:
+        self._name = name
+        self._context = self._own = context
+        self._parent = parent
+        self._kind = kind
+        self._attributes = self._attrs = attributes
+        self._events: list[Event] = []
+        self._links: Sequence[trace.Link] = ()
+        self._status = _UNSET
+        self._resource = sdk.resource
+        self._instrumentation_scope = sdk.scope
+        self._instrumentation_info = sdk.info
+        self._sdk = sdk
+        self._dropped_events = 0
+        self._start_time = time_ns()
+        self._end_time: int | None = None
+        self._traceparent: str | None = None
+
+    @property
+    def traceparent(self) -> str:
+        """This span as a W3C ``traceparent`` (the propagator's form), made once."""
+        if self._traceparent is None:
+            context = self._own
+            self._traceparent = (f"00-{context.trace_id:032x}-{context.span_id:016x}"
+                                 f"-{context.trace_flags:02x}")
+        return self._traceparent
+
+    @property
+    def dropped_events(self) -> int:
+        return self._dropped_events
+
+    def get_span_context(self) -> SpanContext:
+        return self._own
+
+    def is_recording(self) -> bool:
+        return self._end_time is None
+
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+        if self._end_time is None:
+            _clean(attributes, self._attrs)
+
+    def set_attribute(self, key: str, value: Any) -> None:
+        if self._end_time is None:
+            _clean({key: value}, self._attrs)
+
+    def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
+                  timestamp: int | None = None) -> None:
+        if self._end_time is not None:
+            return
+        if len(self._events) >= self._sdk.max_events:
+            self._dropped_events += 1  # the SDK's limit (OTEL_SPAN_EVENT_COUNT_LIMIT)
+            return
+        clean: dict[str, Any] = {}
+        if attributes:
+            _clean(attributes, clean)
+        self._events.append(Event(name, clean, timestamp or time_ns()))
+
+    def add_link(self, context: SpanContext, attributes: Any = None) -> None:
+        return  # Ratchet's spans have no links; a link added later is not kept
+
+    def update_name(self, name: str) -> None:
+        if self._end_time is None:
+            self._name = name
+
+    def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
+        # The SDK's rules: OK is final, UNSET is ignored.
+        if self._end_time is not None or self._status.status_code is StatusCode.OK:
+            return
+        if isinstance(status, StatusCode):
+            status = Status(status, description)
+        if status.status_code is not StatusCode.UNSET:
+            self._status = status
+
+    def record_exception(self, exception: BaseException, attributes: Any = None,
+                         timestamp: int | None = None, escaped: bool = False) -> None:
+        # By type only, as protocol/tracing.py records failures: a message may quote secrets.
+        self.add_event("exception", {"exception.type": type(exception).__name__}, timestamp)
+
+    def end(self, end_time: int | None = None) -> None:
+        if self._end_time is not None:
+            return
+        self._end_time = end_time or time_ns()
+        self._sdk.on_ending(self)
+        self._sdk.on_end(self)
+
+
+class _Sdk:
+    """What a span needs of the SDK's tracer, read once."""
+
+    __slots__ = ("info", "max_events", "new_span_id", "new_trace_id", "on_end", "on_ending",
+                 "on_start", "random_ids", "resource", "scope")
+
+    def __init__(self, tracer: Any) -> None:
+        processor = tracer.span_processor
+        self.resource = tracer.resource
+        self.scope = tracer._instrumentation_scope
+        self.info = tracer.instrumentation_info
+        limit = tracer._span_limits.max_events
+        self.max_events = limit if limit is not None else 1 << 62
+        self.on_start = processor.on_start
+        self.on_ending: Callable[[Any], None] = getattr(processor, "_on_ending",
+                                                        lambda span: None)
+        self.on_end = processor.on_end
+        self.new_span_id = tracer.id_generator.generate_span_id
+        self.new_trace_id = tracer.id_generator.generate_trace_id
+        is_random = getattr(tracer.id_generator, "is_trace_id_random", None)
+        self.random_ids = bool(is_random and is_random())
+
+
+def fast_starter(tracer: trace.Tracer) -> Starter | None:
+    """A span starter for ``tracer`` when it is the SDK's and samples every trace (module
+    doc); None otherwise (the caller uses ``tracer.start_span``)."""
+    try:
+        enabled = getattr(tracer, "_is_enabled", lambda: True)()
+        always = tracer.sampler in (sampling.DEFAULT_ON, sampling.ALWAYS_ON)  # type: ignore[attr-defined]
+        parent_based = tracer.sampler is sampling.DEFAULT_ON  # type: ignore[attr-defined]
+        limits = tracer._span_limits  # type: ignore[attr-defined]
+        # Value lengths cut, or bounds Ratchet's few attributes could reach: the SDK's way.
+        bounded = limits.max_attribute_length is not None \
+            or limits.max_span_attribute_length is not None \
+            or min(limits.max_span_attributes or 64, limits.max_event_attributes or 64) < 64
+        sdk = _Sdk(tracer)
+    except AttributeError:  # not the SDK's tracer, or an SDK this was not written for
+        return None
+    if not enabled or not always or bounded:
+        return None
+    get_current_span = trace.get_current_span
+
+    def start(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind,
+              parent: otel_context.Context | None) -> trace.Span:
+        parent_span: SpanContext | None = get_current_span(parent).get_span_context()
+        if parent_span is not None and parent_span.is_valid:
+            trace_id, state = parent_span.trace_id, parent_span.trace_state
+            random = parent_span.trace_flags & _RANDOM
+            sampled = parent_span.trace_flags.sampled or not parent_based
+        else:
+            parent_span, state, sampled = None, None, True
+            trace_id = sdk.new_trace_id()
+            random = _RANDOM if sdk.random_ids else 0
+        flags = (_SAMPLED if sampled else _NOT_SAMPLED) | random
+        context = SpanContext(trace_id, sdk.new_span_id(), is_remote=False,
+                              trace_flags=TraceFlags(flags), trace_state=state)
+        if not sampled:  # a parent that was not sampled: ParentBased's ALWAYS_OFF
+            return trace.NonRecordingSpan(context)
+        clean: dict[str, Any] = {}
+        if attributes:
+            _clean(attributes, clean)
+        span = CheapSpan(name, context, parent_span, kind, clean, sdk)
+        sdk.on_start(span, parent_context=parent)
+        return span
+
+    return start
