@@ -12,6 +12,8 @@ VERB_ROLES: dict[str, str] = {
     "disable-tool": "operator", "enable-tool": "operator", "freeze": "operator",
     "thaw": "operator", "purge": "operator", "breakers": "viewer",
     "model-stats": "viewer", "diagnose": "viewer",
+    # Time travel: a task's past states (supervisors/services/admin_history.py).
+    "state": "viewer", "diff": "viewer", "bisect": "viewer",
     # Settling what a machine could not (supervisors/services/admin_settle.py).
     "resolve": "approver", "retry-action": "approver", "skip-step": "approver",
     "approvals": "viewer",

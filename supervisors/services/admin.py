@@ -3,16 +3,14 @@
 Verbs: ``get``, ``history``, ``list``, ``tree``, ``handoff``; ``cancel``, ``pause``, ``resume``
 (actors/task/control.py); ``approve``, ``reject``; ``fork``; ``restart``; the kill switches
 (``disable-tool``, ``enable-tool``, ``freeze``, ``thaw``: a tenant's, or every tenant's on
-``_system``); and ``purge``. Every verb follows one contract: a typed
-reply; a signed command whose key holds the role the verb needs (supervisors/services/
-authn.py: UNAUTHENTICATED or PERMISSION_DENIED otherwise; the payload's ``principal``
-decides nothing); the tenant of the subject (another tenant's task is NOT_FOUND: no
-existence leak); a command id (a repeat returns the first answer, the same id with another
-request is CONFLICT); an audit entry, hash-chained, before the effect and with its outcome.
-
+``_system``); and ``purge``. Every verb follows one contract: a typed reply; a signed
+command whose key holds the role the verb needs (supervisors/services/authn.py:
+UNAUTHENTICATED or PERMISSION_DENIED otherwise; the payload's ``principal`` decides
+nothing); the tenant of the subject (another tenant's task is NOT_FOUND: no existence
+leak); a command id (a repeat returns the first answer, the same id with another request
+is CONFLICT); an audit entry, hash-chained, before the effect and with its outcome.
 Mixins of :class:`AdminActor` hold the others (supervisors/services/admin_<name>.py): reads,
-diagnose, dlq (dead letters), cluster, keys (the keyring), schedules, settle (``resolve``,
-``retry-action``, ``skip-step``, ``approvals``).
+diagnose, dlq, history (``state``, ``diff``, ``bisect``), cluster, keys, schedules, settle.
 """
 
 from __future__ import annotations
@@ -56,6 +54,7 @@ from ratchet.protocol.subjects import mail_subject
 from ratchet.supervisors.services.admin_cluster import ClusterVerbs
 from ratchet.supervisors.services.admin_diagnose import DiagnoseVerbs
 from ratchet.supervisors.services.admin_dlq import DlqVerbs
+from ratchet.supervisors.services.admin_history import HistoryVerbs
 from ratchet.supervisors.services.admin_keys import KeyringHooks, KeyVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
 from ratchet.supervisors.services.admin_schedules import ScheduleVerbs
@@ -86,8 +85,8 @@ _EFFECTS = {
 }
 
 
-class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, ClusterVerbs, KeyVerbs,
-                 ScheduleVerbs, RequestService):
+class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, HistoryVerbs, ClusterVerbs,
+                 KeyVerbs, ScheduleVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
