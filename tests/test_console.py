@@ -224,6 +224,7 @@ def test_the_resolve_form_is_shown_only_when_the_node_serves_the_resolve_verb() 
     served = decision_box("tsk_1", pending, True, True, [("pay-1", "sha256:9")], "tok")
     assert 'action="/tasks/tsk_1/resolve"' in served and 'value="pay-1"' in served
     assert 'name="request_hash" value="sha256:9"' in served
+    assert 'action="/tasks/tsk_1/retry-action"' in served
     assert 'id="approve"' in served and 'name="csrf" value="tok"' in served
     assert "/resolve" not in decision_box("tsk_1", pending, True, None, [("pay-1", "h")], "tok")
     viewer = decision_box("tsk_1", pending, False, False, [("pay-1", "h")], "tok")
@@ -400,3 +401,29 @@ async def test_an_approver_settles_an_unknown_action_through_the_page_with_the_r
         assert await status_of(console, lost) != "UNKNOWN"
     finally:
         await console.stop()
+
+
+async def test_an_operator_cancels_a_task_from_its_page_and_a_viewer_sees_no_button(
+    console: Console, client: ratchet.Client
+) -> None:
+    task_id, _ = await waiting_for_approval(client, "control-1")
+    node = node_of(console)
+    vic, olga = (await grant(node, "vic", "acme", ["viewer"]),
+                 await grant(node, "olga", "acme", ["operator"]))
+    http = await logged_in(console, vic)
+    async with http:
+        async with http.get(f"/tasks/{task_id}") as page:
+            html = await page.text()
+        assert 'id="control"' not in html and 'action="/tasks/' + task_id + '/cancel"' not in html
+        async with http.post(f"/tasks/{task_id}/cancel", data={"csrf": csrf_of(html)}) as answer:
+            assert answer.status == 403
+    http = await logged_in(console, olga)
+    async with http:
+        async with http.get(f"/tasks/{task_id}") as page:
+            html = await page.text()
+        assert 'action="/tasks/' + task_id + '/cancel"' in html and 'id="pause"' not in html
+        async with http.post(f"/tasks/{task_id}/cancel",
+                             data={"csrf": csrf_of(html), "reason": "by hand"}) as answer:
+            assert answer.status == 200 and "cancel: done" in await answer.text()
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.cancelled" and events[-1].payload["by"] == "olga"

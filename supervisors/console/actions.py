@@ -39,6 +39,9 @@ ACTIONS: dict[str, tuple[str, ...]] = {
     # Settles an action with the human's evidence (supervisors/services/admin_settle.py):
     # bound to the request hash the page showed; ``result`` is JSON (for ``succeeded``).
     "resolve": ("action", "request_hash", "outcome", "evidence", "result"),
+    "retry-action": ("action", "request_hash", "evidence"),
+    # An operator's control of the task (actors/task/control.py).
+    "cancel": ("reason",), "pause": ("reason",), "resume": ("reason",),
 }
 
 

@@ -174,7 +174,8 @@ def task_body(rec: Any, data: Mapping[str, Any], now: float) -> str:
     more = (f'<p class="ro">showing the last {len(data["events"])} events of'
             f' {data["more_events"]}</p>' if data.get("more_events") else "")
     return (f'<h1>Task <span id="task-id">{esc(rec.task_id)}</span> {status(rec.status)}</h1>'
-            + flash + _summary(rec, now, data.get("owner")) + str(data["decisions"])
+            + flash + _summary(rec, now, data.get("owner")) + str(data.get("control", ""))
+            + str(data["decisions"])
             + "<h2>Graph</h2>" + graph
             + ("<h2>Handoffs</h2>" + handoffs if handoffs else "")
             + "<h2>Ledger actions</h2>" + _ledger(data["actions"])
@@ -209,4 +210,33 @@ def _resolve_form(task_id: str, key: str, digest: str, hidden: str) -> str:
             '<select name="outcome"><option>succeeded</option><option>failed</option>'
             '<option>compensated</option></select> evidence <input name="evidence"'
             ' size="40" required> result (JSON, for succeeded) <input name="result" size="30">'
-            ' <button class="resolve">Resolve</button></form></div>')
+            ' <button class="resolve">Resolve</button></form>'
+            f'<form method="post" action="/tasks/{q(task_id)}/retry-action" class="inline"'
+            ' data-confirm="Send it again under the same key?">'
+            f'{hidden}<input type="hidden" name="action" value="{esc(key)}">'
+            f'<input type="hidden" name="request_hash" value="{esc(digest)}">'
+            '<input name="evidence" placeholder="no record at the provider because ..." size="40">'
+            ' <button class="retry">Send again (retry-action)</button></form></div>')
+
+
+#: The control buttons a task in each status offers (docs/admin.md, "Cancel, pause, resume").
+_CONTROLS = {"QUEUED": ("pause", "cancel"), "RUNNING": ("pause", "cancel"),
+             "SLEEPING": ("pause", "cancel"), "PAUSED": ("resume", "cancel"),
+             "WAITING_EXTERNAL": ("cancel",), "WAITING_APPROVAL": ("cancel",),
+             "UNKNOWN": ("cancel",)}
+
+
+def control_box(task_id: str, task_status: str, may_operate: bool, csrf: str) -> str:
+    """Pause, resume and cancel for operators (the admin verbs of those names)."""
+    verbs = _CONTROLS.get(task_status, ())
+    if not verbs or not may_operate:
+        return ""
+    hidden = f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+    confirm = ' data-confirm="Cancel this task?"'
+    forms = "".join(
+        f'<form method="post" action="/tasks/{q(task_id)}/{verb}" class="inline"'
+        f'{confirm if verb == "cancel" else ""}>{hidden}'
+        f'<button id="{verb}" class="{verb}">{verb.capitalize()}</button></form>'
+        for verb in verbs)
+    return (f'<div class="box" id="control">{forms}'
+            '<p class="ro">cancel waits for a write in flight (docs/admin.md)</p></div>')

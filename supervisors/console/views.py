@@ -21,7 +21,7 @@ from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import InvalidMessage, NotFound, RatchetError
 from ratchet.supervisors.console.auth import authorize
-from ratchet.supervisors.console.pages import AGES, decision_box, diff_html
+from ratchet.supervisors.console.pages import AGES, control_box, decision_box, diff_html
 from ratchet.supervisors.console.svg import graph_svg
 
 __all__ = ["Reader", "TaskView"]
@@ -159,6 +159,8 @@ class Reader:
                                       who.has(VERB_ROLES["approve"]), may_resolve,
                                       unknown if rec.status in ("UNKNOWN", "WAITING_APPROVAL")
                                       else [], csrf),
+            "control": control_box(rec.task_id, rec.status, who.has(VERB_ROLES["cancel"]),
+                                   csrf),
             "graph": self.graph(rec), "owner": await self.owner(rec.task_id)}
         if chosen is not None and names:
             a, b = (min(max(1, c), len(names)) for c in chosen)
