@@ -44,6 +44,9 @@ class TaskRecord:
     control: dict[str, Any]
     traceparent: str | None = None  # the trace its spans continue (protocol/tracing.py)
     idempotency_key: str = ""  # its submit's key (a span attribute of its steps)
+    #: The hash of the definition it started on (actors/workflow/definition.py); None: not
+    #: recorded (a task from before migration 20, a fork, a schedule's tick).
+    definition_hash: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

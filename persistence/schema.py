@@ -389,11 +389,12 @@ MIGRATIONS: list[tuple[int, str, str]] = [
      "CREATE TABLE secret_keys (key_id TEXT PRIMARY KEY, created_at REAL NOT NULL)"),
     (15, "schedules: one task of a workflow per tick (protocol/schedules.py)", SCHEDULES_DDL),
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
-    (17, "actions not settled, for the action sweeper (persistence/sweep_rows.py)",
-     UNSETTLED_DDL),
+    (17, "actions not settled, for the action sweeper (sweep_rows.py)", UNSETTLED_DDL),
     (18, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
     # The intake span's context (W3C traceparent; protocol/tracing.py), NULL when tracing
     # was off: the task actor continues that trace wherever and whenever the task runs.
     (19, "tasks.traceparent: the trace a task's spans continue",
      "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),
+    (20, "tasks.definition_hash: the workflow definition a task started on (definition.py)",
+     "ALTER TABLE tasks ADD COLUMN definition_hash TEXT"),
 ]

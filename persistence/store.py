@@ -68,7 +68,7 @@ _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
     " error, output, step_failures, current_node, visits, budget, spent, control,"
-    " traceparent, idempotency_key"
+    " traceparent, idempotency_key, definition_hash"
 )
 
 
@@ -82,7 +82,7 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
         current_node=row[17], visits=dict(_unpack(row[18]) or {}),
         budget=dict(_unpack(row[19]) or {}), spent=dict(_unpack(row[20]) or {}),
         control=dict(_unpack(row[21]) or {}), traceparent=row[22],
-        idempotency_key=row[23],
+        idempotency_key=row[23], definition_hash=row[24],
     )
 
 

@@ -87,6 +87,7 @@ class TaskChange:
     spend: dict[str, float] | None = None  # added to the task's spent budget, atomically
     enforce_budget: bool = False  # refuse (BudgetExhausted) a spend past the task's budget
     control: dict[str, Any] | None = None  # operator requests pending on the task ({} clears)
+    definition_hash: str | None = None  # the definition it goes on under (resumed on new code)
     agent_log: list[tuple[str, int, str, dict[str, Any]]] = field(default_factory=list)
     #: An audit entry committed with the change (an approval decision): written by
     #: ``Store.apply``, which holds the audit key, not by :func:`apply_change_txn`.
@@ -275,6 +276,8 @@ def _set_packed_columns(change: TaskChange, update: _TaskUpdate) -> None:
         update.add("error = ?", pack_redacted(change.error))
     if change.output is not None:
         update.add("output = ?", pack_redacted(change.output))
+    if change.definition_hash is not None:
+        update.add("definition_hash = ?", change.definition_hash)
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,6 +297,7 @@ class NewTask:
     start_mail: tuple[str, str, bytes]  # subject, msg_id, payload
     budget: dict[str, Any] | None = None
     traceparent: str | None = None  # the intake span's, when tracing (protocol/tracing.py)
+    definition_hash: str | None = None  # the workflow's (actors/workflow/definition.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,11 +342,13 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
     conn.execute(
         "INSERT INTO tasks(task_id, tenant, workflow, workflow_version, status, version,"
         " idempotency_key, request_hash, input, steps_total, last_event_seq, deadline_at,"
-        " created_at, updated_at, budget, traceparent) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        " created_at, updated_at, budget, traceparent, definition_hash)"
+        " VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
         (task.task_id, task.tenant, task.workflow, task.workflow_version,
          TaskStatus.QUEUED.value, 1, task.idempotency_key, task.request_hash, task.input,
          task.steps_total, 1, task.deadline_at, task.now, task.now,
-         None if task.budget is None else msgpack.packb(task.budget), task.traceparent),
+         None if task.budget is None else msgpack.packb(task.budget), task.traceparent,
+         task.definition_hash),
     )
     outbox = append_events(
         conn,

@@ -90,6 +90,9 @@ class EventType(StrEnum):
     TASK_PAUSED = "task.paused"
     #: PAUSED → QUEUED.
     TASK_RESUMED = "task.resumed"
+    #: The task's workflow version is registered with another definition than the one it
+    #: started on: it pauses at its next safe point (actors/task/definition_guard.py).
+    TASK_DEFINITION_CHANGED = "task.definition_changed"
     #: RUNNING → WAITING_EXTERNAL: a provider accepted a write.
     TASK_WAITING_EXTERNAL = "task.waiting_external"
     #: → UNKNOWN, with a handoff: an outcome nobody can decide alone.

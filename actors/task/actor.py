@@ -26,14 +26,14 @@ from ratchet.actors.effects.actions import ActionRunner, TaskSuspended
 from ratchet.actors.task import control as task_control
 from ratchet.actors.task import (
     crash_loop,
+    definition_guard,
     exhausted,
     graph_runtime,
     loop_runtime,
     revalidate,
     settle_task,
 )
-from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, fail_task
-from ratchet.actors.task.deps import error_of as error_of
+from ratchet.actors.task.deps import Advance, DeliverMail, TaskDeps, error_of, fail_task
 from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.node_guard import NodeGuard
 from ratchet.actors.task.open_actions import OpenActions, mark_cancelling
@@ -144,6 +144,7 @@ class TaskActor(Actor):
         if rec.control and await task_control.apply_pending_control(self):
             return
         self.pause_requested = "pause" in rec.control  # parked meanwhile: at the next point
+        await definition_guard.check_definition(self)  # changed code: pause, never run it
         self.revalidation = AFTER.get(self.status.value)  # re-validate once it goes on
         if self.status in (TaskStatus.QUEUED, TaskStatus.RUNNING):
             self.ref.tell(Advance())

@@ -24,6 +24,7 @@ from typing import Any
 
 from ratchet.actors.effects.actions import HandoffRequired
 from ratchet.actors.effects.saga import compensate_task
+from ratchet.actors.task.definition_guard import definition_change
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import pause, suspend
 from ratchet.persistence.ledger import ActionWrite
@@ -117,9 +118,15 @@ async def resume(actor: TaskKernel, request: dict[str, Any]) -> str:
             if budget.get(d) is not None and spent.get(d, 0) >= budget[d]]
     if over:
         return f"refused: budget exhausted: {over}"
+    changed = definition_change(actor)  # actors/task/definition_guard.py
+    if changed is not None and request.get("accept_definition") is not True:
+        return (f"refused: workflow {actor.workflow.name} v{actor.workflow.version} is"
+                f" registered with another definition ({changed[1][:19]}...) than the task"
+                " started on: resume with accept_definition=true to go on under it")
     await actor.commit(status_event=TaskEvent.RESUMED, events=[(EventType.TASK_RESUMED, {
         "by": request.get("by"), "workflow": actor.workflow.name,
         "version": actor.workflow.version, "from_checkpoint": actor.record.last_checkpoint,
-        "at_node": actor.current})])
+        "at_node": actor.current, "definition": changed[1] if changed else None})],
+        definition_hash=changed[1] if changed else None)
     actor.advance()
     return "resumed"

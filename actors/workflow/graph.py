@@ -75,7 +75,8 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
                  compensate_on_cancel: bool = False,
                  input_model: type[BaseModel] | None = None,
                  step_timeout: float | None = DEFAULT_STEP_TIMEOUT,
-                 loops: NodeLoops | None = None, reconcile: Reconcile | None = None) -> None:
+                 loops: NodeLoops | None = None, reconcile: Reconcile | None = None,
+                 compatible_with: Iterable[str] = ()) -> None:
         if not _NAME.match(name):
             raise WorkflowDefinitionError(f"workflow name {name!r} must match {_NAME.pattern}")
         if not isinstance(version, int) or version < 1:
@@ -89,6 +90,8 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
         self.description = description
         #: Run the saga (undo completed side effects) when an operator cancels the task.
         self.compensate_on_cancel = compensate_on_cancel
+        #: Earlier definition hashes of this version its tasks may go on under (definition.py).
+        self.compatible_with = frozenset(compatible_with)
         if input_model is not None and not (isinstance(input_model, type)
                                             and issubclass(input_model, BaseModel)):
             raise WorkflowDefinitionError(

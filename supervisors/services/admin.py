@@ -393,7 +393,8 @@ class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, HistoryVerbs, 
                                     " served by this node", task_id=rec.task_id) from None
         outcome = await self._tell_task(rec, Envelope(
             type=MessageType.TASK_CONTROL, message_id=new_id("msg"), correlation_id=cmd.command_id,
-            body={"action": "resume", "request": {"by": self._who(cmd)}}))
+            body={"action": "resume", "request": {"by": self._who(cmd), "accept_definition":
+                                                  cmd.args.get("accept_definition") is True}}))
         if str(outcome).startswith("refused"):
             raise IllegalTransition(str(outcome), task_id=rec.task_id)
         return {"task_id": rec.task_id, "status": outcome}

@@ -128,6 +128,7 @@ class Acceptor:
             budget=body.budget.model_dump(exclude_none=True) if body.budget else None,
             producer=self.producer, message_id=env.message_id,
             traceparent=tracing.current_traceparent(),
+            definition_hash=self.registry.definition_hash(workflow.name, workflow.version),
             start_mail=(mail_subject(task_id, "task", self.partitions), start.message_id,
                         encode(start)),
         ))

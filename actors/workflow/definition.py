@@ -1,0 +1,60 @@
+"""A workflow definition's hash: what a task started on, so that changed code under the same
+version number is noticed instead of run silently (docs/workflows.md, "Versions").
+
+The hash covers the graph (its nodes, their kinds and where each can go), the tools its
+nodes declare (an agent's: names, kinds and argument/result schemas; a tool a step calls
+through ``ctx.call`` is not known before it is called) and the code of every step node's
+function, read as the syntax tree of its source: a comment, blank lines or
+formatting do not change it, and neither does another Python version's bytecode; any
+change of what the code does does. A function whose source cannot be read (made by
+``exec``, say) contributes its bytecode instead.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import inspect
+import json
+import textwrap
+from typing import Any
+
+__all__ = ["definition_hash"]
+
+
+def definition_hash(workflow: Any) -> str:
+    """``sha256:`` of the workflow's graph, its declared tools and its steps' code."""
+    tools = {t.name: t for node in workflow.nodes.values() for t in getattr(node, "tools", ())}
+    nodes = {}
+    for name, node in sorted(workflow.nodes.items()):
+        fn = getattr(node, "fn", None)
+        nodes[name] = {"kind": node.kind, "code": _code_of(fn) if callable(fn) else None}
+    shape = {"start": workflow.start, "nodes": nodes,
+             "edges": sorted(map(list, workflow.transition_table())),
+             "tools": {name: _tool_of(tool) for name, tool in sorted(tools.items())}}
+    data = json.dumps(shape, sort_keys=True, default=str).encode()
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _code_of(fn: Any) -> str:
+    fn = inspect.unwrap(fn)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        code = getattr(fn, "__code__", None)
+        return code.co_code.hex() if code is not None else type(fn).__name__
+    node = tree.body[0] if tree.body else tree
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        node.decorator_list = []  # how it was registered is not what it does
+    return hashlib.sha256(ast.dump(node, annotate_fields=False).encode()).hexdigest()
+
+
+def _tool_of(tool: Any) -> dict[str, Any]:
+    schemas = {}
+    for part in ("args", "result"):
+        model = getattr(tool, part, None)
+        try:
+            schemas[part] = model.model_json_schema() if model is not None else None
+        except Exception:  # a model without a JSON schema: its name stands for it
+            schemas[part] = getattr(model, "__name__", str(model))
+    return {"kind": getattr(tool, "kind", None), **schemas}
