@@ -36,8 +36,23 @@ def definition_hash(workflow: Any) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+#: Step functions' hashes by code object: a graph built in a loop (a thousand steps of one
+#: function) reads and parses its source once, not a thousand times.
+_BY_CODE: dict[Any, str] = {}
+
+
 def _code_of(fn: Any) -> str:
     fn = inspect.unwrap(fn)
+    code = getattr(fn, "__code__", None)
+    if code is not None and code in _BY_CODE:
+        return _BY_CODE[code]
+    digest = _read_code(fn)
+    if code is not None and len(_BY_CODE) < 100_000:
+        _BY_CODE[code] = digest
+    return digest
+
+
+def _read_code(fn: Any) -> str:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
