@@ -33,7 +33,6 @@ from ratchet.actors.workflow.tools import Accepted, Decision, Tool, classify
 from ratchet.persistence.ledger import ActionRecord, ActionWrite
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import RatchetError
-from ratchet.protocol.redaction import dump_model, has_secrets
 
 __all__ = ["FOUND", "NOT_FOUND", "UNDECIDED", "YOUNG", "registered_tool", "settle_action",
            "undecided_package"]
@@ -81,11 +80,10 @@ async def settle_action(runner: ActionRunner, tool: Tool[Any, Any] | None, row: 
             else answer
     except ValidationError:
         return UNDECIDED
-    data = dump_model(result)
-    kept = runner.env.store.secrets.seal_leaves(data) if has_secrets(type(result)) else data
     provider_id = getattr(result, "provider_id", None)
-    await runner.env.commit(
-        action=ActionWrite(row.key, "SUCCEEDED", result=kept, provider_id=provider_id),
+    await runner.env.commit(  # kept as the runner keeps a result: its secrets sealed
+        action=ActionWrite(row.key, "SUCCEEDED", result=runner._kept(result),
+                           provider_id=provider_id),
         events=[(EventType.ACTION_RECONCILED, {**report, "found": True,
                                                "provider_id": provider_id})])
     return FOUND

@@ -63,14 +63,7 @@ async def settle_rows(actor: TaskKernel, rows: list[ActionRecord], on: str, *,
 async def on_recovery(actor: TaskKernel) -> bool:
     """Settle a recovered task's writes before it runs anything; False: handed off."""
     actor.open_actions.settle_due = False
-    rows = unresolved_actions(await actor.deps.store.task_actions(actor.task_id))
-    if not rows:
-        return True
-    left, _ = await settle_rows(actor, rows, "recovery")
-    if left:
-        await suspend(actor, _handoff(actor, left, "recovery"))
-        return False
-    return True
+    return await _settle_ledger(actor, "recovery")
 
 
 async def before_step_end(actor: TaskKernel) -> None:
@@ -91,12 +84,17 @@ async def before_step_end(actor: TaskKernel) -> None:
 
 async def before_success(actor: TaskKernel) -> bool:
     """The whole ledger settled before SUCCEEDED; False: handed off instead."""
+    return await _settle_ledger(actor, "task_end")
+
+
+async def _settle_ledger(actor: TaskKernel, on: str) -> bool:
+    """Settle every unsettled write of the task; False: one could not be, handed off."""
     rows = unresolved_actions(await actor.deps.store.task_actions(actor.task_id))
     if not rows:
         return True
-    left, _ = await settle_rows(actor, rows, "task_end")
+    left, _ = await settle_rows(actor, rows, on)
     if left:
-        await suspend(actor, _handoff(actor, left, "task_end"))
+        await suspend(actor, _handoff(actor, left, on))
         return False
     return True
 
