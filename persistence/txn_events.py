@@ -90,7 +90,7 @@ def append_events(
     (protocol/tracing.py)."""
     rows: list[OutboxRow] = []
     seq = first_seq
-    traceparent = current_traceparent()  # None when tracing is off
+    traceparent = current_traceparent() if events else None  # None when tracing is off
     headers = {TRACEPARENT: traceparent} if traceparent else None
     for event_type, payload in events:
         event_id = new_id("evt")
