@@ -145,6 +145,9 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
         help="TENANT's share of the running slots relative to others (default 1)",
     )
     risk_flags(s)
+    s.add_argument("--route-new-tasks", action="append", default=[],
+                   metavar="WORKFLOW=VERSION:PERCENT", help="canary: PERCENT of WORKFLOW's new"
+                   " tasks that name no version go to VERSION (the rest: the latest)")
     submit_rate_flags(s)
     console_flags(s)
     observability_flags(s)
