@@ -19,6 +19,8 @@ import ratchet
 from ratchet.actors.workflow.migrations import migrate_state
 from ratchet.protocol.errors import MigrationRefused, UsageError
 from ratchet.supervisors.cli import main
+from ratchet.supervisors.cli.parser import parser
+from ratchet.supervisors.cli.serve import node_config
 from ratchet.supervisors.services.canary import check_routes, parse_routes, routed_version
 from tests.conftest import NodeFactory, node_key, wait_terminal
 from tests.test_admin import APPROVER, OPERATOR, admin
@@ -189,6 +191,17 @@ async def test_a_migration_to_an_unknown_node_is_refused_and_changes_nothing(
     assert done[-1].payload["output"] == {"paid": 10, "version": 1}
 
 
+async def test_a_migrated_state_that_cannot_be_checkpointed_is_refused_unwritten(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    node = await start_node(ratchet.Registry([v1(), v2(lambda s, n: ({**s, "x": object()}, n))]))
+    task_id, _ = await _parked(client, "wv-8", version=1)
+    before = await node.store.load_task(task_id)
+    reply = await _migrate(client, task_id, "wv-8m")
+    assert reply.error is not None and reply.error.code == "INVALID_STATE_VALUE"
+    assert await node.store.load_task(task_id) == before
+
+
 async def test_migrate_refuses_a_running_or_finished_task_and_an_unregistered_version(
     start_node: NodeFactory, client: ratchet.Client
 ) -> None:
@@ -316,3 +329,17 @@ async def test_new_tasks_follow_the_route_and_an_explicit_version_is_kept(
     again = await client.submit_sync("spend", {"amount": 10}, key="wv-7a")  # a retry
     assert again.task_id == routed and again.accepted is not None
     assert again.accepted.created is False  # the same version: the same request, no conflict
+
+
+#: For ``ratchet serve --app tests.test_workflow_versions:app`` below.
+app = ratchet.Registry([v1(), v2()])
+
+
+def test_serve_reads_the_routes_and_refuses_one_to_a_version_the_app_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    flags = ["serve", "--app", "tests.test_workflow_versions:app", "--state-dir", str(tmp_path)]
+    config = node_config(parser().parse_args([*flags, "--route-new-tasks", "spend=1:25"]))
+    assert config.new_task_routes == {"spend": (1, 25.0)}
+    assert main([*flags, "--route-new-tasks", "spend=9:10"]) == 2  # before NATS starts
+    assert "no version 9" in capsys.readouterr().err
