@@ -51,6 +51,7 @@ from ratchet.persistence.txns import (
     apply_change_txn,
     delete_outbox_txn,
 )
+from ratchet.persistence.version_rows import VersionRows
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
 from ratchet.persistence.writer import WriterStats, make_writer
 from ratchet.protocol.errors import Fenced, NotFound
@@ -87,7 +88,7 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
 
 
 class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows,
-            SweepRows, SettleRows, MetricRows, DiagnoseRows, DeadLetterRows):
+            SweepRows, SettleRows, MetricRows, DiagnoseRows, DeadLetterRows, VersionRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:
@@ -96,8 +97,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
         wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
         lease_clock: the store's time for lease expiry (default: the host's boot time).
-        audit_seal: the key and head of the audit chain (persistence/audit_seal.py); None
-            (tools, tests): entries are hashed without a key, which proves nothing.
+        audit_seal: the audit chain's key and head (audit_seal.py); None: unkeyed, proves nothing.
     """
 
     def __init__(self, path: str | Path, synchronous: str = "NORMAL",

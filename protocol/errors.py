@@ -42,7 +42,7 @@ __all__ = [
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
     "NatsUnreachable",
-    "RateLimited",
+    "RateLimited", "MigrationRefused",
 ]
 
 
@@ -86,6 +86,15 @@ class HandlingFailed(RatchetError):
 
 class UnknownWorkflow(RatchetError):
     """A request names a workflow (or version) this node does not have."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class MigrationRefused(RatchetError):
+    """``admin migrate``: the target version declares no migration from the task's, or the
+    migration raised or returned what the task cannot go on with (an unknown node, a
+    parked task moved off the node it waits at, a state that is not a map). Nothing was
+    changed (actors/workflow/migrations.py)."""
 
     code = ErrorCode.INVALID_ARGUMENT
 

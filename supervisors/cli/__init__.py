@@ -1,4 +1,4 @@
-"""``ratchet`` command line: serve, submit, watch, status, admin, schedule, creds,
+"""``ratchet`` command line: serve, submit, watch, status, admin, schedule, versions, creds,
 nats-config, console-login, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
@@ -30,6 +30,7 @@ from ratchet.supervisors.cli.parser import parser
 from ratchet.supervisors.cli.schedule import schedule
 from ratchet.supervisors.cli.serve import serve
 from ratchet.supervisors.cli.tasks import graph, status, submit, watch
+from ratchet.supervisors.cli.versions import versions
 from ratchet.supervisors.node.log_output import configure_logging
 
 __all__ = ["ExitCode", "configure_logging", "main", "load_app"]
@@ -45,6 +46,7 @@ _ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, in
     "creds": issue,
     "nats-config": nats_config,
     "schedule": schedule,
+    "versions": versions,
 }
 
 

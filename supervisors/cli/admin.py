@@ -52,9 +52,10 @@ async def admin(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-#: The settling verbs' own flags (the parser), by the argument each one sets.
+#: The settling verbs' own flags (the parser), by the argument each one sets (and
+#: ``migrate``'s ``--to-version``).
 _SETTLE_FLAGS = ("action", "outcome", "evidence", "request_hash", "result", "provider_id",
-                 "reason")
+                 "reason", "to_version")
 
 
 def settle_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -145,6 +145,8 @@ def admin_command(command: AddCommand) -> None:
     s.add_argument("--command-id", default=None, help="repeat one to get its first answer")
     s.add_argument("--expected-version", type=int, default=None,
                    help="act only if the task is still at this version")
+    s.add_argument("--to-version", type=int, default=None, metavar="N",
+                   help="migrate: the workflow version to move the task to")
     s.add_argument("--args", dest="args_json", default=None, type=json_object,
                    help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'')
     settle = s.add_argument_group("resolve, retry-action, skip-step (docs/admin.md)")
@@ -202,6 +204,9 @@ def parser() -> argparse.ArgumentParser:
     admin_command(command)
     key_commands(command)
     schedule_flags(command("schedule", help="durable schedules of a workflow"), with_nats)
+
+    s = with_nats(command("versions", help="workflow versions and the tasks on each"))
+    s.add_argument("workflow", nargs="?", default=None, help="only this workflow")
 
     s = command("graph", help="print a workflow's transition table and Mermaid diagram")
     s.add_argument("workflow")
