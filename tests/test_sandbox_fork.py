@@ -1,0 +1,387 @@
+"""Sandbox forks (``admin fork --sandbox``): no effect at the provider, events only on
+``ratchet.sandbox.events.…``, each tool answered as its ``sandbox=`` declares, recorded
+model turns with ``reuse_model``, and the mark durable across a node's restart."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import structlog
+from pydantic import BaseModel
+
+import ratchet
+from ratchet.actors.agents.scripted_model import ScriptedModel, reply
+from ratchet.actors.effects.sandbox import Sandbox, plan
+from ratchet.actors.workflow.tools import Tool, ToolContext
+from ratchet.protocol.errors import ToolDefinitionError
+from ratchet.protocol.events import decode_event
+from ratchet.protocol.ids import task_id_for
+from ratchet.testing import FinanceClient, FinanceSimulatorProcess
+from ratchet.testing.expense import (
+    ClaimArgs,
+    ClaimResult,
+    LookupArgs,
+    LookupResult,
+    lookup_claim,
+    refund_claim,
+    submit_claim,
+)
+from tests.conftest import NodeFactory, wait_terminal
+from tests.test_admin import OPERATOR, admin
+
+# -- the tools, as a deployment would declare them ----------------------------------------
+
+
+def _stub_claim(ctx: ToolContext, args: ClaimArgs) -> ClaimResult:
+    return ClaimResult(provider_id=f"sim-{ctx.key}", status="simulated", amount=args.amount)
+
+
+def _as(tool: Tool[Any, Any], name: str, sandbox: Any) -> Tool[Any, Any]:
+    return dataclasses.replace(tool, name=name, sandbox=sandbox, compensate=None)
+
+
+claim_recorded = _as(submit_claim, "claim_recorded", "recorded")
+claim_stubbed = _as(submit_claim, "claim_stubbed", _stub_claim)
+lookup_blocked = _as(lookup_claim, "lookup_blocked", "blocked")
+
+
+def _claim(ctx: ratchet.StepContext, part: str) -> ClaimArgs:
+    return ClaimArgs(report_id=ctx.input["report_id"], part=part, employee="e",
+                     amount=float(ctx.input.get(part, 10)))
+
+
+pay = ratchet.Workflow("sbx.pay")
+
+
+@pay.step
+async def travel(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"travel": (await ctx.call(claim_recorded, _claim(ctx, "travel"))).provider_id}
+
+
+@pay.step
+async def hotel(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"hotel": (await ctx.call(claim_stubbed, _claim(ctx, "hotel"))).provider_id}
+
+
+@pay.step
+async def done(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"output": {"travel": ctx.state["travel"], "hotel": ctx.state["hotel"]}}
+
+
+plain = ratchet.Workflow("sbx.plain")  # a write declared nothing
+
+
+@plain.step
+async def claim(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"output": (await ctx.call(submit_claim, _claim(ctx, "all"))).model_dump()}
+
+
+reads = ratchet.Workflow("sbx.reads")
+
+
+@reads.step
+async def look(ctx: ratchet.StepContext) -> dict[str, Any]:
+    tool = lookup_blocked if ctx.input.get("blocked") else lookup_claim
+    seen: LookupResult = await ctx.call(tool, LookupArgs(key=ctx.input["key"]))
+    return {"output": {"found": seen.found}}
+
+
+class Filed(BaseModel):
+    filed: bool
+
+
+MODEL = ScriptedModel([reply(tool_calls=[("claim_recorded", {
+    "report_id": "ag", "employee": "e", "amount": 12.0})]), reply(json.dumps({"filed": True}))])
+agent = ratchet.Workflow("sbx.agent")
+agent.agent("clerk", model=MODEL, tools=[claim_recorded], output=Filed,
+            prompt=lambda s, i: f"file the claim of {i['report_id']}", max_visits=1)
+
+parked = ratchet.Workflow("sbx.parked")
+
+
+@parked.step
+async def first(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"travel": (await ctx.call(claim_recorded, _claim(ctx, "travel"))).provider_id}
+
+
+parked.approval("check", on_approve="second", on_reject=ratchet.END, timeout=3600,
+                on_timeout="cancel")
+
+
+@parked.step(next=ratchet.END)
+async def second(ctx: ratchet.StepContext) -> dict[str, Any]:
+    hotel_id = (await ctx.call(claim_stubbed, _claim(ctx, "hotel"))).provider_id
+    ctx.log.info("second claim filed", hotel=hotel_id)
+    return {"output": {"travel": ctx.state["travel"], "hotel": hotel_id}}
+
+
+TOOLS = [claim_recorded, claim_stubbed, submit_claim, refund_claim, lookup_claim, lookup_blocked]
+registry = ratchet.Registry([pay, plain, reads, agent, parked], tools=TOOLS)
+
+
+@pytest.fixture
+def provider(finance: FinanceClient, simulator: FinanceSimulatorProcess) -> FinanceClient:
+    """The finance simulator, reset, and this module's tools pointed at it."""
+    registry.resources["finance_url"] = simulator.url
+    return finance
+
+
+# -- seeing the subjects ------------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """Every event on one subject space, by task id."""
+
+    by_task: dict[str, list[ratchet.Event]] = field(default_factory=dict)
+    arrived: asyncio.Condition = field(default_factory=asyncio.Condition)
+
+    async def take(self, msg: Any) -> None:
+        event = decode_event(msg.data)
+        async with self.arrived:
+            self.by_task.setdefault(event.task_id, []).append(event)
+            self.arrived.notify_all()
+
+    async def until(self, task_id: str, *types: str, timeout: float = 30.0) -> list[ratchet.Event]:
+        """The task's events once one of ``types`` arrived (a bounded wait)."""
+        def reached() -> bool:
+            return any(e.type in types for e in self.by_task.get(task_id, []))
+        async with self.arrived:
+            await asyncio.wait_for(self.arrived.wait_for(reached), timeout)
+        return sorted(self.by_task[task_id], key=lambda e: e.sequence)
+
+
+@dataclass
+class Spaces:
+    production: Seen
+    sandbox: Seen
+
+
+@pytest.fixture
+async def spaces(client: ratchet.Client) -> AsyncIterator[Spaces]:
+    """Subscribed, for the whole test, to production's events and to the sandbox's."""
+    seen = Spaces(Seen(), Seen())
+    subs = [await client.nc.subscribe("ratchet.events.>", cb=seen.production.take),
+            await client.nc.subscribe("ratchet.sandbox.events.>", cb=seen.sandbox.take)]
+    await client.nc.flush()
+    yield seen
+    for sub in subs:
+        await sub.unsubscribe()
+
+
+async def _fork(client: ratchet.Client, task_id: str, command_id: str, **args: Any) -> str:
+    reply = await admin(client, "fork", command_id=command_id, principal=OPERATOR,
+                        task_id=task_id, args={"checkpoint": 0, "sandbox": True, **args})
+    assert reply.ok and reply.result is not None, reply.error
+    assert reply.result["sandbox"]["source"] == task_id
+    return str(reply.result["task_id"])
+
+
+async def _original(client: ratchet.Client, workflow: str, data: dict[str, Any],
+                    key: str) -> str:
+    task_id = (await client.submit(workflow, data, key=key)).task_id
+    assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
+    return task_id
+
+
+# -- declarations and the table (no I/O) --------------------------------------------------
+
+
+def test_a_sandbox_declaration_is_checked_when_the_tool_is_defined() -> None:
+    with pytest.raises(ToolDefinitionError, match="cannot run live"):
+        _as(submit_claim, "w", "live")
+    with pytest.raises(ToolDefinitionError, match="only a write is recorded"):
+        _as(lookup_claim, "r", "recorded")
+    with pytest.raises(ToolDefinitionError, match="stub callable"):
+        _as(submit_claim, "w", "simulated")
+
+
+def test_undeclared_reads_run_live_and_undeclared_writes_are_blocked() -> None:
+    assert [plan(t) for t in (lookup_claim, submit_claim, claim_stubbed, claim_recorded,
+                              lookup_blocked, _as(lookup_claim, "r", _stub_claim))] == [
+        "live", "blocked", "stub", "recorded", "blocked", "stub"]
+    assert Sandbox.of("f", None) is None
+    assert Sandbox.of("f", {"source": "o", "lineage": ["o", "g"]}) == Sandbox("f", "o",
+                                                                               ("o", "g"))
+
+
+# -- the issue's acceptance test ----------------------------------------------------------
+
+
+async def test_a_sandbox_fork_has_no_effect_at_the_provider_and_no_event_on_production(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    node = await start_node(registry)
+    original = await _original(client, "sbx.pay", {"report_id": "p1"}, "p1")
+    effects, requests = provider.effects(), provider.requests()
+    assert effects == {"claim:p1:travel:submit": 1, "claim:p1:hotel:submit": 1}
+
+    fork = await _fork(client, original, "f-p1")
+    events = await spaces.sandbox.until(fork, "task.succeeded", "task.failed")
+
+    assert events[-1].type == "task.succeeded"
+    assert (provider.effects(), provider.requests()) == (effects, requests)  # nothing reached it
+    answered = {e.payload["tool"]: e.payload for e in events if e.type == "action.sandboxed"}
+    assert answered["claim_recorded"]["answer"] == "recorded"
+    assert answered["claim_recorded"]["origin"] == original
+    assert answered["claim_stubbed"]["answer"] == "stub"
+    output = events[-1].payload.get("output") or (await client.get(fork)).output
+    assert output is not None and output["hotel"] == "sim-claim:p1:hotel:submit"
+    assert output["travel"] == provider.actions()["claim:p1:travel:submit"]["provider_id"]
+    # Production saw the original and nothing of the fork; the sandbox saw all of it.
+    await client.nc.flush()
+    assert fork not in spaces.production.by_task and original in spaces.production.by_task
+    assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    # No ledger row of its own: no simulator's answer can ever be "reused" by production.
+    assert node.store is not None
+    assert await node.store.task_actions(fork) == []
+    snapshot = await client.get(fork)
+    assert snapshot.sandbox is not None and snapshot.sandbox["source"] == original
+    assert (await client.get(original)).sandbox is None
+
+
+async def test_a_write_with_no_sandbox_declaration_is_blocked_and_the_fork_fails_saying_so(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    await start_node(registry)
+    original = await _original(client, "sbx.plain", {"report_id": "b1"}, "b1")
+    effects, requests = provider.effects(), provider.requests()
+
+    fork = await _fork(client, original, "f-b1")
+    events = await spaces.sandbox.until(fork, "task.succeeded", "task.failed")
+
+    assert events[-1].type == "task.failed"
+    error = events[-1].payload["error"]
+    assert error["type"] == "SandboxBlocked" and error["code"] == "PERMISSION_DENIED"
+    assert "submit_claim is a write with no sandbox= declaration" in error["message"]
+    [blocked] = [e.payload for e in events if e.type == "action.sandboxed"]
+    assert blocked["answer"] == "blocked" and blocked["key"] == "claim:b1:all:submit"
+    assert (provider.effects(), provider.requests()) == (effects, requests)
+
+
+async def test_a_recorded_write_is_blocked_when_the_original_never_made_that_request(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    """A fork with another amount asks for another request under the same key: the
+    original recorded no answer to it, so the sandbox has none to give."""
+    await start_node(registry)
+    original = await _original(client, "sbx.pay", {"report_id": "r1"}, "r1")
+    effects = provider.effects()
+
+    fork = await _fork(client, original, "f-r1", input={"report_id": "r1", "travel": 99})
+    events = await spaces.sandbox.until(fork, "task.succeeded", "task.failed")
+
+    assert events[-1].type == "task.failed"
+    assert "recorded another request under key claim:r1:travel:submit" in \
+        events[-1].payload["error"]["message"]
+    assert provider.effects() == effects
+
+
+async def test_reads_run_live_in_a_sandbox_unless_declared_blocked(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    await start_node(registry)
+    original = await _original(client, "sbx.reads", {"key": "k1"}, "rd1")
+    queries = provider.requests()["query"]
+
+    live = await _fork(client, original, "f-rd1")
+    events = await spaces.sandbox.until(live, "task.succeeded", "task.failed")
+    assert events[-1].type == "task.succeeded"
+    assert provider.requests()["query"] == queries + 1  # a read: it went to the provider
+
+    blocked = await _fork(client, original, "f-rd2", input={"key": "k1", "blocked": True})
+    events = await spaces.sandbox.until(blocked, "task.succeeded", "task.failed")
+    assert events[-1].type == "task.failed"
+    assert "lookup_blocked is declared blocked" in events[-1].payload["error"]["message"]
+    assert provider.requests()["query"] == queries + 1
+    assert provider.effects() == {}
+
+
+async def test_reuse_model_answers_the_agent_from_the_original_turns_and_live_otherwise(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    await start_node(registry)
+    MODEL.calls = 0
+    original = await _original(client, "sbx.agent", {"report_id": "ag"}, "ag1")
+    assert MODEL.calls == 2
+    effects = provider.effects()
+
+    replayed = await _fork(client, original, "f-ag1", reuse_model=True)
+    events = await spaces.sandbox.until(replayed, "task.succeeded", "task.failed")
+    assert events[-1].type == "task.succeeded"
+    assert MODEL.calls == 2  # every turn answered from the original's recording
+    answers = [(e.payload["tool"], e.payload["answer"]) for e in events
+               if e.type == "action.sandboxed"]
+    assert answers == [("model.clerk", "recorded"), ("claim_recorded", "recorded"),
+                       ("model.clerk", "recorded")]
+
+    live = await _fork(client, original, "f-ag2")
+    events = await spaces.sandbox.until(live, "task.succeeded", "task.failed")
+    assert events[-1].type == "task.succeeded"
+    assert MODEL.calls == 4  # no reuse asked: the live model answered both turns
+    assert provider.effects() == effects
+    assert (await client.get(replayed)).sandbox == {"source": original, "lineage": [original],
+                                                    "reuse_model": True}
+
+
+async def test_reuse_model_without_sandbox_is_refused_and_the_fork_command_is_audited(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient
+) -> None:
+    node = await start_node(registry)
+    original = await _original(client, "sbx.reads", {"key": "k2"}, "rd2")
+    refused = await admin(client, "fork", command_id="f-x", principal=OPERATOR,
+                          task_id=original, args={"reuse_model": True})
+    assert refused.error is not None and refused.error.code == "INVALID_ARGUMENT"
+    await _fork(client, original, "f-y")
+    assert node.store is not None
+    audit = [(e["command_id"], e["outcome"], e["detail"].get("args", {}).get("sandbox"))
+             for e in await node.store.audit_log("acme") if e["verb"] == "fork"]
+    assert audit == [("f-x", "requested", None), ("f-x", "INVALID_ARGUMENT", None),
+                     ("f-y", "requested", True), ("f-y", "ok", None)]
+
+
+# -- durable ---------------------------------------------------------------------------
+
+
+async def test_a_sandbox_fork_is_still_a_sandbox_after_its_node_restarts(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    """Parked at an approval, the node stopped and another started on the same store: the
+    fork resumes from its row, its write still simulated, its events and its log lines
+    still the sandbox's."""
+    node = await start_node(registry)
+    original = task_id_for("acme", "pk1")
+    await client.submit("sbx.parked", {"report_id": "pk1"}, key="pk1")
+    asked = await spaces.production.until(original, "approval.requested")
+    approval = next(e for e in asked if e.type == "approval.requested").payload
+    assert (await admin(client, "approve", command_id="a-pk1", principal=OPERATOR,
+                        task_id=original, args={"approval_id": approval["approval_id"]})).ok
+    await spaces.production.until(original, "task.succeeded")
+    effects, requests = provider.effects(), provider.requests()
+
+    fork = await _fork(client, original, "f-pk1")
+    asked = await spaces.sandbox.until(fork, "approval.requested")
+    await node.stop()
+    await start_node(registry)
+    with structlog.testing.capture_logs(
+            processors=[structlog.contextvars.merge_contextvars]) as logs:
+        approval = next(e for e in asked if e.type == "approval.requested").payload
+        assert (await admin(client, "approve", command_id="a-fpk1", principal=OPERATOR,
+                            task_id=fork, args={"approval_id": approval["approval_id"]})).ok
+        events = await spaces.sandbox.until(fork, "task.succeeded", "task.failed")
+
+    assert events[-1].type == "task.succeeded"
+    assert [e.payload["answer"] for e in events if e.type == "action.sandboxed"] == [
+        "recorded", "stub"]
+    assert (provider.effects(), provider.requests()) == (effects, requests)
+    assert fork not in spaces.production.by_task
+    filed = [e for e in logs if e.get("event") == "second claim filed"]
+    assert filed and all(e.get("sandbox") is True and e.get("sandbox_of") == original
+                         for e in filed)
+    assert (await client.get(fork)).sandbox is not None
