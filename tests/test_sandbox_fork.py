@@ -121,8 +121,23 @@ async def second(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"travel": ctx.state["travel"], "hotel": hotel_id}}
 
 
+fanned_branch = ratchet.Workflow("sbx.branch")
+
+
+@fanned_branch.step
+async def file(ctx: ratchet.StepContext) -> dict[str, Any]:
+    args = ClaimArgs(report_id=ctx.input["report_id"], part=ctx.branch or "", employee="e",
+                     amount=1.0)
+    tool = claim_stubbed if ctx.branch == "x" else claim_recorded
+    return {"output": (await ctx.call(tool, args)).provider_id}
+
+
+fanned = ratchet.Workflow("sbx.fanned")
+fanned.fanout("spread", {b: fanned_branch for b in ("x", "y")}, join="gather")
+fanned.join("gather", of="spread", policy=ratchet.JoinPolicy("all"))
+
 TOOLS = [claim_recorded, claim_stubbed, submit_claim, refund_claim, lookup_claim, lookup_blocked]
-registry = ratchet.Registry([pay, plain, reads, agent, parked], tools=TOOLS)
+registry = ratchet.Registry([pay, plain, reads, agent, parked, fanned], tools=TOOLS)
 
 
 @pytest.fixture
@@ -181,6 +196,18 @@ async def _fork(client: ratchet.Client, task_id: str, command_id: str, **args: A
     assert reply.ok and reply.result is not None, reply.error
     assert reply.result["sandbox"]["source"] == task_id
     return str(reply.result["task_id"])
+
+
+async def _watched(client: ratchet.Client, task_id: str) -> list[ratchet.Event]:
+    """A sandbox fork's events up to its end, through ``Client.watch(sandbox=True)``."""
+    events: list[ratchet.Event] = []
+
+    async def collect() -> None:
+        async for event in client.watch(task_id, sandbox=True):
+            events.append(event)
+
+    await asyncio.wait_for(collect(), 30.0)
+    return events
 
 
 async def _original(client: ratchet.Client, workflow: str, data: dict[str, Any],
@@ -344,6 +371,55 @@ async def test_reuse_model_without_sandbox_is_refused_and_the_fork_command_is_au
              for e in await node.store.audit_log("acme") if e["verb"] == "fork"]
     assert audit == [("f-x", "requested", None), ("f-x", "INVALID_ARGUMENT", None),
                      ("f-y", "requested", True), ("f-y", "ok", None)]
+
+
+async def test_a_sandbox_forks_fanout_branches_are_answered_by_the_sandbox_too(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient
+) -> None:
+    await start_node(registry)
+    original = await _original(client, "sbx.fanned", {"report_id": "fo"}, "fo1")
+    effects, requests = provider.effects(), provider.requests()
+    assert effects == {"claim:fo:x:submit": 1, "claim:fo:y:submit": 1}
+
+    fork = await _fork(client, original, "f-fo1")
+    events = await _watched(client, fork)  # as `ratchet watch --sandbox` follows it
+
+    assert events[-1].type == "task.succeeded"
+    answers = sorted((e.payload["key"], e.payload["answer"]) for e in events
+                     if e.type == "action.sandboxed")
+    assert answers == [("claim:fo:x:submit", "stub"), ("claim:fo:y:submit", "recorded")]
+    assert (provider.effects(), provider.requests()) == (effects, requests)
+
+
+async def test_a_fork_of_a_sandbox_fork_is_a_sandbox_too(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    await start_node(registry)
+    original = await _original(client, "sbx.pay", {"report_id": "ff"}, "ff1")
+    effects = provider.effects()
+    sandbox = await _fork(client, original, "f-ff1")
+    await spaces.sandbox.until(sandbox, "task.succeeded", "task.failed")
+
+    again = await admin(client, "fork", command_id="f-ff2", principal=OPERATOR,
+                        task_id=sandbox, args={"checkpoint": 0})  # no --sandbox asked
+    assert again.ok and again.result is not None
+    assert again.result["sandbox"] == {"source": sandbox, "lineage": [sandbox, original],
+                                       "reuse_model": False}
+    events = await spaces.sandbox.until(again.result["task_id"], "task.succeeded",
+                                        "task.failed")
+    assert events[-1].type == "task.succeeded"  # the original's recording, two forks back
+    assert provider.effects() == effects
+    assert again.result["task_id"] not in spaces.production.by_task
+
+
+def test_the_cli_sends_sandbox_and_reuse_model_as_fork_arguments() -> None:
+    from ratchet.supervisors.cli.admin import fork_args
+    from ratchet.supervisors.cli.parser import parser
+
+    parsed = parser().parse_args(["admin", "fork", "tsk_1", "--sandbox", "--reuse-model"])
+    assert fork_args(parsed) == {"sandbox": True, "reuse_model": True}
+    assert fork_args(parser().parse_args(["admin", "fork", "tsk_1"])) == {}
+    assert parser().parse_args(["watch", "tsk_1", "--sandbox"]).sandbox is True
 
 
 # -- durable ---------------------------------------------------------------------------
