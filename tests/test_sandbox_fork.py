@@ -22,6 +22,7 @@ from ratchet.actors.workflow.tools import Tool, ToolContext
 from ratchet.protocol.errors import ToolDefinitionError
 from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import task_id_for
+from ratchet.protocol.subjects import STREAM_EVENTS, STREAM_SANDBOX
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 from ratchet.testing.expense import (
     ClaimArgs,
@@ -265,6 +266,12 @@ async def test_a_sandbox_fork_has_no_effect_at_the_provider_and_no_event_on_prod
     await client.nc.flush()
     assert fork not in spaces.production.by_task and original in spaces.production.by_task
     assert [e.sequence for e in events] == list(range(1, len(events) + 1))
+    js = client.nc.jetstream()  # and the streams agree: kept apart, not merely unseen
+    in_events = await js.stream_info(STREAM_EVENTS, subjects_filter=f"ratchet.events.acme.{fork}.>")
+    in_sandbox = await js.stream_info(STREAM_SANDBOX,
+                                      subjects_filter=f"ratchet.sandbox.events.acme.{fork}.>")
+    assert not in_events.state.subjects
+    assert sum((in_sandbox.state.subjects or {}).values()) == len(events)
     # No ledger row of its own: no simulator's answer can ever be "reused" by production.
     assert node.store is not None
     assert await node.store.task_actions(fork) == []

@@ -104,7 +104,8 @@ class SandboxRunner(ActionRunner):
     async def call(self, tool: Tool[Any, Any], args: Any, *, compensates: str | None = None) -> Any:
         if is_model_call(tool):
             if self.sandbox.reuse_model:
-                recorded = await self._recorded_turn(tool, args)
+                recorded = await self._recorded_turn(tool, self._checked(tool, args,
+                                                                         compensates))
                 if recorded is not None:
                     return recorded
             return await super().call(tool, args, compensates=compensates)
@@ -145,7 +146,7 @@ class SandboxRunner(ActionRunner):
         assert callable(stub)
         as_tool = replace(tool, fn=stub, sandbox=None, breaker=None, query=None,
                           compensate=None)
-        ok, value = await self._ask(as_tool, args, key, 1, tool.timeout, "call")
+        ok, value = await self._invoke(as_tool, args, key, 1, "call")  # within the deadline
         if not ok:
             raise ActionFailed(f"{tool.name}: its sandbox stub failed: {value}", key=key,
                                tool=tool.name, error=error_of(value))
@@ -171,10 +172,10 @@ class SandboxRunner(ActionRunner):
         await self._sandboxed(tool, key, "recorded", origin=row.task_id)
         return result
 
-    async def _recorded_turn(self, tool: Tool[Any, Any], args: Any) -> Any | None:
+    async def _recorded_turn(self, tool: Tool[Any, Any], args: BaseModel) -> Any | None:
         """The recorded answer to this model call in the source (or what it was forked
         from), if the request is the one recorded; None: ask the live model."""
-        asked = args if isinstance(args, tool.args) else tool.args.model_validate(args)
+        asked = args
         prefix = f"model:{self.sandbox.task_id}:"
         key = str(getattr(asked, "key", ""))
         if not key.startswith(prefix):
