@@ -429,6 +429,19 @@ def test_the_cli_sends_sandbox_and_reuse_model_as_fork_arguments() -> None:
     assert parser().parse_args(["watch", "tsk_1", "--sandbox"]).sandbox is True
 
 
+def test_the_console_says_a_task_is_a_sandbox_fork_and_of_which_task() -> None:
+    from types import SimpleNamespace
+
+    from ratchet.supervisors.console.pages import _summary
+
+    rec = SimpleNamespace(status="RUNNING", tenant="acme", workflow="w", workflow_version=1,
+                          current_node="a", version=3, created_at=0.0, updated_at=0.0,
+                          deadline_at=None, budget={}, spent={}, error=None, output=None,
+                          sandbox={"source": "tsk_<o>"})
+    assert "a sandbox fork of tsk_&lt;o&gt;" in _summary(rec, 1.0, None)
+    assert "sandbox" not in _summary(SimpleNamespace(**{**vars(rec), "sandbox": None}), 1.0, None)
+
+
 # -- durable ---------------------------------------------------------------------------
 
 
