@@ -21,10 +21,10 @@ Nothing a sandbox answers is written to the action ledger: the ledger is the ten
 record of business actions, and a simulator's answer under a real key would later be
 "reused" by a production task as if the effect had happened. What it answered is an
 ``action.sandboxed`` event (``answer``: ``stub``, ``recorded``, ``blocked``). A blocked call
-raises :class:`~ratchet.protocol.errors.SandboxBlocked` (an ActionFailed, PERMISSION_DENIED):
-the step can catch it; uncaught, the fork ends FAILED at once with that reason — an
-experiment that reached a write it cannot simulate stops there, loudly, rather than park
-for a human who could not do anything about it either.
+raises :class:`~ratchet.protocol.errors.SandboxBlocked` (``ratchet.SandboxBlocked``, an
+ActionFailed, PERMISSION_DENIED): the step can catch it; uncaught, the fork ends FAILED at
+once with that reason — an experiment that reached a write it cannot simulate stops there,
+loudly, rather than park for a human who could not do anything about it either.
 
 Agent model calls (the read tools ``model.<node>``, session ``model``) run live, as reads;
 with ``reuse_model`` a turn whose request (conversation, tools) is the one the source
