@@ -103,6 +103,12 @@ agent = ratchet.Workflow("sbx.agent")
 agent.agent("clerk", model=MODEL, tools=[claim_recorded], output=Filed,
             prompt=lambda s, i: f"file the claim of {i['report_id']}", max_visits=1)
 
+PLAIN_MODEL = ScriptedModel([reply(tool_calls=[("submit_claim", {
+    "report_id": "ap", "employee": "e", "amount": 3.0})]), reply(json.dumps({"filed": True}))])
+plain_agent = ratchet.Workflow("sbx.plain_agent")  # its agent's write declared nothing
+plain_agent.agent("clerk", model=PLAIN_MODEL, tools=[submit_claim], output=Filed,
+                  prompt=lambda s, i: "file the claim", max_visits=1)
+
 parked = ratchet.Workflow("sbx.parked")
 
 
@@ -138,7 +144,8 @@ fanned.fanout("spread", {b: fanned_branch for b in ("x", "y")}, join="gather")
 fanned.join("gather", of="spread", policy=ratchet.JoinPolicy("all"))
 
 TOOLS = [claim_recorded, claim_stubbed, submit_claim, refund_claim, lookup_claim, lookup_blocked]
-registry = ratchet.Registry([pay, plain, reads, agent, parked, fanned], tools=TOOLS)
+registry = ratchet.Registry([pay, plain, reads, agent, plain_agent, parked, fanned],
+                            tools=TOOLS)
 
 
 @pytest.fixture
@@ -362,6 +369,28 @@ async def test_reuse_model_answers_the_agent_from_the_original_turns_and_live_ot
     assert provider.effects() == effects
     assert (await client.get(replayed)).sandbox == {"source": original, "lineage": [original],
                                                     "reuse_model": True}
+
+
+async def test_an_agents_blocked_call_is_an_error_answer_to_its_model_not_a_failure(
+    start_node: NodeFactory, client: ratchet.Client, provider: FinanceClient, spaces: Spaces
+) -> None:
+    """As every refusal of an agent's proposed call (agents.md): the model reads why."""
+    node = await start_node(registry)
+    original = await _original(client, "sbx.plain_agent", {}, "ap1")
+    effects = provider.effects()
+
+    fork = await _fork(client, original, "f-ap1")
+    events = await spaces.sandbox.until(fork, "task.succeeded", "task.failed")
+
+    assert events[-1].type == "task.succeeded"
+    [blocked] = [e.payload for e in events if e.type == "action.sandboxed"]
+    assert blocked["answer"] == "blocked" and blocked["tool"] == "submit_claim"
+    assert node.store is not None
+    told = [body for kind, body in await node.store.agent_log(fork, "clerk#0")
+            if body.get("role") == "tool"]
+    assert told and "submit_claim is a write with no sandbox= declaration" in \
+        told[0]["content"] and "PERMISSION_DENIED" in told[0]["content"]
+    assert provider.effects() == effects
 
 
 async def test_reuse_model_without_sandbox_is_refused_and_the_fork_command_is_audited(

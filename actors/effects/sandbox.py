@@ -24,7 +24,8 @@ record of business actions, and a simulator's answer under a real key would late
 raises :class:`~ratchet.protocol.errors.SandboxBlocked` (``ratchet.SandboxBlocked``, an
 ActionFailed, PERMISSION_DENIED): the step can catch it; uncaught, the fork ends FAILED at
 once with that reason — an experiment that reached a write it cannot simulate stops there,
-loudly, rather than park for a human who could not do anything about it either.
+loudly, rather than park for a human who could not do anything about it either. (An agent
+node answers its model with the refusal, as it does any refused call: agent_node.py.)
 
 Agent model calls (the read tools ``model.<node>``, session ``model``) run live, as reads;
 with ``reuse_model`` a turn whose request (conversation, tools) is the one the source
