@@ -173,10 +173,10 @@ class SandboxRunner(ActionRunner):
         await self._sandboxed(tool, key, "recorded", origin=row.task_id)
         return result
 
-    async def _recorded_turn(self, tool: Tool[Any, Any], args: BaseModel) -> Any | None:
+    async def _recorded_turn(self, tool: Tool[Any, Any], asked: BaseModel) -> Any | None:
         """The recorded answer to this model call in the source (or what it was forked
-        from), if the request is the one recorded; None: ask the live model."""
-        asked = args
+        from), if the request is the one recorded; None: ask the live model. It is spent
+        as the original spent it (tokens, cost): the fork meets its budget where it did."""
         prefix = f"model:{self.sandbox.task_id}:"
         key = str(getattr(asked, "key", ""))
         if not key.startswith(prefix):
