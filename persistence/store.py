@@ -69,7 +69,7 @@ _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
     " error, output, step_failures, current_node, visits, budget, spent, control,"
-    " traceparent, idempotency_key, definition_hash"
+    " traceparent, idempotency_key, definition_hash, sandbox"
 )
 
 
@@ -83,7 +83,7 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
         current_node=row[17], visits=dict(_unpack(row[18]) or {}),
         budget=dict(_unpack(row[19]) or {}), spent=dict(_unpack(row[20]) or {}),
         control=dict(_unpack(row[21]) or {}), traceparent=row[22],
-        idempotency_key=row[23], definition_hash=row[24],
+        idempotency_key=row[23], definition_hash=row[24], sandbox=_unpack(row[25]),
     )
 
 
@@ -320,7 +320,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
             next_step=rec.next_step, steps_total=rec.steps_total,
             last_checkpoint=rec.last_checkpoint, last_event_sequence=rec.last_event_seq,
             error=rec.error, output=rec.output, created_at=rec.created_at,
-            updated_at=rec.updated_at,
+            updated_at=rec.updated_at, sandbox=rec.sandbox,
         )
 
     async def load_state(self, task_id: str, checkpoint: int | None = None) -> LoadedState:

@@ -136,6 +136,9 @@ class EventType(StrEnum):
     ACTION_STILL_PENDING = "action.still_pending"
     #: The key's recorded result was reused, no call made.
     ACTION_REUSED = "action.reused"
+    #: A sandbox fork answered the call without the provider: a stub, the original's
+    #: recording, or a refusal (``answer``: ``stub``, ``recorded``, ``blocked``).
+    ACTION_SANDBOXED = "action.sandboxed"
     #: A saga undid the action.
     ACTION_COMPENSATED = "action.compensated"
     #: A cancel arrived while the call was in flight: the task waits for its outcome.

@@ -38,7 +38,7 @@ __all__ = [
     "ToolOutcomeUnknown", "ToolDeadlineExceeded", "WorkflowDefinitionError",
     "ToolDefinitionError", "DuplicateMessage", "ActionKeyTaken", "Fenced",
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
-    "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
+    "SandboxBlocked", "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
     "NatsUnreachable",
@@ -271,6 +271,14 @@ class ActionFailed(RatchetError):
     a key conflict). The step fails; the task compensates and ends FAILED."""
 
     code = ErrorCode.CONFLICT
+
+
+class SandboxBlocked(ActionFailed):
+    """A sandbox fork refused a call it may not make: a write with no ``sandbox=``
+    declaration, a ``recorded`` one the original never made, or a ``blocked`` tool. Like
+    any ActionFailed the step fails for good: the fork ends FAILED with this reason."""
+
+    code = ErrorCode.PERMISSION_DENIED
 
 
 class LoopDetected(RatchetError):

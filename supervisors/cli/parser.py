@@ -161,6 +161,13 @@ def admin_command(command: AddCommand) -> None:
                         help="the provider's result, for --outcome succeeded (a JSON object)")
     settle.add_argument("--provider-id", default=None, help="the provider's id of the action")
     settle.add_argument("--reason", default=None, help="why (skip-step, cancel, ...)")
+    fork = s.add_argument_group("fork (docs/admin.md)")
+    fork.add_argument("--sandbox", action="store_true", default=None,
+                      help="a sandbox fork: no write reaches a provider, its events go to"
+                      " ratchet.sandbox.events.>")
+    fork.add_argument("--reuse-model", action="store_true", default=None,
+                      help="with --sandbox: agents' model calls answered from the original's"
+                      " recorded turns where the request is the same")
 
 
 def key_commands(command: AddCommand) -> None:

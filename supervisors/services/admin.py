@@ -10,7 +10,7 @@ nothing); the tenant of the subject (another tenant's task is NOT_FOUND: no exis
 leak); a command id (a repeat returns the first answer, the same id with another request
 is CONFLICT); an audit entry, hash-chained, before the effect and with its outcome.
 Mixins of :class:`AdminActor` hold the others (supervisors/services/admin_<name>.py): reads,
-diagnose, dlq, history (``state``/``diff``/``bisect``), cluster, keys, schedules, settle, versions.
+diagnose, dlq, history (state, diff, bisect), cluster, keys, schedules, settle, versions, sandbox.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ from ratchet.supervisors.services.admin_dlq import DlqVerbs
 from ratchet.supervisors.services.admin_history import HistoryVerbs
 from ratchet.supervisors.services.admin_keys import KeyringHooks, KeyVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
+from ratchet.supervisors.services.admin_sandbox import SandboxVerbs
 from ratchet.supervisors.services.admin_schedules import ScheduleVerbs
 from ratchet.supervisors.services.admin_settle import SettleVerbs
 from ratchet.supervisors.services.admin_versions import VersionVerbs
@@ -87,7 +88,7 @@ _EFFECTS = {
 
 
 class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, HistoryVerbs, ClusterVerbs,
-                 KeyVerbs, ScheduleVerbs, VersionVerbs, RequestService):
+                 KeyVerbs, ScheduleVerbs, VersionVerbs, SandboxVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
@@ -350,8 +351,7 @@ class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, HistoryVerbs, 
             now=now, producer=self.node_id, message_id=cmd.command_id,
             start_mail=(mail_subject(task_id, "task", self.tasks.deps.partitions),
                         start.message_id, encode(start)))
-        return await self.store.fork(ForkRequest(
-            rec.task_id, checkpoint, new))
+        return await self.store.fork(ForkRequest(rec.task_id, checkpoint, new, self._sandbox(cmd)))
 
     async def _restart(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Restart one task's actor through its supervisor (a fresh actor from the last
