@@ -161,11 +161,11 @@ class ShippingSpanProcessor(SpanProcessor):
             self._frame_pending()
             self._flush_out()
         except Exception as exc:  # a batch that cannot be written is lost, not the node
-            log.error("otel.batch_dropped", error=type(exc).__name__)
+            log.error("span batch dropped", error=type(exc).__name__)
         finally:
             self._lock.release()
         if self._dropped:
-            log.warning("otel.spans_dropped", count=self._dropped,
+            log.warning("spans dropped", count=self._dropped,
                         reason="the span queue was full (is the collector slow or down?)")
             self._dropped = 0
 
@@ -194,7 +194,7 @@ class ShippingSpanProcessor(SpanProcessor):
         child, self._child = self._child, None
         self._out.clear()
         self.gone.set()
-        log.error("otel.export_process_gone", returncode=None if child is None else child.poll(),
+        log.error("span export process gone", returncode=None if child is None else child.poll(),
                   fallback="spans are exported from the node's own thread from now on")
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
@@ -222,7 +222,7 @@ class ShippingSpanProcessor(SpanProcessor):
             try:
                 child.wait(timeout)
             except subprocess.TimeoutExpired:
-                log.warning("otel.export_process_slow", action="killed", timeout_s=timeout)
+                log.warning("span export process slow to end", action="killed", timeout_s=timeout)
                 child.kill()
                 child.wait()
         self._fallback.shutdown()
