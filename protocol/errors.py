@@ -268,9 +268,13 @@ class AskTimeout(Unavailable):
 
 class ActionFailed(RatchetError):
     """The action failed for good (never-retried error, retries or deadline exhausted, or
-    a key conflict). The step fails; the task compensates and ends FAILED."""
+    a key conflict). The step fails; the task compensates and ends FAILED — unless the
+    step declares ``on_exhausted="human"`` and the failure is :attr:`exhausted`."""
 
     code = ErrorCode.CONFLICT
+    #: The provider's errors were retryable and the tool's retries (or its deadline) ran
+    #: out: another try later may succeed, so a human may be asked (actors/task/exhausted.py).
+    exhausted = False
 
 
 class SandboxBlocked(ActionFailed):
