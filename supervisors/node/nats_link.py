@@ -1,6 +1,9 @@
 """How a node reaches NATS: the configured server, another node's embedded server of the
 same state dir, or an embedded server of its own; then the bus and its streams.
 
+``cfg.nats_url`` may name several servers (a cluster, comma-separated): the node connects
+to any and fails over to the others. The streams get ``cfg.nats_replicas`` copies.
+
 The first connection is bounded (``NodeConfig.nats_connect_timeout``, ``serve
 --nats-connect-timeout``): an unreachable server refuses the start with ``StartRefused``
 (NATS_UNREACHABLE, "cannot reach NATS at …") instead of retrying for ever. Whatever fails
@@ -80,7 +83,7 @@ async def _connect(cfg: NodeConfig, url: str, options: dict[str, Any],
         bus = await Bus.connect(url, name=cfg.node_id, auth=options,
                                 give_up_after=cfg.nats_connect_timeout)
         try:
-            await bus.ensure_streams(stream_configs(cfg.streams))
+            await bus.ensure_streams(stream_configs(cfg.streams, cfg.nats_replicas))
         except BaseException:
             await bus.close()
             raise
