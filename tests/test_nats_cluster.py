@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 import ratchet
+from bench.chaos import run_chaos
 from bench.steps import NodeProc
 from ratchet.actors.transport.bus import Bus, stream_configs
 from ratchet.actors.transport.servers import join_servers, server_list
@@ -272,3 +273,18 @@ async def _seen(client: ratchet.Client, task_id: str, event_type: str) -> None:
         if event.type == event_type:
             return
     raise AssertionError(f"{task_id} ended before {event_type}")
+
+
+@pytest.mark.slow
+async def test_chaos_runs_that_kill_a_nats_server_with_each_node_lose_and_double_nothing() -> None:
+    # bench/chaos.py --nats-cluster 3, small: each run SIGKILLs a NATS server (in turn,
+    # the one before started again) and the node mid-task (a run whose task ends before
+    # its kill point kills neither).
+    result = await run_chaos(runs=3, seed=11, nats_cluster=3)
+    assert result["nats_servers"] == 3 and 1 <= result["nats_server_kills"] <= 3
+    assert result["lost_tasks"] == 0
+    assert result["double_effects"] == 0
+    assert result["missing_effects"] == 0
+    assert result["event_gaps"] == 0
+    assert result["succeeded"] + result["failed_and_compensated"] + result[
+        "cancelled_and_compensated"] + result["unknown_with_handoff"] == 3

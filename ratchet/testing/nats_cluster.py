@@ -17,6 +17,8 @@ import json
 import signal
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,18 @@ import nats.errors
 from ratchet.supervisors.node.embedded_nats import find_nats_server, free_port
 
 __all__ = ["ClusterServer", "NatsCluster", "cluster_config"]
+
+
+def _healthy(http_port: int) -> None:
+    """Raises unless the server's ``/healthz`` answers ``ok``."""
+    url = f"http://127.0.0.1:{http_port}/healthz"
+    try:
+        with urllib.request.urlopen(url, timeout=2) as reply:
+            status = json.loads(reply.read()).get("status")
+    except urllib.error.HTTPError as exc:  # 503 while catching up
+        raise RuntimeError(f"{url}: {exc.code}") from None
+    if status != "ok":
+        raise RuntimeError(f"{url}: {status}")
 
 
 def _die_with_parent() -> None:  # in the child between fork and exec: no orphan servers
@@ -41,6 +55,7 @@ class ClusterServer:
     name: str
     port: int
     cluster_port: int
+    http_port: int
     dir: Path
     proc: subprocess.Popen[bytes] | None = None
 
@@ -50,7 +65,7 @@ class ClusterServer:
 
     @property
     def config(self) -> Path:
-        return self.dir / "server.conf"
+        return self.dir / "nats-server.conf"
 
     @property
     def alive(self) -> bool:
@@ -64,6 +79,7 @@ def cluster_config(server: ClusterServer, routes: list[int], cluster: str,
     route_urls = ", ".join(f'"nats-route://127.0.0.1:{p}"' for p in routes)
     return f"""server_name: {server.name}
 listen: 127.0.0.1:{server.port}
+http: 127.0.0.1:{server.http_port}
 jetstream {{
   store_dir: "{server.dir / 'jetstream'}"{sync}
 }}
@@ -83,7 +99,7 @@ class NatsCluster:
         self.base = Path(base)
         self.name = name
         self.sync_interval = sync_interval
-        self.servers = [ClusterServer(f"n{i + 1}", free_port(), free_port(),
+        self.servers = [ClusterServer(f"n{i + 1}", free_port(), free_port(), free_port(),
                                       self.base / f"n{i + 1}") for i in range(size)]
 
     @property
@@ -107,23 +123,29 @@ class NatsCluster:
         return self.urls
 
     def _spawn(self, server: ClusterServer) -> None:
-        with open(server.dir / "server.log", "ab") as out:  # the child keeps its own fd
+        with open(server.dir / "nats-server.log", "ab") as out:  # the child keeps its own fd
             server.proc = subprocess.Popen([find_nats_server(), "-c", str(server.config)],
                                            stdout=out, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True,
                                            preexec_fn=_die_with_parent)
 
     async def wait_ready(self, timeout: float = 30.0) -> None:
-        """Until a JetStream meta leader answers through the live servers.
+        """Until every live server says it is healthy — JetStream current with the meta
+        leader and every stream and consumer it holds (``/healthz``) — and JetStream
+        answers ``$JS.API.INFO``. A server started again counts only once caught up: one
+        killed next then leaves a quorum.
 
         Raises:
-            TimeoutError: none did within ``timeout`` seconds (the last error is chained).
+            TimeoutError: not within ``timeout`` seconds (the last error is chained).
         """
         deadline = time.monotonic() + timeout
         last: BaseException | None = None
         while time.monotonic() < deadline:
             try:
-                await self._js_info([s.url for s in self.servers if s.alive])
+                live = [s for s in self.servers if s.alive]
+                for server in live:
+                    await asyncio.to_thread(_healthy, server.http_port)
+                await self._js_info([s.url for s in live])
                 return
             except (OSError, TimeoutError, nats.errors.Error, RuntimeError) as exc:
                 last = exc
