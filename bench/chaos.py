@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.faults import FAULT_KINDS, Fault, FaultBed, fault_summary
-from bench.nats_under_test import NatsUnderTest
+from bench.nats_under_test import NatsUnderTest, retrying
 from bench.nodes import Cluster, StoreView
 from bench.steps import NodeProc
 from ratchet.protocol.ids import task_id_for
@@ -173,9 +173,9 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
     wait, the audit of the probes)."""
     fail, point, kind = _draw(rng, kinds, run, points)
     report = f"chaos-{run}-{rng.randrange(10**9)}"
-    task_id = (await client.submit("expense.split", {
+    task_id = (await retrying(lambda: client.submit("expense.split", {
         "report_id": report, "employee": "e-1", "travel": 10 + run, "hotel": 20 + run,
-        "fail_after_writes": fail, "detour": point == "rerun_detour"}, key=report)).task_id
+        "fail_after_writes": fail, "detour": point == "rerun_detour"}, key=report))).task_id
     killed = False
     settle: Settle | None = None
     events: list[ratchet.Event] = []

@@ -10,13 +10,31 @@ ride out a server's loss, not that JetStream survives losing two of three.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+import nats.errors
 
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing.nats_cluster import NatsCluster
 
-__all__ = ["NatsUnderTest"]
+__all__ = ["NatsUnderTest", "retrying"]
+
+T = TypeVar("T")
+
+
+async def retrying(publish: Callable[[], Awaitable[T]], attempts: int = 6) -> T:
+    """A JetStream publish (``Client.submit``), again on a timeout: what a producer does
+    while a stream elects a new leader after a server's loss. Safe because the publish
+    carries the same ``Nats-Msg-Id`` each time (the stream drops a repeat)."""
+    for _ in range(attempts - 1):
+        try:
+            return await publish()
+        except (TimeoutError, nats.errors.TimeoutError):
+            await asyncio.sleep(0.5)  # a producer's retry pacing
+    return await publish()
 
 
 class NatsUnderTest:
@@ -37,9 +55,10 @@ class NatsUnderTest:
 
     @property
     def node_args(self) -> tuple[str, ...]:
-        """``serve`` flags the nodes need: the streams' replicas on a cluster."""
+        """``serve`` flags the nodes need on a cluster: the streams' replicas, and time to
+        start through a leader election (JetStream's Raft waits 4-9 s before electing)."""
         return () if self.cluster is None else (
-            "--nats-replicas", str(len(self.cluster.servers)))
+            "--nats-replicas", str(len(self.cluster.servers)), "--nats-connect-timeout", "30")
 
     async def strike(self, run: int) -> None:
         """On a cluster: start the server killed last again, then SIGKILL the next."""
