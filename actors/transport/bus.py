@@ -181,8 +181,9 @@ class Bus:
                       give_up_after: float | None = None) -> Bus:
         """``url``: one server or several (comma-separated or a list: a cluster); once
         connected, a lost server is replaced by another of them (or of those the cluster
-        announced), every half second, for ever. ``auth``: ``nats.connect`` options that authenticate the node (its nkey seed,
-        or a ``.creds`` file: supervisors/node/nats_auth.py). ``give_up_after``: seconds
+        announced), every half second, for ever. ``auth``: ``nats.connect`` options that
+        authenticate the node (its nkey seed, or a ``.creds`` file:
+        supervisors/node/nats_auth.py). ``give_up_after``: seconds
         the first connection may take (None: retry for ever); once connected, a lost
         connection is retried for ever.
 
