@@ -2,7 +2,7 @@
 and check that every business action took effect at the provider exactly once (or the
 task is UNKNOWN / waiting for a human with a handoff) — never twice, never lost.
 
-    python bench/chaos.py --runs 200 [--seed 7] [--nodes 3]
+    python bench/chaos.py --runs 200 [--seed 7] [--nodes 3] [--nats-cluster 3]
 
 Each run submits ``expense.split`` (two claims; in about a third of the runs a later step
 fails for good, so the saga refunds both) and kills the node at one of: before the call
@@ -18,6 +18,8 @@ line).
 
 With ``--nodes N`` (N > 1) N nodes share the store and NATS; each run kills the node that
 owns the task's partition at that moment and starts a replacement (see :class:`Nodes`).
+With ``--nats-cluster N`` NATS is N servers (streams with N replicas) and each kill of a
+node comes with the SIGKILL of one NATS server, in turn (bench/nats_under_test.py).
 
     python bench/chaos.py --faults all --runs 100
 
@@ -53,13 +55,13 @@ sys.path.insert(0, str(ROOT))
 
 import ratchet
 from bench.faults import FAULT_KINDS, Fault, FaultBed, fault_summary
+from bench.nats_under_test import NatsUnderTest, retrying
 from bench.nodes import Cluster, StoreView
 from bench.steps import NodeProc
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.cli import configure_logging
 from ratchet.supervisors.node.credentials import admin_key_path
-from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
 
 KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random",
@@ -73,9 +75,10 @@ Settle = Callable[[], Awaitable[dict[str, Any]]]
 Strike = Callable[[str, str, int], Awaitable[Settle | None]]
 
 
-def _node(state_dir: Path, nats_url: str, finance_url: str) -> NodeProc:
+def _node(state_dir: Path, nats_url: str, finance_url: str,
+          args: tuple[str, ...] = ()) -> NodeProc:
     return NodeProc(state_dir, nats_url, app="ratchet.testing.expense:app", log_level="error",
-                    synchronous="NORMAL",
+                    synchronous="NORMAL", args=args,
                     env={"RATCHET_FINANCE_URL": finance_url,
                          "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"})
 
@@ -170,9 +173,9 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
     wait, the audit of the probes)."""
     fail, point, kind = _draw(rng, kinds, run, points)
     report = f"chaos-{run}-{rng.randrange(10**9)}"
-    task_id = (await client.submit("expense.split", {
+    task_id = (await retrying(lambda: client.submit("expense.split", {
         "report_id": report, "employee": "e-1", "travel": 10 + run, "hotel": 20 + run,
-        "fail_after_writes": fail, "detour": point == "rerun_detour"}, key=report)).task_id
+        "fail_after_writes": fail, "detour": point == "rerun_detour"}, key=report))).task_id
     killed = False
     settle: Settle | None = None
     events: list[ratchet.Event] = []
@@ -235,22 +238,25 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
 
 async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
                     faults: tuple[str, ...] | None = None,
-                    points: tuple[str, ...] = KILL_POINTS) -> dict[str, Any]:
+                    points: tuple[str, ...] = KILL_POINTS,
+                    nats_cluster: int = 0) -> dict[str, Any]:
     """``faults``: the kinds each run draws from (kill points and bench/faults.py's
     FAULT_KINDS; those that cannot run here are skipped), on one node; None: SIGKILLs
-    only, on ``nodes`` nodes, as the harness always did."""
+    only, on ``nodes`` nodes, as the harness always did. ``nats_cluster`` (> 1): NATS is
+    that many servers, one SIGKILLed with each node kill."""
     unknown = (set(faults or ()) - set(ALL_KINDS)) | (set(points) - set(KILL_POINTS))
-    if unknown or (faults is not None and nodes != 1):
-        raise ValueError(f"unknown fault kinds {sorted(unknown)}, or faults on several nodes")
+    if unknown or (faults is not None and (nodes != 1 or nats_cluster > 1)):
+        raise ValueError(f"unknown fault kinds {sorted(unknown)}, or faults on several nodes"
+                         " or servers")
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="ratchet-chaos-") as tmp, \
             FinanceSimulatorProcess() as sim:
         base = Path(tmp)
-        server = EmbeddedNats(base / "nats")
-        url = await server.start()
+        nats = NatsUnderTest(base, nats_cluster)
+        url = await nats.start()
         finance = FinanceClient(sim.url)
         bed = FaultBed(base, url, sim.url) if faults is not None else None
-        harness = _Harness(base, url, sim.url, nodes, seed, bed)
+        harness = _Harness(base, url, sim.url, nodes, seed, bed, nats)
         results = []
         try:
             client = await harness.start()
@@ -262,7 +268,7 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
                                               harness.db, kinds, points))
         finally:
             await harness.stop()
-            await server.stop()
+            await nats.stop()
     kills: dict[str, int] = {}
     for r in results:
         kills[r["point"]] = kills.get(r["point"], 0) + 1
@@ -285,6 +291,7 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
         "unsettled_actions_after_run": sum(r["unsettled"] for r in results),
         "kill_points": kills,
         **extra,
+        **nats.summary(),
     }
     if bed is not None:
         summary = fault_summary(summary, results, bed.skipped)
@@ -296,8 +303,8 @@ class _Harness:
     owner) or the fault bed (every kind)."""
 
     def __init__(self, base: Path, url: str, finance_url: str, nodes: int, seed: int,
-                 bed: FaultBed | None) -> None:
-        self.bed = bed
+                 bed: FaultBed | None, nats: NatsUnderTest) -> None:
+        self.bed, self.nats = bed, nats
         self.node: NodeProc | None = None
         self.cluster: Nodes | None = None
         self.client: ratchet.Client | None = None
@@ -305,11 +312,11 @@ class _Harness:
         if bed is not None:
             self.node, self.db = bed.node, bed.db
         elif nodes == 1:
-            self.node = _node(base / "node", url, finance_url)
+            self.node = _node(base / "node", url, finance_url, nats.node_args)
             self.db = base / "node" / "ratchet.db"
         else:
             # Its own generator: the runs draw the same kill points as with one node.
-            self.cluster = Nodes(Cluster(base, url, ("--writer", "thread"),
+            self.cluster = Nodes(Cluster(base, url, ("--writer", "thread", *nats.node_args),
                                          app="ratchet.testing.expense:app", log_level="error",
                                          env={"RATCHET_FINANCE_URL": finance_url,
                                               "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}),
@@ -337,6 +344,7 @@ class _Harness:
                 fault = Fault(kind, self.bed, client, finance, run)
                 await fault.strike(task_id, run)
                 return fault.settle
+            await self.nats.strike(run)  # on a cluster: one NATS server goes too
             # A kill blocks the loop while the node restarts, as it always has.
             if self.cluster is not None:
                 self.cluster.kill_owner(task_id, run)
@@ -365,6 +373,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=1,
                         help="nodes sharing the store and NATS (each run kills one)")
+    parser.add_argument("--nats-cluster", type=int, default=0, metavar="N",
+                        help="NATS as N servers, R=N (each run SIGKILLs one too)")
     parser.add_argument("--faults", default=None, metavar="all|KIND,...",
                         help="each run draws one of these fault kinds (all: "
                              + ", ".join(ALL_KINDS) + "; one node; bench/faults.py)."
@@ -375,13 +385,15 @@ def main() -> None:
     args = parser.parse_args()
     faults = None if args.faults is None else ALL_KINDS if args.faults == "all" else tuple(
         args.faults.split(","))
-    if faults is not None and (args.nodes != 1 or not set(faults) <= set(ALL_KINDS)):
-        parser.error(f"--faults takes kinds among {', '.join(ALL_KINDS)}, on one node")
+    if faults is not None and (args.nodes != 1 or args.nats_cluster > 1
+                               or not set(faults) <= set(ALL_KINDS)):
+        parser.error(f"--faults takes kinds among {', '.join(ALL_KINDS)}, on one node, one NATS")
     configure_logging("error")
     points = tuple(args.points.split(","))
     if not set(points) <= set(KILL_POINTS):
         parser.error(f"--points takes kill points among {', '.join(KILL_POINTS)}")
-    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes, faults, points))))
+    print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes, faults, points,
+                                           args.nats_cluster))))
 
 
 if __name__ == "__main__":

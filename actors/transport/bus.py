@@ -14,6 +14,12 @@ RATCHET_DLQ               ``ratchet.dlq.>``           limits (max age, default 3
 RATCHET_SANDBOX           ``ratchet.sandbox.>``       limits (max age, default 1 d)
 ========================  ==========================  ==========================
 
+Every stream has ``num_replicas`` copies (``serve --nats-replicas``, default 1): R3 on a
+three-server cluster keeps every stream through one server's loss. An existing stream is
+brought to the same config, replica count included (scaled up or down by JetStream,
+logged); a count the servers cannot hold (more than the cluster's servers, or above 1 on
+a server that is not clustered) refuses the start as a usage error.
+
 JetStream is transport, the Store is the truth: a message lost by JetStream delays a task
 (the node's recovery scan and the outbox relay re-derive it), it never loses one.
 
@@ -48,14 +54,16 @@ from nats.js.api import (
     StreamConfig,
 )
 from nats.js.errors import (
+    APIError,
     BadRequestError,
     NoStreamResponseError,
     NotFoundError,
     ServiceUnavailableError,
 )
 
+from ratchet.actors.transport.servers import NatsServers, join_servers, server_list
 from ratchet.protocol.auth import redact_url
-from ratchet.protocol.errors import ErrorCode, StartRefused
+from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.protocol.subjects import (
     STREAM_DECISIONS,
     STREAM_DLQ,
@@ -79,6 +87,10 @@ MB = 1024 * 1024
 #: What nats-py raises when a stream or consumer is not there: a lookup (404), a fetch from
 #: a consumer whose stream went (503: nobody answers for it), a publish no stream takes.
 STREAM_GONE = (NotFoundError, ServiceUnavailableError, NoStreamResponseError)
+
+#: JetStream's answers to a replica count it cannot place: no suitable peers (more
+#: replicas than servers), insufficient resources, replicas > 1 without a cluster.
+REPLICAS_REFUSED = {10005, 10023, 10074}
 
 
 @dataclass(frozen=True)
@@ -110,9 +122,12 @@ class StreamLimits:
     sandbox_max_bytes: int = 256 * MB
 
 
-def stream_configs(limits: StreamLimits | None = None) -> list[StreamConfig]:
+def stream_configs(limits: StreamLimits | None = None, replicas: int = 1) -> list[StreamConfig]:
+    """Ratchet's streams, each with ``replicas`` copies (one per server: at most the
+    cluster's size)."""
     lim = limits or StreamLimits()
-    common: dict[str, Any] = {"storage": StorageType.FILE, "duplicate_window": 120.0}
+    common: dict[str, Any] = {"storage": StorageType.FILE, "duplicate_window": 120.0,
+                              "num_replicas": replicas}
     queue: dict[str, Any] = {"retention": RetentionPolicy.WORK_QUEUE,
                              "max_bytes": lim.queue_max_bytes, "discard": DiscardPolicy.NEW,
                              **common}
@@ -161,11 +176,14 @@ class Bus:
         self.streams_restored = 0
 
     @classmethod
-    async def connect(cls, url: str, name: str = "ratchet",
+    async def connect(cls, url: NatsServers, name: str = "ratchet",
                       auth: dict[str, Any] | None = None,
                       give_up_after: float | None = None) -> Bus:
-        """``auth``: ``nats.connect`` options that authenticate the node (its nkey seed,
-        or a ``.creds`` file: supervisors/node/nats_auth.py). ``give_up_after``: seconds
+        """``url``: one server or several (comma-separated or a list: a cluster); once
+        connected, a lost server is replaced by another of them (or of those the cluster
+        announced), every half second, for ever. ``auth``: ``nats.connect`` options that
+        authenticate the node (its nkey seed, or a ``.creds`` file:
+        supervisors/node/nats_auth.py). ``give_up_after``: seconds
         the first connection may take (None: retry for ever); once connected, a lost
         connection is retried for ever.
 
@@ -188,7 +206,7 @@ class Bus:
 
         nc = NATS()
         connecting = nc.connect(
-            url,
+            server_list(url),
             name=name,
             # Notice a half-dead connection in seconds, not the default ~4 minutes.
             ping_interval=5,
@@ -212,20 +230,44 @@ class Bus:
             if not isinstance(exc, TimeoutError):
                 raise
             why = f"gave up after {give_up_after:g} s" + (f"; last error: {last!r}" if last else "")
-            raise StartRefused(ErrorCode.NATS_UNREACHABLE,
-                               f"cannot reach NATS at {redact_url(url)} ({why})",
-                               url=redact_url(url), seconds=give_up_after) from None
+            shown = redact_url(join_servers(url))
+            raise StartRefused(ErrorCode.NATS_UNREACHABLE, f"cannot reach NATS at {shown} ({why})",
+                               url=shown, seconds=give_up_after) from None
         bus = cls(nc, nc.jetstream(publish_async_max_pending=4000))
         return bus
 
     async def ensure_streams(self, configs: list[StreamConfig] | None = None) -> None:
-        """Create each stream, or bring an existing one to the same config."""
+        """Create each stream, or bring an existing one to the same config (its replica
+        count too: JetStream scales it).
+
+        Raises:
+            UsageError: the servers cannot hold that many replicas (``--nats-replicas``).
+        """
         self._configs = configs or self._configs or stream_configs()
         for cfg in self._configs:
             try:
-                await self.js.add_stream(cfg)
-            except BadRequestError:
-                await self.js.update_stream(cfg)
+                try:
+                    await self.js.add_stream(cfg)
+                except BadRequestError as exc:
+                    if exc.err_code in REPLICAS_REFUSED:
+                        raise
+                    await self._update_stream(cfg)
+            except APIError as exc:
+                if exc.err_code not in REPLICAS_REFUSED:
+                    raise
+                raise UsageError(
+                    f"--nats-replicas {cfg.num_replicas}: NATS cannot keep stream {cfg.name}"
+                    f" with {cfg.num_replicas} replicas ({exc.description}); give at most the"
+                    " number of servers in the JetStream cluster (1 without a cluster)",
+                    replicas=cfg.num_replicas, stream=cfg.name) from None
+
+    async def _update_stream(self, cfg: StreamConfig) -> None:
+        assert cfg.name is not None  # every config of stream_configs names its stream
+        before = await self.js.stream_info(cfg.name)
+        if before.config.num_replicas != cfg.num_replicas:
+            log.warning("changing a stream's replica count", stream=cfg.name,
+                        replicas=cfg.num_replicas, was=before.config.num_replicas)
+        await self.js.update_stream(cfg)
 
     async def restore_streams(self, error: BaseException) -> None:
         """A stream or consumer was missing (``error``): create every stream again. At most
@@ -237,9 +279,15 @@ class Bus:
                 await asyncio.sleep(self._restored_at + 1.0 - now)
                 return
             self._restored_at = now
-            log.warning("jetstream stream or consumer missing; creating the streams again",
-                        error=repr(error))
-            await self.ensure_streams()
+            # On a cluster that lost a server the same errors come while a stream elects
+            # its new leader: creating it again is then a no-op, and harmless.
+            log.warning("jetstream stream or consumer missing (or electing a leader);"
+                        " creating the streams again", error=repr(error))
+            try:
+                await self.ensure_streams()
+            except (TimeoutError, NatsTimeoutError) as exc:  # no answer yet: the caller retries
+                log.warning("jetstream did not answer; trying again", error=repr(exc))
+                return
             self.streams_restored += 1
 
     async def ensure_consumer(self, stream: str, durable: str, filter_subject: str,
@@ -297,6 +345,12 @@ class Bus:
                     return await self.js.pull_subscribe_bind(durable, stream=stream)
                 except STREAM_GONE as exc:
                     await self.restore_streams(exc)
+                except (TimeoutError, NatsTimeoutError) as exc:
+                    # JetStream without a leader for a moment (a cluster that lost a
+                    # server elects one): ask again shortly rather than crash the loop.
+                    log.info("jetstream did not answer; binding again", stream=stream,
+                             durable=durable, error=repr(exc))
+                    await asyncio.sleep(0.5)
 
         sub = await bind()
         loop = asyncio.get_running_loop()

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from ratchet.actors.transport.event_feed import EventFeed, Refusals
 from ratchet.actors.transport.handles import TaskHandle, TaskOutcome, await_outcomes
+from ratchet.actors.transport.servers import NatsServers, join_servers, server_list
 from ratchet.protocol.auth import Signer, inbox_prefix, redact_url
 from ratchet.protocol.catalogue import MessageType, admin_type
 from ratchet.protocol.codec import decode_map, encode
@@ -129,10 +130,12 @@ class Client:
         self.refusals = refusals
 
     @classmethod
-    async def connect(cls, url: str, tenant: str = "default",
+    async def connect(cls, url: NatsServers, tenant: str = "default",
                       creds: Path | str | Signer | None = None, *,
                       connect_timeout: float = CONNECT_TIMEOUT_S) -> Client:
-        """``creds``: a key file (``SU…`` seed, e.g. from ``ratchet creds``) or a Signer.
+        """``url``: a server, or several (comma-separated or a list: a cluster; any one
+        that answers will do, and a lost one is replaced by another once connected).
+        ``creds``: a key file (``SU…`` seed, e.g. from ``ratchet creds``) or a Signer.
         It authenticates the connection (NATS nkey auth) and signs every request; replies
         come under the key's own inbox (docs/security.md). Without it only unsigned
         operations work (JetStream submits where NATS allows them).
@@ -155,7 +158,7 @@ class Client:
                                     "reconnect_time_wait": _CONNECT_RETRY_S}
         try:
             async with asyncio.timeout(connect_timeout):
-                await nc.connect(url, name="ratchet-client", error_cb=on_error,
+                await nc.connect(server_list(url), name="ratchet-client", error_cb=on_error,
                                  allow_reconnect=False, **attempts, **options)
         except (OSError, TimeoutError, nats.errors.Error) as exc:
             with contextlib.suppress(Exception):
@@ -165,7 +168,7 @@ class Client:
                     "the NATS server refused the connection: no key, or a key it does not"
                     " know (docs/security.md)",
                     key=signer.public_key if signer else None) from None
-            shown = redact_url(url)
+            shown = redact_url(join_servers(url))
             raise NatsUnreachable(f"cannot reach NATS at {shown}", url=shown,
                                   timeout_s=connect_timeout) from None
         connected()

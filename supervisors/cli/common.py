@@ -11,6 +11,7 @@ from enum import IntEnum
 from pathlib import Path
 
 from ratchet.actors.transport.client import Client
+from ratchet.actors.transport.servers import join_servers
 from ratchet.actors.workflow.registry import Registry
 from ratchet.protocol.errors import UsageError
 from ratchet.supervisors.cli.output import emit
@@ -100,8 +101,9 @@ def load_app(spec: str) -> Registry:
 
 
 def nats_url(args: argparse.Namespace) -> str:
+    """Where the command finds NATS: one URL, or a cluster's, comma-separated."""
     if args.nats_url:
-        return str(args.nats_url)
+        return str(join_servers(args.nats_url))
     if os.environ.get("RATCHET_NATS_URL"):
         return os.environ["RATCHET_NATS_URL"]
     url_file = Path(args.state_dir) / "nats" / "nats.url"

@@ -104,7 +104,9 @@ AddCommand = Callable[..., argparse.ArgumentParser]
 
 def with_nats(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of a command that talks to a node over NATS."""
-    sp.add_argument("--nats-url", default=None)
+    sp.add_argument("--nats-url", action="append", default=None, metavar="URL[,URL...]",
+                    help="NATS (a cluster: its servers comma-separated or the flag repeated);"
+                    " default: $RATCHET_NATS_URL, else the state dir's embedded server")
     sp.add_argument("--tenant", default="default")
     sp.add_argument(
         "--creds",

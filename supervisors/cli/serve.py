@@ -24,6 +24,7 @@ from typing import Any
 
 from ratchet.actors.effects.risk_policy import ToolRisk, parse_policy
 from ratchet.actors.transport.bus import MB, StreamLimits
+from ratchet.actors.transport.servers import join_servers
 from ratchet.persistence.dead_letter_rows import DeadLetterLimits
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
@@ -190,7 +191,8 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
 
     config = NodeConfig(
         state_dir=Path(args.state_dir),
-        nats_url=args.nats_url,
+        nats_url=join_servers(args.nats_url),
+        nats_replicas=args.nats_replicas,
         nats_creds=Path(args.nats_creds) if args.nats_creds else None,
         nats_port=args.nats_port,
         nats_connect_timeout=args.nats_connect_timeout,

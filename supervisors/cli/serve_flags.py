@@ -39,7 +39,12 @@ def clock_flags(s: argparse.ArgumentParser) -> None:
 
 def nats_flags(s: argparse.ArgumentParser) -> None:
     """Where the node finds NATS, how long it tries, and how long it drains at a stop."""
-    s.add_argument("--nats-url", default=None, help="join this NATS instead of the embedded one")
+    s.add_argument("--nats-url", action="append", default=None, metavar="URL[,URL...]",
+                   help="join this NATS instead of the embedded one; a cluster's servers"
+                   " comma-separated or the flag repeated")
+    s.add_argument("--nats-replicas", type=int, default=1, metavar="N",
+                   help="copies JetStream keeps of each stream (3 on a 3-server cluster;"
+                   " at most the number of servers)")
     s.add_argument(
         "--nats-creds",
         default=None,

@@ -27,7 +27,8 @@ def _default_node_id() -> str:
 class NodeConfig:
     """Args:
         state_dir: where the SQLite file (and the embedded server's data) live.
-        nats_url: join this NATS instead of starting the embedded server.
+        nats_url: join this NATS instead of starting the embedded server: one URL, or a
+            cluster's, comma-separated (actors/transport/servers.py).
         nats_creds: the node's credentials for ``nats_url`` (an nkey seed or a ``.creds``
             file; supervisors/node/nats_auth.py). The embedded server needs none: the node
             uses its own ``keys/node.nk``.
@@ -36,6 +37,8 @@ class NodeConfig:
             a free one, kept: supervisors/node/embedded_nats.py).
         nats_connect_timeout: seconds the first connection to NATS may take before the
             start is refused (``StartRefused``, NATS_UNREACHABLE).
+        nats_replicas: copies JetStream keeps of each of Ratchet's streams (3 on a
+            three-server cluster; at most its size, else the start is a usage error).
     """
 
     state_dir: Path
@@ -43,6 +46,7 @@ class NodeConfig:
     nats_creds: Path | None = None
     nats_port: int | None = None
     nats_connect_timeout: float = 10.0
+    nats_replicas: int = 1
     partitions: int = DEFAULT_PARTITIONS
     synchronous: str = "NORMAL"
     node_id: str = field(default_factory=_default_node_id)

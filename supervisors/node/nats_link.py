@@ -1,23 +1,33 @@
 """How a node reaches NATS: the configured server, another node's embedded server of the
 same state dir, or an embedded server of its own; then the bus and its streams.
 
+``cfg.nats_url`` may name several servers (a cluster, comma-separated): the node connects
+to any and fails over to the others. The streams get ``cfg.nats_replicas`` copies.
+
 The first connection is bounded (``NodeConfig.nats_connect_timeout``, ``serve
 --nats-connect-timeout``): an unreachable server refuses the start with ``StartRefused``
-(NATS_UNREACHABLE, "cannot reach NATS at …") instead of retrying for ever. Whatever fails
+(NATS_UNREACHABLE, "cannot reach NATS at …") instead of retrying for ever; so is the
+creation of the streams, which a JetStream cluster electing its leaders does not answer
+for a moment. Whatever fails
 or is cancelled on the way (a signal while connecting) stops the embedded server this
 node started, so a refused start leaves no server behind.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js.errors import ServiceUnavailableError
 
 from ratchet.actors.transport.bus import Bus, stream_configs
 from ratchet.persistence.ports import KeyringStore
+from ratchet.protocol.auth import redact_url
+from ratchet.protocol.errors import ErrorCode, StartRefused
 from ratchet.supervisors.node.config import NodeConfig
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.supervisors.node.nats_auth import NatsAuthorization, nats_auth_options
@@ -80,7 +90,7 @@ async def _connect(cfg: NodeConfig, url: str, options: dict[str, Any],
         bus = await Bus.connect(url, name=cfg.node_id, auth=options,
                                 give_up_after=cfg.nats_connect_timeout)
         try:
-            await bus.ensure_streams(stream_configs(cfg.streams))
+            await _ensure_streams(bus, cfg, url)
         except BaseException:
             await bus.close()
             raise
@@ -89,3 +99,28 @@ async def _connect(cfg: NodeConfig, url: str, options: dict[str, Any],
             await started.stop()
         raise
     return bus
+
+
+async def _ensure_streams(bus: Bus, cfg: NodeConfig, url: str) -> None:
+    """The streams, created or brought to the config. A JetStream cluster that lost a
+    server answers nothing (a timeout, 503) while it elects leaders, for a second or so:
+    asked again until ``cfg.nats_connect_timeout``.
+
+    Raises:
+        StartRefused: NATS_UNREACHABLE, JetStream did not answer within the bound.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cfg.nats_connect_timeout
+    while True:
+        try:
+            await bus.ensure_streams(stream_configs(cfg.streams, cfg.nats_replicas))
+            return
+        except (TimeoutError, NatsTimeoutError, ServiceUnavailableError) as exc:
+            if loop.time() >= deadline:
+                shown = redact_url(url)
+                raise StartRefused(ErrorCode.NATS_UNREACHABLE,
+                                   f"JetStream at {shown} did not answer within"
+                                   f" {cfg.nats_connect_timeout:g} s ({exc!r})",
+                                   url=shown, seconds=cfg.nats_connect_timeout) from None
+            log.warning("jetstream did not answer; asking again", error=repr(exc))
+            await asyncio.sleep(0.25)  # pacing against NATS, under the deadline
