@@ -10,6 +10,7 @@ from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.effects.actions import ActionRunner, CallEnv
 from ratchet.actors.task.heartbeat import StepHeartbeat
 from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.read_record import RecordingRunner
 
 __all__ = ["step_heartbeat", "step_runner"]
 
@@ -33,7 +34,7 @@ def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, 
         ref: ActorRef[Any] = await deps.children.session(actor.task_id, tenant, name)
         return ref
 
-    return ActionRunner(CallEnv(
+    return RecordingRunner(CallEnv(  # its reads recorded for replay (read_record.py)
         task_id=actor.task_id, tenant=tenant, step_index=step_index, store=deps.store,
         clock=deps.clock, commit=commit, session=session,
         deadline=min(deadlines) if deadlines else None, rng=deps.rng,
