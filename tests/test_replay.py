@@ -81,6 +81,25 @@ async def test_a_recorded_task_replays_with_no_divergence_and_no_provider_call(
     assert dict(CALLS) == calls and finance.effects() == effects
     assert len(stub.requests()) == asked
 
+    # --until stops after a checkpoint; a read with no recorded answer diverges, and goes
+    # live only when asked (writes and the model are still answered by the recording).
+    app = registry(model, finance.base_url)
+    conn = open_read_only(tmp_path / "node" / "ratchet.db")
+    recording = read_task(conn, task_id)
+    conn.close()
+    assert len((await replay_recording(recording, app, until=3)).steps) == 3
+    recording.reads.clear()
+    blind = await replay_recording(recording, app)
+    assert [(d.kind, d.step) for d in blind.divergences] == [
+        ("unrecorded", "lookup"), ("unrecorded", "assistant")]
+    live = await replay_recording(recording, app, live_reads=True)
+    assert live.live_reads == 2  # and the provider answers as it does today: the claim is there
+    assert [(d.kind, d.step, d.detail["diff"]["changed"]) for d in live.divergences] == [
+        ("state", "lookup", [["seen", False, True]])]
+    assert CALLS["lookup_claim"] == calls["lookup_claim"] + 1
+    assert CALLS["lookup_policy"] == calls["lookup_policy"] + 1
+    assert finance.effects() == effects and len(stub.requests()) == asked
+
 
 async def test_a_changed_workflow_reports_each_divergence_with_its_step_and_diff(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,

@@ -64,7 +64,7 @@ class Answers:
         self.task_id, self.tenant, self.live_reads = task_id, tenant, live_reads
         self.answered = 0
         self.went_live = 0
-        self._used: set[int] = set()  # ids of the recorded rows and reads already answered
+        self.used: set[int] = set()  # ids of the recorded rows and reads already answered
 
     def digest(self, tool: Tool[Any, Any], args: BaseModel) -> str:
         return request_hash(self.sealer.canonical({"tool": tool.name, "args": dump_model(args)}))
@@ -111,18 +111,18 @@ class ReplayRunner:
         data = dump_model(args)
         if row is None or row.task_id != self.a.task_id:
             like = next((w for w in self.a.writes if w.tool == tool.name and id(w) not in
-                         self.a._used and w.step_index == self.step_index), None)
+                         self.a.used and w.step_index == self.step_index), None)
             if like is None:
                 raise self._diverge("unrecorded", tool=tool.name, key=key, op="write",
                                     args=redact(data), why="no recorded call: a write is"
                                     " never made by a replay")
-            self.a._used.add(id(like))
+            self.a.used.add(id(like))
             raise self._diverge("tool_request", tool=tool.name, recorded_key=like.key, key=key,
                                 fields=_fields(like.args, data))
         if row.request_hash != self.a.digest(tool, args):
             raise self._diverge("tool_request", tool=tool.name, key=key,
                                 fields=_fields(row.args, data))
-        self.a._used.add(id(row))
+        self.a.used.add(id(row))
         self.a.answered += 1
         if row.status in ("SUCCEEDED", "COMPENSATED") and row.result is not None:
             return coerce_result(tool, row.result)
@@ -141,19 +141,19 @@ class ReplayRunner:
 
     async def _read(self, tool: Tool[Any, Any], args: BaseModel) -> Any:
         digest = self.a.digest(tool, args)
-        pool = [r for r in self.a.reads.get(self.step_index, ()) if id(r) not in self.a._used
+        pool = [r for r in self.a.reads.get(self.step_index, ()) if id(r) not in self.a.used
                 and r.get("tool") == tool.name]
         hit = next((r for r in pool if r.get("request_hash") == digest
                     and not r.get("sealed")), None)
         if hit is not None:
-            self.a._used.add(id(hit))
+            self.a.used.add(id(hit))
             self.a.answered += 1
             return coerce_result(tool, hit["result"])
         if self.a.live_reads:
             self.a.went_live += 1
             return coerce_result(tool, await self._live(tool, args))
         if pool:
-            self.a._used.add(id(pool[0]))
+            self.a.used.add(id(pool[0]))
             raise self._diverge("tool_request", tool=tool.name, op="read",
                                 fields=_fields(pool[0].get("args"), dump_model(args)))
         raise self._diverge("unrecorded", tool=tool.name, op="read", args=redact(
@@ -183,7 +183,7 @@ class ReplayRunner:
         if str(recorded.get("model", "")).split(":", 1)[0] == name:
             asked = {**asked, "model": recorded.get("model")}
         if row.request_hash == request_hash(canonical(asked)):
-            self.a._used.add(id(row))
+            self.a.used.add(id(row))
             self.a.answered += 1
             return coerce_result(tool, row.result)
         detail: dict[str, Any] = {"tool": tool.name, "key": key,
