@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,6 @@ class Recording:
     reads: list[dict[str, Any]]  # action.read payloads, in order
     agent_log: list[tuple[str, int, str, bytes]]  # node scope, seq, kind, body
     started_at: float | None = None  # when it was first dispatched
-    _decoded: dict[str, Any] = field(default_factory=dict)
 
     @property
     def task_id(self) -> str:
