@@ -35,6 +35,7 @@ from ratchet.actors.replay.report import Divergence, ReplayReport, StepReport
 from ratchet.actors.task.agent_node import run_agent
 from ratchet.actors.workflow.loop_node import LoopNode
 from ratchet.actors.workflow.nodes import (
+    FAIL,
     AgentNode,
     ChoiceNode,
     Node,
@@ -134,10 +135,10 @@ async def _replay_node(kernel: ReplayKernel, workflow: Workflow, recording: Reco
 
 
 async def _run(kernel: ReplayKernel, node: Node) -> str | None:
-    """Run ``node`` as the runtime would; where it moves (None: a loop decides later)."""
+    """Run ``node`` as the runtime would; where it moves."""
     if isinstance(node, StepNode):
         await _run_step(kernel, node)
-        return None if isinstance(node, LoopNode) else node.next
+        return _loop_target(kernel, node) if isinstance(node, LoopNode) else node.next
     if isinstance(node, ChoiceNode):
         target: str = node.guard(kernel.state)
         return target
@@ -161,6 +162,17 @@ async def _run_step(kernel: ReplayKernel, step: StepNode) -> None:
         iteration=kernel.visits.get(step.name, 0) if isinstance(step, LoopNode) else None)
     update = await step.fn(ctx)
     kernel.state.update(update or {})
+
+
+def _loop_target(kernel: ReplayKernel, node: LoopNode) -> str:
+    """Where an iteration leaves a loop, as ``loop_runtime.leave_iteration`` decides: the
+    loop again, ``next`` once ``until`` holds (or the last iteration ran), or
+    ``on_exhausted``."""
+    last = kernel.visits.get(node.name, 0) + 1 >= node.max_iterations
+    finished = bool(node.until(kernel.state)) if node.until is not None else last
+    if finished:
+        return node.next
+    return node.on_exhausted if last and node.on_exhausted != FAIL else node.name
 
 
 def _compare(kernel: ReplayKernel, node: Node, cp: Checkpoint, after: dict[str, Any],
