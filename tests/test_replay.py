@@ -48,7 +48,9 @@ async def _record(start_node: NodeFactory, client: ratchet.Client, finance: Fina
     finance.add_faults([{"op": "claims", "mode": "drop_after_commit",
                          "key": "claim:R-7:b:submit"}])
     node = await start_node(registry(model, finance.base_url))
-    task_id = (await client.submit("replay.claim", REPORT, key="rp-1")).task_id
+    # A token budget: each model request carries the max_tokens what is left allows
+    task_id = (await client.submit("replay.claim", REPORT, key="rp-1",
+                                   budget={"tokens": 50_000})).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.succeeded", events[-1]
     kinds = [e.type for e in events]

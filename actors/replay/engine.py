@@ -77,11 +77,13 @@ async def replay_recording(recording: Recording, registry: Registry, *,
     before = next(states)
     at = start
     broken: set[str] = set()  # agent conversations a divergence cut short
+    spending = _model_spending(answers)
     for cp in recording.checkpoints:
         if until is not None and cp.seq > until:
             break
         after = next(states)
         kernel.begin(cp.seq, cp.step_index, cp.step_name, copy.deepcopy(before), at)
+        kernel.spent = _spent_before(spending, cp.step_index)
         step = await _replay_node(kernel, workflow, recording, sealer, cp, after, broken)
         report.steps.append(step)
         before, at = after, cp.created_at
@@ -162,6 +164,27 @@ async def _run_step(kernel: ReplayKernel, step: StepNode) -> None:
         iteration=kernel.visits.get(step.name, 0) if isinstance(step, LoopNode) else None)
     update = await step.fn(ctx)
     kernel.state.update(update or {})
+
+
+def _model_spending(answers: Answers) -> list[tuple[int, float, float]]:
+    """``(step index, tokens, money)`` of every recorded model call, in step order."""
+    out = []
+    for row in answers.by_key.values():
+        if row.kind == "model" and isinstance(row.result, dict):
+            tokens = float(row.result.get("prompt_tokens", 0) or 0) + float(
+                row.result.get("completion_tokens", 0) or 0)
+            out.append((row.step_index, tokens, float(row.result.get("cost", 0) or 0)))
+    return sorted(out)
+
+
+def _spent_before(spending: list[tuple[int, float, float]], step_index: int) -> dict[str, float]:
+    """What the task's model calls had spent before the node at ``step_index`` (an agent's
+    budget reservation, hence its request's ``max_tokens``, depends on it)."""
+    done = [s for s in spending if s[0] < step_index]
+    if not done:
+        return {}
+    return {"tokens": sum(s[1] for s in done), "money": sum(s[2] for s in done),
+            "model_calls": float(len(done))}
 
 
 def _loop_target(kernel: ReplayKernel, node: LoopNode) -> str:
