@@ -7,11 +7,14 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import pytest
 
 import ratchet
 from ratchet import END
 from ratchet.actors.replay import Recording, read_recordings, replay_recording, write_recordings
 from ratchet.actors.replay.history import Checkpoint
+from ratchet.protocol.errors import UsageError
+from ratchet.supervisors.cli.replay import corpus_recordings
 
 #: (node left, node moved to, the state after it)
 MOVES = [("begin", "count", {"n": 0}), ("count", "count", {"n": 1}),
@@ -86,3 +89,8 @@ async def test_an_export_file_round_trips_its_recordings(tmp_path: Path) -> None
     assert [r.task_id for r in back] == ["tsk_loopy", "tsk_loopy"]
     assert back[0].checkpoints == recording().checkpoints
     assert (await replay_recording(back[0], ratchet.Registry([loopy()]))).ok
+    write_recordings(tmp_path / "more.rtc", [recording()])
+    assert len(list(corpus_recordings(str(tmp_path), tmp_path / "none.db"))) == 3  # a directory
+    (tmp_path / "notes.txt").write_text("not an export")
+    with pytest.raises(UsageError, match="not a file"):
+        list(corpus_recordings(str(tmp_path), tmp_path / "none.db"))

@@ -101,12 +101,13 @@ def corpus_recordings(corpus: str, store: Path) -> Iterator[Recording]:
     """The recordings ``--corpus`` names: an export file, a directory of them (``*.rtc``
     and any other file, in name order), or a query of the store (``key=value,...``)."""
     path = Path(corpus)
-    if path.is_file():
-        yield from read_recordings(path)
-        return
-    if path.is_dir():
-        for f in sorted(p for p in path.iterdir() if p.is_file()):
-            yield from read_recordings(f)
+    if path.exists():
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        try:
+            for f in files:
+                yield from read_recordings(f)
+        except ValueError as exc:  # a file that is not an export: the caller's to fix
+            raise UsageError(f"--corpus: {exc}") from None
         return
     filters = _query(corpus)
     conn = open_read_only(store)
