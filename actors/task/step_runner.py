@@ -34,14 +34,15 @@ def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, 
         ref: ActorRef[Any] = await deps.children.session(actor.task_id, tenant, name)
         return ref
 
-    return RecordingRunner(CallEnv(  # its reads recorded for replay (read_record.py)
+    return RecordingRunner(CallEnv(  # reads noted for replay, committed later (read_record.py)
         task_id=actor.task_id, tenant=tenant, step_index=step_index, store=deps.store,
         clock=deps.clock, commit=commit, session=session,
         deadline=min(deadlines) if deadlines else None, rng=deps.rng,
         # Counting costs a read-modify-write per call: only for tasks with such a budget.
         count_tool_calls=count_tool_calls and "tool_calls" in record.budget,
         switches=deps.switches, note_secrets=actor.secrets.note,
-        pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent)))
+        pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent)),
+        actor.open_actions.reads)
 
 
 def step_heartbeat(actor: TaskKernel) -> StepHeartbeat:
