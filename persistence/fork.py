@@ -5,7 +5,8 @@ to run, with the state the checkpoint held — its values are referenced, never 
 large values stay one blob. The original's rows are only read. Side effects completed
 before the fork point are not repeated: the ledger is keyed by the business action, so the
 fork finds their recorded results when it calls them again (and a changed request under
-the same key is a conflict, never a second effect).
+the same key is a conflict, never a second effect). A sandbox fork (``sandbox``) is marked
+so in the same transaction (persistence/sandbox_rows.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import Any
 
+from ratchet.persistence.sandbox_rows import SandboxFork, mark_sandbox_txn
 from ratchet.persistence.txns import NewTask, accept_submission_txn
 from ratchet.protocol.errors import NotFound
 
@@ -25,6 +27,7 @@ class ForkRequest:
     source: str
     checkpoint: int | None  # None: the latest
     new: NewTask  # the new task's row (its input possibly changed)
+    sandbox: SandboxFork | None = None  # a sandbox fork (a fork of one is one anyway)
 
 
 def fork_txn(conn: sqlite3.Connection, fork: ForkRequest) -> dict[str, Any]:
@@ -56,5 +59,6 @@ def fork_txn(conn: sqlite3.Connection, fork: ForkRequest) -> dict[str, Any]:
         "UPDATE tasks SET fork_of = ?, next_step = ?, current_node = ?, last_checkpoint = ?,"
         " budget = ? WHERE task_id = ?",
         (fork.source, next_step, next_node, 1 if seq else 0, src[1], task_id))
+    marks, outbox = mark_sandbox_txn(conn, task_id, fork.source, fork.sandbox, result.outbox)
     return {"task_id": task_id, "fork_of": fork.source, "from_checkpoint": seq,
-            "next_node": next_node, "outbox": result.outbox}
+            "next_node": next_node, "sandbox": marks, "outbox": outbox}

@@ -17,7 +17,7 @@ The ports, by concern:
 - :class:`LeaseStore` — partition leases with fencing tokens, and the node registry.
 - Declared beside their rows (persistence/<name>_rows.py) for this module's size:
   schedules, drift passes, writes nobody settled (sweep), what waits for a human (settle),
-  metrics, diagnosis and heartbeats, dead letters.
+  metrics, diagnosis and heartbeats, dead letters, tasks by workflow version.
 - :class:`StorePort` — all of the above, plus lifecycle (``close``) and the commit and
   WAL figures a node reports.
 
@@ -46,6 +46,7 @@ from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
 from ratchet.persistence.settle_rows import SettleStore
 from ratchet.persistence.sweep_rows import SweepStore
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
+from ratchet.persistence.version_rows import VersionStore
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
 from ratchet.protocol.auth import Principal
@@ -58,11 +59,10 @@ __all__ = [
     "Fence",
     "LeaseStore",
     "LoadedState",
-    "OutboxListener",
-    "OutboxStore",
+    "OutboxListener", "OutboxStore",
     "ScheduleRow",
     "ScheduleStore", "DriftStore", "SweepStore", "SettleStore", "MetricStore", "DiagnoseStore",
-    "DeadLetterStore",
+    "DeadLetterStore", "VersionStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -357,7 +357,7 @@ class KeyringStore(Protocol):
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,
                 DriftStore, SweepStore, SettleStore, MetricStore, DiagnoseStore,
-                DeadLetterStore, Protocol):
+                DeadLetterStore, VersionStore, Protocol):
     """The whole store, as the node that opened it holds it (and the admin service, which
     spans tasks, administration and leases)."""
 

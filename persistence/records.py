@@ -47,6 +47,9 @@ class TaskRecord:
     #: The hash of the definition it started on (actors/workflow/definition.py); None: not
     #: recorded (a task from before migration 20, a fork, a schedule's tick).
     definition_hash: str | None = None
+    #: A sandbox fork's marks (persistence/sandbox_rows.py: ``source``, ``lineage``,
+    #: ``reuse_model``); None for every other task.
+    sandbox: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,13 @@
 """The schema, as an ordered list of migrations (version, name, SQL); each runs once, in
-its own transaction (persistence/migrations.py applies them).
-
-Never edit a released migration: append a new one.
+its own transaction (persistence/migrations.py applies them). Never edit a released
+migration: append a new one.
 """
 
 from __future__ import annotations
 
 from ratchet.persistence.drift_schema import RECONCILE_DDL
 from ratchet.persistence.ops_schema import OPS_DDL
+from ratchet.persistence.sandbox_schema import SANDBOX_DDL
 from ratchet.persistence.schedule_schema import SCHEDULES_DDL
 from ratchet.persistence.sweep_rows import UNSETTLED_DDL
 
@@ -391,10 +391,10 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
     (17, "actions not settled, for the action sweeper (sweep_rows.py)", UNSETTLED_DDL),
     (18, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
-    # The intake span's context (W3C traceparent; protocol/tracing.py), NULL when tracing
-    # was off: the task actor continues that trace wherever and whenever the task runs.
+    # The intake span's context (W3C traceparent), NULL when tracing was off (tracing.py).
     (19, "tasks.traceparent: the trace a task's spans continue",
      "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),
     (20, "tasks.definition_hash: the workflow definition a task started on (definition.py)",
      "ALTER TABLE tasks ADD COLUMN definition_hash TEXT"),
+    (21, "tasks.sandbox: a sandbox fork's marks (sandbox_rows.py)", SANDBOX_DDL),
 ]

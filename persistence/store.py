@@ -51,6 +51,7 @@ from ratchet.persistence.txns import (
     apply_change_txn,
     delete_outbox_txn,
 )
+from ratchet.persistence.version_rows import VersionRows
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
 from ratchet.persistence.writer import WriterStats, make_writer
 from ratchet.protocol.errors import Fenced, NotFound
@@ -68,7 +69,7 @@ _TASK_COLUMNS = (
     "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
     " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
     " error, output, step_failures, current_node, visits, budget, spent, control,"
-    " traceparent, idempotency_key, definition_hash"
+    " traceparent, idempotency_key, definition_hash, sandbox"
 )
 
 
@@ -82,12 +83,12 @@ def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
         current_node=row[17], visits=dict(_unpack(row[18]) or {}),
         budget=dict(_unpack(row[19]) or {}), spent=dict(_unpack(row[20]) or {}),
         control=dict(_unpack(row[21]) or {}), traceparent=row[22],
-        idempotency_key=row[23], definition_hash=row[24],
+        idempotency_key=row[23], definition_hash=row[24], sandbox=_unpack(row[25]),
     )
 
 
 class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows,
-            SweepRows, SettleRows, MetricRows, DiagnoseRows, DeadLetterRows):
+            SweepRows, SettleRows, MetricRows, DiagnoseRows, DeadLetterRows, VersionRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:
@@ -96,8 +97,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
         wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
         lease_clock: the store's time for lease expiry (default: the host's boot time).
-        audit_seal: the key and head of the audit chain (persistence/audit_seal.py); None
-            (tools, tests): entries are hashed without a key, which proves nothing.
+        audit_seal: the audit chain's key and head (audit_seal.py); None: unkeyed, proves nothing.
     """
 
     def __init__(self, path: str | Path, synchronous: str = "NORMAL",
@@ -320,7 +320,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
             next_step=rec.next_step, steps_total=rec.steps_total,
             last_checkpoint=rec.last_checkpoint, last_event_sequence=rec.last_event_seq,
             error=rec.error, output=rec.output, created_at=rec.created_at,
-            updated_at=rec.updated_at,
+            updated_at=rec.updated_at, sandbox=rec.sandbox,
         )
 
     async def load_state(self, task_id: str, checkpoint: int | None = None) -> LoadedState:

@@ -18,7 +18,7 @@ from ratchet.persistence.checkpoints import StateDelta
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.events import encode_event, pack_payload
 from ratchet.protocol.ids import new_id
-from ratchet.protocol.subjects import event_subject
+from ratchet.protocol.subjects import event_subject, sandbox_event_subject
 from ratchet.protocol.tracing import TRACEPARENT, add_event, current_traceparent
 
 __all__ = [
@@ -80,18 +80,22 @@ def append_events(
     producer: str,
     now: float,
     events: list[tuple[str, dict[str, Any]]],
+    sandbox: bool = False,
 ) -> list[OutboxRow]:
     """Append ``events`` to the task's history from ``first_seq`` on, each with the outbox
     row that publishes it on the event stream (the table keeps the payload whole; the
-    stream's copy is truncated past ``protocol.events.MAX_EVENT_PAYLOAD``).
+    stream's copy is truncated past ``protocol.events.MAX_EVENT_PAYLOAD``). A sandbox
+    fork's (``sandbox``) are published under ``ratchet.sandbox.events.…``, never on the
+    production subjects (persistence/sandbox_rows.py).
 
     When tracing, each event's message carries the ``traceparent`` of the span that
     committed it, and the event (but a routine one) is a span event of that span
     (protocol/tracing.py)."""
     rows: list[OutboxRow] = []
     seq = first_seq
-    traceparent = current_traceparent()  # None when tracing is off
+    traceparent = current_traceparent() if events else None  # None when tracing is off
     headers = {TRACEPARENT: traceparent} if traceparent else None
+    subject_of = sandbox_event_subject if sandbox else event_subject
     for event_type, payload in events:
         event_id = new_id("evt")
         packed_payload = pack_payload(payload)
@@ -104,7 +108,7 @@ def append_events(
             event_id=event_id, task_id=task_id, tenant=tenant, sequence=seq,
             event_type=event_type, aggregate_version=version, occurred_at=now,
             producer=producer, payload=payload, packed_payload=packed_payload)
-        rows.append(insert_outbox(conn, event_subject(tenant, task_id, event_type), event_id, wire,
+        rows.append(insert_outbox(conn, subject_of(tenant, task_id, event_type), event_id, wire,
                                   now, headers))
         if headers is not None and event_type not in _ROUTINE:
             add_event(event_type, {"ratchet.sequence": seq})

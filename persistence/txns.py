@@ -128,7 +128,8 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
         IllegalTransition: the status event is not allowed from the current status.
         DuplicateMessage: ``inbox_message_id`` was processed before.
     """
-    tenant, status, version, last_seq, last_cp, spent_blob, budget_blob = _load_task(conn, change)
+    tenant, status, version, last_seq, last_cp, spent_blob, budget_blob, sandbox = _load_task(
+        conn, change)
     side_channel = change.expected_version is None
     if change.inbox_message_id is not None:
         _claim_inbox(conn, change, change.inbox_message_id)
@@ -145,6 +146,7 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
         producer=change.producer,
         now=change.now,
         events=change.events,
+        sandbox=sandbox is not None,  # its events on the sandbox's subjects (sandbox_rows.py)
     )
     outbox += _write_related_rows(conn, change, tenant)
     if status in _HANDED and new_status.value != status:  # no longer waiting for a human
@@ -172,10 +174,10 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
 
 def _load_task(conn: sqlite3.Connection, change: TaskChange) -> tuple[Any, ...]:
     """The task row ``change`` applies to: (tenant, status, version, last_event_seq,
-    last_checkpoint, spent, budget), once the change is known to be allowed on it."""
+    last_checkpoint, spent, budget, sandbox), once the change is known to be allowed on it."""
     row = conn.execute(
-        "SELECT tenant, status, version, last_event_seq, last_checkpoint, spent, budget"
-        " FROM tasks WHERE task_id = ?",
+        "SELECT tenant, status, version, last_event_seq, last_checkpoint, spent, budget,"
+        " sandbox FROM tasks WHERE task_id = ?",
         (change.task_id,),
     ).fetchone()
     if row is None:

@@ -17,6 +17,8 @@ VERB_ROLES: dict[str, str] = {
     # Settling what a machine could not (supervisors/services/admin_settle.py).
     "resolve": "approver", "retry-action": "approver", "skip-step": "approver",
     "approvals": "viewer",
+    # Workflow versions (supervisors/services/admin_versions.py).
+    "migrate": "operator", "versions": "viewer",
     # The dead-letter queue (docs/admin.md, "Dead letters"): on a tenant's subject its own
     # letters, on the SYSTEM_TENANT's every letter.
     "dlq-list": "viewer", "dlq-show": "viewer", "dlq-replay": "operator",

@@ -93,6 +93,9 @@ class EventType(StrEnum):
     #: The task's workflow version is registered with another definition than the one it
     #: started on: it pauses at its next safe point (actors/task/definition_guard.py).
     TASK_DEFINITION_CHANGED = "task.definition_changed"
+    #: An operator moved the task to another workflow version (``admin migrate``), with a
+    #: checkpoint of its migrated state; its status is unchanged.
+    TASK_MIGRATED = "task.migrated"
     #: RUNNING → WAITING_EXTERNAL: a provider accepted a write.
     TASK_WAITING_EXTERNAL = "task.waiting_external"
     #: → UNKNOWN, with a handoff: an outcome nobody can decide alone.
@@ -133,6 +136,9 @@ class EventType(StrEnum):
     ACTION_STILL_PENDING = "action.still_pending"
     #: The key's recorded result was reused, no call made.
     ACTION_REUSED = "action.reused"
+    #: A sandbox fork answered the call without the provider: a stub, the original's
+    #: recording, or a refusal (``answer``: ``stub``, ``recorded``, ``blocked``).
+    ACTION_SANDBOXED = "action.sandboxed"
     #: A saga undid the action.
     ACTION_COMPENSATED = "action.compensated"
     #: A cancel arrived while the call was in flight: the task waits for its outcome.

@@ -38,11 +38,11 @@ __all__ = [
     "ToolOutcomeUnknown", "ToolDeadlineExceeded", "WorkflowDefinitionError",
     "ToolDefinitionError", "DuplicateMessage", "ActionKeyTaken", "Fenced",
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
-    "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
+    "SandboxBlocked", "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
     "NatsUnreachable",
-    "RateLimited",
+    "RateLimited", "MigrationRefused",
 ]
 
 
@@ -86,6 +86,15 @@ class HandlingFailed(RatchetError):
 
 class UnknownWorkflow(RatchetError):
     """A request names a workflow (or version) this node does not have."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+
+
+class MigrationRefused(RatchetError):
+    """``admin migrate``: the target version declares no migration from the task's, or the
+    migration raised or returned what the task cannot go on with (an unknown node, a
+    parked task moved off the node it waits at, a state that is not a map). Nothing was
+    changed (actors/workflow/migrations.py)."""
 
     code = ErrorCode.INVALID_ARGUMENT
 
@@ -259,9 +268,21 @@ class AskTimeout(Unavailable):
 
 class ActionFailed(RatchetError):
     """The action failed for good (never-retried error, retries or deadline exhausted, or
-    a key conflict). The step fails; the task compensates and ends FAILED."""
+    a key conflict). The step fails; the task compensates and ends FAILED — unless the
+    step declares ``on_exhausted="human"`` and the failure is :attr:`exhausted`."""
 
     code = ErrorCode.CONFLICT
+    #: The provider's errors were retryable and the tool's retries (or its deadline) ran
+    #: out: another try later may succeed, so a human may be asked (actors/task/exhausted.py).
+    exhausted = False
+
+
+class SandboxBlocked(ActionFailed):
+    """A sandbox fork refused a call it may not make: a write with no ``sandbox=``
+    declaration, a ``recorded`` one the original never made, or a ``blocked`` tool. Like
+    any ActionFailed the step fails for good: the fork ends FAILED with this reason."""
+
+    code = ErrorCode.PERMISSION_DENIED
 
 
 class LoopDetected(RatchetError):

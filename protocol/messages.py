@@ -123,6 +123,8 @@ class TaskSnapshot(BaseModel):
     output: dict[str, Any] | None = None
     created_at: float
     updated_at: float
+    #: A sandbox fork's marks (``source``, ``reuse_model``); None for any other task.
+    sandbox: dict[str, Any] | None = None
 
 
 class StartTask(BaseModel):

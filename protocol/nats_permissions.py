@@ -15,7 +15,10 @@ A subscriber follows events through a push consumer on RATCHET_EVENTS that it cr
 ``$JS.API.CONSUMER.CREATE.RATCHET_EVENTS.<name>.<filter>``: the server checks that the
 filter in the subject is the consumer's one, so a permission on the subject pins the filter
 to the tenant's events. It may answer the consumer's flow control (``$JS.FC.RATCHET_EVENTS.>``);
-it may not delete consumers (the server removes an idle one by itself).
+it may not delete consumers (the server removes an idle one by itself). Sandbox forks'
+events (``ratchet.sandbox.events.<tenant>.…``, stream RATCHET_SANDBOX) are the subscriber's
+too, on their own subjects and consumers: following them is a choice, never a side effect of
+following production's.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Iterable
 
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.auth import Principal, inbox_prefix
-from ratchet.protocol.subjects import STREAM_EVENTS
+from ratchet.protocol.subjects import STREAM_EVENTS, STREAM_SANDBOX
 
 __all__ = ["Permissions", "authorization_block", "node_permissions", "permissions"]
 
@@ -57,8 +60,11 @@ def permissions(who: Principal) -> Permissions:
         pub += [f"ratchet.submit.{scope}", f"ratchet.api.{scope}.>"]
     if who.has("subscriber"):
         sub.append(f"ratchet.events.{scope}.>")
+        sub.append(f"ratchet.sandbox.events.{scope}.>")
         pub += [f"$JS.API.CONSUMER.CREATE.{STREAM_EVENTS}.*.ratchet.events.{scope}.>",
-                f"$JS.FC.{STREAM_EVENTS}.>"]
+                f"$JS.FC.{STREAM_EVENTS}.>",
+                f"$JS.API.CONSUMER.CREATE.{STREAM_SANDBOX}.*.ratchet.sandbox.events.{scope}.>",
+                f"$JS.FC.{STREAM_SANDBOX}.>"]
     pub += _admin_subjects(who, scope)
     if who.has("approver"):
         pub.append(f"ratchet.decisions.{scope}")

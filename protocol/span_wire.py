@@ -20,7 +20,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["span_message"]
+__all__ = ["SpanRecord", "record_message", "request_message", "span_message", "span_record"]
 
 _FIXED64 = struct.Struct("<Q").pack
 _FIXED32 = struct.Struct("<I").pack
@@ -30,9 +30,12 @@ _INT64 = 1 << 63
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 
+_SMALL = [bytes((n,)) for n in range(0x80)]  # the varints of one byte, made once
+
+
 def _varint(n: int) -> bytes:
     if n < 0x80:
-        return bytes((n,))
+        return _SMALL[n]
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -43,7 +46,25 @@ def _varint(n: int) -> bytes:
 
 def _field(tag: bytes, data: bytes) -> bytes:
     """A length-delimited field: string, bytes or an embedded message."""
-    return tag + _varint(len(data)) + data
+    size = len(data)
+    return tag + (_SMALL[size] if size < 0x80 else _varint(size)) + data
+
+
+def request_message(resource: bytes, scope: bytes, spans: list[bytes], resource_schema: str = "",
+                    scope_schema: str = "") -> bytes:
+    """An ``ExportTraceServiceRequest`` of ``spans`` (``Span`` messages), all of one
+    ``resource`` and one instrumentation ``scope`` (their messages): what the OTLP
+    encoder makes of them, without building it from Python objects."""
+    # ScopeSpans{scope = 1, spans = 2, schema_url = 3}
+    scope_spans = [_field(b"\x0a", scope)]
+    scope_spans += [_field(b"\x12", span) for span in spans]
+    if scope_schema:
+        scope_spans.append(_field(b"\x1a", scope_schema.encode()))
+    # ResourceSpans{resource = 1, scope_spans = 2, schema_url = 3}
+    resource_spans = _field(b"\x0a", resource) + _field(b"\x12", b"".join(scope_spans))
+    if resource_schema:
+        resource_spans += _field(b"\x1a", resource_schema.encode())
+    return _field(b"\x0a", resource_spans)  # resource_spans = 1
 
 
 def _any_value(value: Any) -> bytes | None:
@@ -61,66 +82,129 @@ def _any_value(value: Any) -> bytes | None:
 
 #: KeyValue messages already written, by (key, type, value): a task's id, tenant and
 #: key recur on each of its spans. Bounded; used from the exporter's one thread.
-_KEY_VALUES: dict[tuple[str, type, Any], bytes] = {}
+_KEY_VALUES: dict[tuple[bytes, str, type, Any], bytes] = {}
 _KEY_VALUES_MAX = 4096
 
 
 def _attributes(tag: bytes, attributes: Mapping[str, Any]) -> bytes | None:
     """Repeated KeyValue{key = 1, value = 2} under ``tag``; None for a value not known."""
     out = []
+    cached = _KEY_VALUES.get
     for key, value in attributes.items():
-        known = (key, type(value), value)  # the type: True == 1 == 1.0 as keys
-        pair = _KEY_VALUES.get(known)
-        if pair is None:
+        known = (tag, key, type(value), value)  # the type: True == 1 == 1.0 as keys
+        field = cached(known)
+        if field is None:
             encoded = _any_value(value)
             if encoded is None:
                 return None
-            pair = _field(b"\x0a", key.encode()) + _field(b"\x12", encoded)
+            field = _field(tag, _field(b"\x0a", key.encode()) + _field(b"\x12", encoded))
             if len(_KEY_VALUES) >= _KEY_VALUES_MAX:
                 _KEY_VALUES.clear()
-            _KEY_VALUES[known] = pair
-        out.append(_field(tag, pair))
+            _KEY_VALUES[known] = field
+        out.append(field)
     return b"".join(out)
+
+
+#: A finished span as plain data (:func:`span_record`): what crosses to the exporting
+#: process (supervisors/node/span_shipper.py) in ``marshal`` form. Fields, in order:
+#: trace id, span id, trace state ("k=v,..."), parent span id or None, parent remote,
+#: name, kind (SpanKind's value), start and end (ns), attributes, events as
+#: (time, name, attributes), dropped events, status code (StatusCode's value), status
+#: description or None.
+SpanRecord = tuple[Any, ...]
+
+
+def _plain(attributes: Any) -> dict[str, Any] | None:
+    """``attributes`` as a dict of the values this module writes; None if one is not."""
+    out = dict(attributes) if attributes else {}
+    for key, value in out.items():
+        if type(key) is not str or type(value) not in _KNOWN:
+            return None
+    return out
+
+
+_KNOWN = (str, bool, int, float)
+
+
+def span_record(span: Any) -> SpanRecord | None:
+    """``span`` (a protocol/spans.py span, ended) as plain data, or None when it holds
+    something this module does not write."""
+    if span.plain:  # its values checked as they were set: taken as they are
+        attributes = span._attributes
+        events = [(e.timestamp, e.name, e.attributes) for e in span._events]
+    else:
+        attributes = _plain(span._attributes)
+        if attributes is None:
+            return None
+        events = []
+        for event in span._events:
+            event_attributes = _plain(event.attributes)
+            if event_attributes is None or type(event.name) is not str:
+                return None
+            events.append((event.timestamp, event.name, event_attributes))
+    name = span._name
+    if type(name) is not str:
+        if not isinstance(name, str):
+            return None
+        name = str.__str__(name)  # a str enum: the string the SDK sends
+    context, parent, status = span._context, span._parent, span._status
+    state = context.trace_state
+    return (context.trace_id, context.span_id,
+            ",".join(f"{key}={value}" for key, value in state.items()) if state else "",
+            None if parent is None else parent.span_id,
+            parent is not None and parent.is_remote, name, span._kind.value,
+            span._start_time, span._end_time, attributes, events, span._dropped_events,
+            status.status_code.value, status.description or None)
 
 
 def span_message(span: Any) -> bytes | None:
     """The ``Span`` message of ``span`` (a protocol/spans.py span, ended), or None when it
     holds something this does not write (the caller then uses the exporter's encoder)."""
     try:
-        return _span(span)
+        record = span_record(span)
+        return None if record is None else record_message(record)
     except (UnicodeEncodeError, AttributeError, TypeError, ValueError):
         return None
 
 
-def _span(span: Any) -> bytes | None:
-    context, parent = span._context, span._parent
-    attributes = _attributes(b"\x4a", span._attributes)  # attributes = 9
-    if attributes is None:
+def record_message(record: SpanRecord) -> bytes | None:
+    """The ``Span`` message of a :func:`span_record`; None when a value cannot be written
+    (a string that is not valid Unicode, an integer beyond int64)."""
+    try:
+        return _span(record)
+    except (UnicodeEncodeError, TypeError, ValueError):
         return None
-    parts = [b"\x0a\x10", context.trace_id.to_bytes(16, "big"),  # trace_id = 1
-             b"\x12\x08", context.span_id.to_bytes(8, "big")]  # span_id = 2
-    state = ",".join(f"{key}={value}" for key, value in context.trace_state.items())
+
+
+def _span(record: SpanRecord) -> bytes | None:
+    (trace_id, span_id, state, parent_id, remote, name, kind, start, end, attributes,
+     events, dropped_events, code, description) = record
+    encoded = _attributes(b"\x4a", attributes)  # attributes = 9
+    if encoded is None:
+        return None
+    parts = [b"\x0a\x10", trace_id.to_bytes(16, "big"),  # trace_id = 1
+             b"\x12\x08", span_id.to_bytes(8, "big")]  # span_id = 2
     if state:
         parts.append(_field(b"\x1a", state.encode()))  # trace_state = 3
-    if parent is not None:
-        parts += [b"\x22\x08", parent.span_id.to_bytes(8, "big")]  # parent_span_id = 4
-    parts += [_field(b"\x2a", span._name.encode()),  # name = 5
-              b"\x30", _varint(span._kind.value + 1),  # kind = 6 (INTERNAL is 1 there)
-              b"\x39", _FIXED64(span._start_time),  # start_time_unix_nano = 7
-              b"\x41", _FIXED64(span._end_time),  # end_time_unix_nano = 8
-              attributes]
-    for event in span._events:  # events = 11: Event{time = 1, name = 2, attributes = 3}
-        event_attributes = _attributes(b"\x1a", event.attributes or {})
-        if event_attributes is None:
+    if parent_id is not None:
+        parts += [b"\x22\x08", parent_id.to_bytes(8, "big")]  # parent_span_id = 4
+    parts += [_field(b"\x2a", name.encode()),  # name = 5
+              b"\x30", _varint(kind + 1),  # kind = 6 (INTERNAL is 1 there)
+              b"\x39", _FIXED64(start),  # start_time_unix_nano = 7
+              b"\x41", _FIXED64(end),  # end_time_unix_nano = 8
+              encoded]
+    for timestamp, event_name, event_attributes in events:
+        # events = 11: Event{time = 1, name = 2, attributes = 3}
+        encoded = _attributes(b"\x1a", event_attributes)
+        if encoded is None:
             return None
-        parts.append(_field(b"\x5a", b"\x09" + _FIXED64(event.timestamp)
-                            + _field(b"\x12", event.name.encode()) + event_attributes))
-    if span._dropped_events:
-        parts += [b"\x60", _varint(span._dropped_events)]  # dropped_events_count = 12
-    status = span._status  # status = 15: Status{message = 2, code = 3}
-    message = _field(b"\x12", status.description.encode()) if status.description else b""
-    code = status.status_code.value
+        parts.append(_field(b"\x5a", b"\x09" + _FIXED64(timestamp)
+                            + _field(b"\x12", event_name.encode()) + encoded))
+    if dropped_events:
+        parts += [b"\x60", _varint(dropped_events)]  # dropped_events_count = 12
+    # status = 15: Status{message = 2, code = 3}
+    message = _field(b"\x12", description.encode()) if description else b""
     parts.append(_field(b"\x7a", message + (b"\x18" + _varint(code) if code else b"")))
-    remote = parent is not None and parent.is_remote
-    parts += [b"\x85\x01", _FIXED32(_HAS_IS_REMOTE | (_IS_REMOTE if remote else 0))]  # flags = 16
+    flags = _HAS_IS_REMOTE | (_IS_REMOTE if remote else 0)
+    parts += [b"\x85\x01", _FIXED32(flags)]  # flags = 16
     return b"".join(parts)

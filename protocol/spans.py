@@ -25,7 +25,13 @@ from typing import Any
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
-from opentelemetry.sdk.trace import Event, ReadableSpan, sampling
+from opentelemetry.sdk.trace import (
+    Event,
+    ReadableSpan,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    sampling,
+)
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 __all__ = ["CheapSpan", "Starter", "fast_starter"]
@@ -39,17 +45,24 @@ _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _NOT_SAMPLED = TraceFlags(TraceFlags.DEFAULT)
 _RANDOM = getattr(TraceFlags, "RANDOM_TRACE_ID", 0)  # the W3C level-2 flag (SDK ≥ 1.40)
 _UNSET = Status(StatusCode.UNSET)
+#: (sampled, random) → the span's trace flags, made once.
+_FLAGS = {(sampled, random): TraceFlags((_SAMPLED if sampled else _NOT_SAMPLED)
+                                        | (_RANDOM if random else 0))
+          for sampled in (False, True) for random in (False, True)}
 
 
-def _clean(attributes: Mapping[str, Any], into: dict[str, Any]) -> None:
+def _clean(attributes: Mapping[str, Any], into: dict[str, Any]) -> bool:
     """Copy ``attributes`` into ``into``: plain values as they are (Ratchet's own, the
     common case), anything else through the SDK's validation (a sequence becomes a
-    tuple, an invalid value is dropped with its warning)."""
+    tuple, an invalid value is dropped with its warning). True if all were plain."""
+    plain = True
     for key, value in attributes.items():
         if type(value) in _PLAIN and type(key) is str and key:
             into[key] = value
         else:
+            plain = False
             into.update(BoundedAttributes(attributes={key: value}))
+    return plain
 
 
 class CheapSpan(trace.Span, ReadableSpan):
@@ -57,7 +70,8 @@ class CheapSpan(trace.Span, ReadableSpan):
     one asyncio task at a time (the one whose step or call it is): no lock."""
 
     def __init__(self, name: str, context: SpanContext, parent: SpanContext | None,
-                 kind: SpanKind, attributes: dict[str, Any], sdk: _Sdk) -> None:
+                 kind: SpanKind, attributes: dict[str, Any], sdk: _Sdk,
+                 plain: bool = True) -> None:
         self._name = name
         self._context = self._own = context
         self._parent = parent
@@ -74,6 +88,9 @@ class CheapSpan(trace.Span, ReadableSpan):
         self._start_time = time_ns()
         self._end_time: int | None = None
         self._traceparent: str | None = None
+        #: Every attribute (the span's, its events') a plain str, bool, int or float, and
+        #: every event name a str: protocol/span_wire.py then takes them as they are.
+        self.plain = plain and type(name) is str
 
     @property
     def traceparent(self) -> str:
@@ -95,12 +112,12 @@ class CheapSpan(trace.Span, ReadableSpan):
         return self._end_time is None
 
     def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-        if self._end_time is None:
-            _clean(attributes, self._attrs)
+        if self._end_time is None and not _clean(attributes, self._attrs):
+            self.plain = False
 
     def set_attribute(self, key: str, value: Any) -> None:
-        if self._end_time is None:
-            _clean({key: value}, self._attrs)
+        if self._end_time is None and not _clean({key: value}, self._attrs):
+            self.plain = False
 
     def add_event(self, name: str, attributes: Mapping[str, Any] | None = None,
                   timestamp: int | None = None) -> None:
@@ -110,8 +127,10 @@ class CheapSpan(trace.Span, ReadableSpan):
             self._dropped_events += 1  # the SDK's limit (OTEL_SPAN_EVENT_COUNT_LIMIT)
             return
         clean: dict[str, Any] = {}
-        if attributes:
-            _clean(attributes, clean)
+        if attributes and not _clean(attributes, clean):
+            self.plain = False
+        if type(name) is not str:  # an event's type, a str enum: the string the SDK sends
+            name = str.__str__(name) if isinstance(name, str) else str(name)
         self._events.append(Event(name, clean, timestamp or time_ns()))
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
@@ -120,6 +139,7 @@ class CheapSpan(trace.Span, ReadableSpan):
     def update_name(self, name: str) -> None:
         if self._end_time is None:
             self._name = name
+            self.plain = self.plain and type(name) is str
 
     def set_status(self, status: Status | StatusCode, description: str | None = None) -> None:
         # The SDK's rules: OK is final, UNSET is ignored.
@@ -139,31 +159,75 @@ class CheapSpan(trace.Span, ReadableSpan):
         if self._end_time is not None:
             return
         self._end_time = end_time or time_ns()
-        self._sdk.on_ending(self)
         self._sdk.on_end(self)
 
 
 class _Sdk:
-    """What a span needs of the SDK's tracer, read once."""
+    """What a span needs of the SDK's tracer, read once — but its span processors, read
+    again whenever the provider's list of them changes (one identity test a span). Hooks
+    a processor leaves as the base class's no-ops are not called: a span's start and end
+    call only what does something (the node's shipper: ``on_end`` alone)."""
 
-    __slots__ = ("info", "max_events", "new_span_id", "new_trace_id", "on_end", "on_ending",
-                 "on_start", "random_ids", "resource", "scope")
+    __slots__ = (
+        "_active",
+        "_endings",
+        "_ends",
+        "_seen",
+        "_starts",
+        "info",
+        "max_events",
+        "new_span_id",
+        "new_trace_id",
+        "random_ids",
+        "resource",
+        "scope",
+    )
 
     def __init__(self, tracer: Any) -> None:
-        processor = tracer.span_processor
+        self._active = tracer.span_processor
+        self._seen: object = None
+        self._starts: list[Callable[..., None]] = []
+        self._endings: list[Callable[[Any], None]] = []
+        self._ends: list[Callable[[Any], None]] = []
         self.resource = tracer.resource
         self.scope = tracer._instrumentation_scope
         self.info = tracer.instrumentation_info
         limit = tracer._span_limits.max_events
         self.max_events = limit if limit is not None else 1 << 62
-        self.on_start = processor.on_start
-        self.on_ending: Callable[[Any], None] = getattr(processor, "_on_ending",
-                                                        lambda span: None)
-        self.on_end = processor.on_end
         self.new_span_id = tracer.id_generator.generate_span_id
         self.new_trace_id = tracer.id_generator.generate_trace_id
         is_random = getattr(tracer.id_generator, "is_trace_id_random", None)
         self.random_ids = bool(is_random and is_random())
+
+    def _hooks(self) -> None:
+        active = self._active
+        processors = getattr(active, "_span_processors", None)
+        if processors is self._seen and processors is not None:
+            return
+        self._seen = processors
+        if not isinstance(active, SynchronousMultiSpanProcessor) or processors is None:
+            self._starts, self._ends = [active.on_start], [active.on_end]
+            self._endings = [getattr(active, "_on_ending", lambda span: None)]
+            return
+        base = SpanProcessor
+        self._starts = [p.on_start for p in processors
+                        if type(p).on_start is not base.on_start
+                        and not getattr(p, "ignores_cheap_span_start", False)]
+        self._endings = [p._on_ending for p in processors
+                         if type(p)._on_ending is not base._on_ending]
+        self._ends = [p.on_end for p in processors]
+
+    def on_start(self, span: CheapSpan, parent_context: Any) -> None:
+        self._hooks()
+        for start in self._starts:
+            start(span, parent_context=parent_context)
+
+    def on_end(self, span: CheapSpan) -> None:
+        self._hooks()
+        for ending in self._endings:
+            ending(span)
+        for end in self._ends:
+            end(span)
 
 
 def fast_starter(tracer: trace.Tracer) -> Starter | None:
@@ -196,15 +260,13 @@ def fast_starter(tracer: trace.Tracer) -> Starter | None:
             parent_span, state, sampled = None, None, True
             trace_id = sdk.new_trace_id()
             random = _RANDOM if sdk.random_ids else 0
-        flags = (_SAMPLED if sampled else _NOT_SAMPLED) | random
         context = SpanContext(trace_id, sdk.new_span_id(), is_remote=False,
-                              trace_flags=TraceFlags(flags), trace_state=state)
+                              trace_flags=_FLAGS[sampled, bool(random)], trace_state=state)
         if not sampled:  # a parent that was not sampled: ParentBased's ALWAYS_OFF
             return trace.NonRecordingSpan(context)
         clean: dict[str, Any] = {}
-        if attributes:
-            _clean(attributes, clean)
-        span = CheapSpan(name, context, parent_span, kind, clean, sdk)
+        plain = _clean(attributes, clean) if attributes else True
+        span = CheapSpan(name, context, parent_span, kind, clean, sdk, plain)
         sdk.on_start(span, parent_context=parent)
         return span
 

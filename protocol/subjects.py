@@ -16,6 +16,7 @@ __all__ = [
     "STREAM_DLQ",
     "STREAM_EXTERNAL",
     "STREAM_DECISIONS",
+    "STREAM_SANDBOX",
     "decision_subject",
     "external_subject",
     "check_token",
@@ -26,6 +27,8 @@ __all__ = [
     "mail_subject",
     "event_subject",
     "task_events_filter",
+    "sandbox_event_subject",
+    "sandbox_events_filter",
     "task_life_filter",
     "dlq_subject",
     "mail_route",
@@ -41,6 +44,7 @@ STREAM_EVENTS = "RATCHET_EVENTS"
 STREAM_DLQ = "RATCHET_DLQ"
 STREAM_EXTERNAL = "RATCHET_EXTERNAL"
 STREAM_DECISIONS = "RATCHET_DECISIONS"
+STREAM_SANDBOX = "RATCHET_SANDBOX"
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -83,6 +87,19 @@ def event_subject(tenant: str, task_id: str, event_type: str) -> str:
 
 def task_events_filter(tenant: str, task_id: str) -> str:
     return f"ratchet.events.{check_token(tenant, 'tenant')}.{check_token(task_id, 'task_id')}.>"
+
+
+def sandbox_event_subject(tenant: str, task_id: str, event_type: str) -> str:
+    """A sandbox fork's event: the same message as :func:`event_subject`'s under
+    ``ratchet.sandbox.events.``, so that no subscriber of ``ratchet.events.>`` (production)
+    ever sees it (docs/protocol.md, "Sandbox forks")."""
+    return f"ratchet.sandbox.events.{tenant}.{task_id}.{event_type}"
+
+
+def sandbox_events_filter(tenant: str, task_id: str | None = None) -> str:
+    """The events of one sandbox fork of ``tenant``, or of all of them (``task_id`` None)."""
+    who = ">" if task_id is None else f"{check_token(task_id, 'task_id')}.>"
+    return f"ratchet.sandbox.events.{check_token(tenant, 'tenant')}.{who}"
 
 
 def task_life_filter(tenant: str, task_id: str | None = None) -> str:

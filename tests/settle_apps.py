@@ -13,7 +13,7 @@ from pydantic import BaseModel
 import ratchet
 from ratchet.actors.agents.models import ModelRequest
 from ratchet.actors.agents.scripted_model import Reply, ScriptedModel, reply
-from ratchet.protocol.tool_errors import ToolOutcomeUnknown, ToolPermissionDenied
+from ratchet.protocol.tool_errors import ToolOutcomeUnknown, ToolPermissionDenied, ToolTransient
 
 #: ``mode``: ``unknown`` (the call's outcome is lost) or ``ok``; ``calls``: calls made.
 PAY: dict[str, Any] = {"mode": "unknown", "calls": 0}
@@ -163,7 +163,33 @@ async def done(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": ctx.state["assistant"]}
 
 
+#: ``fail``: the charge answers 503 while it is True; ``calls``: calls that reached it.
+CHARGE: dict[str, Any] = {"fail": True, "calls": 0}
+
+
+def _charge(ctx: ratchet.ToolContext, args: PayArgs) -> PayResult:
+    CHARGE["calls"] += 1
+    if CHARGE["fail"] == "forbidden":
+        raise ToolPermissionDenied("the provider refused this merchant")
+    if CHARGE["fail"]:
+        raise ToolTransient("the provider answered 503")
+    return PayResult(provider_id=f"c-{ctx.key}")
+
+
+charge_tool = ratchet.Tool("charge", _charge, "write", PayArgs, PayResult,
+                           key=lambda a: f"charge:{a.order}", timeout=5.0,
+                           retry=ratchet.RetryPolicy(max_attempts=2, base_delay=0.0,
+                                                     max_delay=0.0))
+card = ratchet.Workflow("settle.card", version=1)
+
+
+@card.step(on_exhausted="human")
+async def bill(ctx: ratchet.StepContext) -> dict[str, Any]:
+    paid = await ctx.call(charge_tool, PayArgs(order="o9", amount=9.0))
+    return {"output": {"paid": paid.provider_id}}
+
+
 registry = ratchet.Registry([pay, _flaky_workflow("settle.flaky", True),
                              _flaky_workflow("settle.rigid", False), undo, agent,
-                             cancelled, giveup],
-                            tools=[pay_tool, book_tool, unbook_tool])
+                             cancelled, giveup, card],
+                            tools=[pay_tool, book_tool, unbook_tool, charge_tool])

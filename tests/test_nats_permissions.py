@@ -49,7 +49,16 @@ def test_a_producer_publishes_its_tenants_submits_and_api_requests_only() -> Non
 def test_a_subscriber_reads_its_tenants_events_through_consumers_pinned_to_them() -> None:
     assert permissions(_who("acme", "subscriber")) == (
         ["$JS.API.CONSUMER.CREATE.RATCHET_EVENTS.*.ratchet.events.acme.>",
-         "$JS.FC.RATCHET_EVENTS.>"], [INBOX, "ratchet.events.acme.>"])
+         "$JS.API.CONSUMER.CREATE.RATCHET_SANDBOX.*.ratchet.sandbox.events.acme.>",
+         "$JS.FC.RATCHET_EVENTS.>", "$JS.FC.RATCHET_SANDBOX.>"],
+        [INBOX, "ratchet.events.acme.>", "ratchet.sandbox.events.acme.>"])
+
+
+def test_sandbox_events_are_a_subject_space_of_their_own_that_production_filters_miss() -> None:
+    _, sub = permissions(_who("acme", "subscriber"))
+    assert _may(sub, "ratchet.sandbox.events.acme.tsk_f.task.succeeded")
+    assert not _may(sub, "ratchet.sandbox.events.globex.tsk_f.task.succeeded")
+    assert not _matches("ratchet.events.>", "ratchet.sandbox.events.acme.tsk_f.task.queued")
 
 
 def test_admin_roles_publish_the_verbs_of_their_roles_in_their_tenant() -> None:

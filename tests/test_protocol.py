@@ -86,7 +86,7 @@ def test_the_facade_exports_exactly_its_public_names() -> None:
         "Clock", "FakeClock", "SystemClock", "ErrorCode", "IllegalTransition", "InvalidMessage",
         "NotFound", "RatchetError", "RequestConflict", "UnknownWorkflow", "Event",
         "TaskSnapshot", "TaskEvent", "TaskStatus", "transition", "Node", "NodeConfig",
-        "END", "CANCEL", "FAIL", "JoinPolicy", "NodeLoops", "Reconcile", "RecordedEffect", "ActionFailed", "Accepted", "BreakerPolicy", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
+        "END", "CANCEL", "FAIL", "JoinPolicy", "NodeLoops", "Reconcile", "RecordedEffect", "ActionFailed", "SandboxBlocked", "Accepted", "BreakerPolicy", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
         "ToolRisk", "RevalidateContext",
         "REDACTED", "SecretStr", "SecretUnreadable", "redact_log_event", "__version__",
     ])

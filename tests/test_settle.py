@@ -16,7 +16,7 @@ from ratchet.supervisors.cli.parser import parser
 from tests import settle_apps
 from tests.conftest import NodeFactory, wait_terminal
 from tests.keys import client_as
-from tests.settle_apps import FLAKY, PAY
+from tests.settle_apps import CHARGE, FLAKY, PAY
 from tests.test_admin import admin
 
 APPROVER = {"name": "ana", "roles": ["approver"]}
@@ -27,6 +27,7 @@ KEY = "pay:o1"
 def _fresh_apps() -> None:
     PAY.update(mode="unknown", calls=0)
     FLAKY.update(fail=True, runs=0)
+    CHARGE.update(fail=True, calls=0)
 
 
 async def parked(client: ratchet.Client, task_id: str, timeout: float = 20.0) -> ratchet.Event:
@@ -219,6 +220,48 @@ async def test_a_step_out_of_attempts_goes_to_a_human_and_approve_runs_it_again(
     assert events[-1].payload["output"] == {"fetched": True}
     after = await admin(client, "approvals", command_id="l2")
     assert after.result is not None and after.result["waiting"] == []
+
+
+async def test_a_call_out_of_retries_goes_to_a_human_and_approve_makes_it_once_more(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    """The provider answered 503 to both tries: the step's ``on_exhausted="human"`` holds
+    for the call's exhausted retries too; approved, the call goes once more under its key
+    and, the provider back, takes effect once."""
+    node, task_id = await exhausted(start_node, client, "settle.card")
+    assert CHARGE["calls"] == 2
+    got = await admin(client, "get", command_id="g1", task_id=task_id)
+    assert got.result is not None
+    waiting = got.result["waiting_for"]
+    assert waiting["node"] == "@exhausted"
+    assert node.store is not None
+    approval = await node.store.approval(waiting["approval_id"])
+    assert approval is not None and approval["request"]["action"] == "charge:o9"
+    CHARGE["fail"] = False  # the provider is back
+    approved = await admin(client, "approve", command_id="a1", principal=APPROVER,
+                           task_id=task_id, args={"approval_id": waiting["approval_id"],
+                                                  "request_hash": waiting["request_hash"]})
+    assert approved.ok, approved.error
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert events[-1].payload["output"] == {"paid": "c-charge:o9"}
+    assert CHARGE["calls"] == 3
+    row = await node.store.get_action("acme", "charge:o9")
+    assert row is not None and row.status == "SUCCEEDED"
+
+
+async def test_a_call_refused_for_good_still_fails_a_human_step(
+    start_node: NodeFactory, client: ratchet.Client
+) -> None:
+    """Not every failed call is exhausted: a 403 is never retried, so the step fails at
+    once even though it would go to a human when out of attempts."""
+    node = await start_node(settle_apps.registry, max_step_attempts=2)
+    CHARGE["fail"] = "forbidden"
+    task_id = (await client.submit("settle.card", {}, key="card-403")).task_id
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.failed"
+    assert CHARGE["calls"] == 1 and (await client.get(task_id)).status == "FAILED"
+    assert node.store is not None and await node.store.task_approvals(task_id) == []
 
 
 async def test_reject_at_an_exhausted_step_fails_the_task(

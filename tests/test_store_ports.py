@@ -30,13 +30,14 @@ from ratchet.persistence.ports import (
     StorePort,
     SweepStore,
     TaskStore,
+    VersionStore,
 )
 from ratchet.persistence.store import Store
 from tests.conftest import ROOT
 
 CONCERNS: list[type[Any]] = [TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore,
                              ScheduleStore, DriftStore, SweepStore, SettleStore,
-                             MetricStore, DiagnoseStore, DeadLetterStore]
+                             MetricStore, DiagnoseStore, DeadLetterStore, VersionStore]
 PORTS: list[type[Any]] = [*CONCERNS, StorePort]
 #: Where a store is opened: the only modules of the upper layers that name the SQLite class
 #: (the node; and ``ratchet nats-config``, which reads the keyring with no node running).

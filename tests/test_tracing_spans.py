@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ratchet.protocol import tracing
+from ratchet.protocol.catalogue import EventType
 from ratchet.supervisors.node.otel import _batching, _HashedResource
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -151,6 +152,12 @@ def _all_kinds_of_span() -> list[ReadableSpan]:
     to the encoder (a list)."""
     exporter, provider = _traced()
     tracing.enable(provider)
+    make_all_kinds_of_span()
+    return list(exporter.get_finished_spans())
+
+
+def make_all_kinds_of_span() -> None:
+    """Spans of every shape Ratchet makes, into the provider tracing is enabled with."""
     tracing.enter_task(SAMPLED)
     otel_context.attach(TraceContextTextMapPropagator().extract(
         {"traceparent": SAMPLED, "tracestate": "vendor=v1,other=o-2"}))
@@ -158,6 +165,7 @@ def _all_kinds_of_span() -> list[ReadableSpan]:
                                        "x.yes": True, "x.no": False, "x.utf": "é✓"}):
         tracing.add_event("action.started", {"ratchet.sequence": 1, "x.f": -1.5})
         tracing.add_event("bare", {})
+        tracing.add_event(EventType.TASK_QUEUED, {"ratchet.sequence": 2})  # a str enum
         with pytest.raises(KeyError), tracing.span("ratchet.tool", {"ratchet.tool": "t"},
                                                    kind=SpanKind.CLIENT):
             raise KeyError("k")
@@ -165,7 +173,6 @@ def _all_kinds_of_span() -> list[ReadableSpan]:
             pass
     with tracing.span("ratchet.admin", {}, parent=tracing.parent_from({})):
         pass
-    return list(exporter.get_finished_spans())
 
 
 def test_the_wire_form_is_the_message_the_otlp_encoder_makes(in_task: None) -> None:
@@ -173,7 +180,7 @@ def test_the_wire_form_is_the_message_the_otlp_encoder_makes(in_task: None) -> N
     from opentelemetry.proto.trace.v1.trace_pb2 import Span as WireSpan
 
     from ratchet.protocol.span_wire import span_message
-    from ratchet.supervisors.node.otel import _encode_ours_directly
+    from ratchet.supervisors.node.otel import encode_wire_spans
 
     found = _all_kinds_of_span()
     assert len(found) == 4
@@ -184,7 +191,7 @@ def test_the_wire_form_is_the_message_the_otlp_encoder_makes(in_task: None) -> N
     for span, data in zip(found, written, strict=True):
         if data is not None:
             assert WireSpan.FromString(data) == original(span), span.name
-    _encode_ours_directly()  # as the node does: the encoder then takes the wire form
+    encode_wire_spans()  # as the node does: the encoder then takes the wire form
     batch = trace_encoder.encode_spans(found)
     assert [s.name for s in batch.resource_spans[0].scope_spans[0].spans] == [
         s.name for s in found]

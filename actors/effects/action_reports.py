@@ -9,10 +9,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.workflow.tools import Decision, Tool
-from ratchet.protocol.errors import ActionFailed, RatchetError
+from ratchet.protocol.errors import ActionFailed, ErrorCode, RatchetError
 from ratchet.protocol.redaction import dump_model
 
-__all__ = ["coerce_result", "error_of", "handoff_package", "retry_payload"]
+__all__ = ["coerce_result", "error_of", "failed_before", "handoff_package", "retry_payload"]
 
 
 def coerce_result(tool: Tool[Any, Any], value: Any) -> Any:
@@ -58,3 +58,16 @@ def handoff_package(tool: str, args: BaseModel, key: str, attempt: int,
             "options": ["confirm the action happened (mark SUCCEEDED with the provider's"
                         " result)", "confirm it did not happen (resend with the same key)",
                         "fail the task (compensations run)"]}
+
+
+def failed_before(tool: str, key: str, error: dict[str, Any] | None) -> ActionFailed:
+    """The failure a step gets for an action the ledger holds FAILED: the same code (the
+    provider's reason), and :attr:`~ActionFailed.exhausted` as it was the first time."""
+    error = error or {}
+    failure = ActionFailed(f"{tool} failed before: {error.get('message')}", key=key, tool=tool,
+                           error=error)
+    failure.exhausted = bool(error.get("exhausted"))
+    code = str(error.get("code"))
+    if code in ErrorCode.__members__:
+        failure.code = ErrorCode(code)
+    return failure

@@ -32,6 +32,7 @@ from ratchet.actors.core.backoff import backoff_delay
 from ratchet.actors.effects.action_reports import (
     coerce_result,
     error_of,
+    failed_before,
     handoff_package,
     retry_payload,
 )
@@ -53,7 +54,6 @@ from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import (
     ActionFailed,
     ActionKeyTaken,
-    ErrorCode,
     RatchetError,
     ToolCircuitOpen,
     ToolDeadlineExceeded,
@@ -154,6 +154,7 @@ class ActionRunner:
             if decision is Decision.FAIL or delay is None:
                 failure = ActionFailed(f"{tool.name} failed: {value}", tool=tool.name,
                                        error=error_of(value))
+                failure.exhausted = decision is not Decision.FAIL
                 if isinstance(value, RatchetError):
                     failure.code = value.code  # the provider's reason (CIRCUIT_OPEN: routable)
                 raise failure
@@ -204,13 +205,7 @@ class ActionRunner:
                                                                      "status": row.status})])
             return coerce_result(tool, row.result)
         if row.status == "FAILED":
-            failure = ActionFailed(f"{tool.name} failed before: "
-                                   f"{(row.error or {}).get('message')}", key=key,
-                                   tool=tool.name, error=row.error)
-            code = str((row.error or {}).get("code"))
-            if code in ErrorCode.__members__:
-                failure.code = ErrorCode(code)  # the provider's reason, as the first time
-            raise failure
+            raise failed_before(tool.name, key, row.error)
         if row.accepted:
             raise AwaitExternal(key, key, self.env.default_external_timeout)
         if row.status == "PENDING":
@@ -321,13 +316,15 @@ class ActionRunner:
 
     async def _record_failure(self, tool: Tool[Any, Any], key: str, exc: BaseException,
                               attempt: int, decision: Decision) -> None:
-        reason = "not retryable" if decision is Decision.FAIL else "retries or deadline exhausted"
+        exhausted = decision is not Decision.FAIL  # kept on the row: a re-run knows it too
+        reason = "retries or deadline exhausted" if exhausted else "not retryable"
         await self.env.commit(
-            action=ActionWrite(key, "FAILED", error=error_of(exc)),
+            action=ActionWrite(key, "FAILED", error={**error_of(exc), "exhausted": exhausted}),
             events=[(EventType.ACTION_FAILED, {"key": key, "tool": tool.name, "attempt": attempt,
                                                "reason": reason, "error": error_of(exc)})])
         failure = ActionFailed(f"{tool.name} failed ({reason}): {exc}", key=key, tool=tool.name,
                                error=error_of(exc))
+        failure.exhausted = exhausted
         if isinstance(exc, RatchetError):
             failure.code = exc.code  # a 403 stays PERMISSION_DENIED on the wire
         raise failure

@@ -38,6 +38,7 @@ from ratchet.actors.task.mail import MAIL
 from ratchet.actors.task.node_guard import NodeGuard
 from ratchet.actors.task.open_actions import OpenActions, mark_cancelling
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
+from ratchet.actors.task.sandbox_task import enter_task
 from ratchet.actors.task.slow_step import warn_if_slow
 from ratchet.actors.task.step_runner import step_heartbeat, step_runner
 from ratchet.actors.task.step_sleep import StepSleeper
@@ -47,7 +48,6 @@ from ratchet.actors.workflow.nodes import END, StepContext, StepNode
 from ratchet.actors.workflow.registry import Workflow, bind_step_logger
 from ratchet.actors.workflow.revalidate import AFTER
 from ratchet.persistence import CheckpointWrite, StateDelta, StateTracker, TaskChange, TaskRecord
-from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import (
     ActionFailed,
@@ -108,7 +108,7 @@ class TaskActor(Actor):
         self.record = rec
         self.version, self.status, self.next_step = rec.version, TaskStatus(rec.status), rec.next_step
         self.visits, self.spent = dict(rec.visits), dict(rec.spent)
-        tracing.enter_task(rec.traceparent)  # its steps' spans continue its submit's trace
+        enter_task(self, rec)  # its trace; a sandbox fork's log marks (sandbox_task.py)
         self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
         self._attempt = rec.step_failures + 1
         self.checkpoint_seq = rec.last_checkpoint

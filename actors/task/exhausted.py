@@ -13,8 +13,11 @@ last error), ``approval.requested``, ``task.handoff`` and the handoff package
 - ``reject``: the task fails, compensating first, as it would have without a human.
 - ``skip-step`` (a step declared ``skippable``; actors/task/settle.py): it moves on.
 
-Failures for good (``ActionFailed``, a budget, an invalid state value) still fail the task
-at once: no attempt of the step can change them.
+A call whose retries (or deadline) ran out on retryable errors (``ActionFailed`` with
+``exhausted``) goes to the human too, its key in the request: approved, the call is made
+once more under the same key (the action PENDING again). Failures for good (a call's
+error that is never retried, a budget, an invalid state value) still fail the task at
+once: no attempt of the step can change them.
 """
 
 from __future__ import annotations
@@ -28,9 +31,10 @@ from ratchet.actors.task.pseudo_approvals import pending_decision
 from ratchet.actors.task.suspension import fail_with_saga, handoff_package
 from ratchet.actors.workflow.nodes import HUMAN, StepNode
 from ratchet.persistence.graph_rows import ApprovalWrite
+from ratchet.persistence.ledger import ActionWrite
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.codec import canonical
-from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.errors import ActionFailed, RatchetError
 from ratchet.protocol.ids import new_id, request_hash
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import TaskEvent
@@ -48,7 +52,9 @@ async def give_up(actor: TaskKernel, step: StepNode, exc: BaseException, for_goo
     """A step's failure that ends its attempts: a failure for good fails the task; a last
     attempt fails it too, unless the step goes to a human."""
     reason = for_good or f"step {step.name} failed {attempt} times"
-    if for_good is None and step.attempts_exhausted == HUMAN:
+    # A call whose retries ran out counts as exhausted too: another try later may succeed.
+    exhausted = for_good is None or (isinstance(exc, ActionFailed) and exc.exhausted)
+    if exhausted and step.attempts_exhausted == HUMAN:
         await to_a_human(actor, step.name, exc, reason, attempt=attempt,
                          skippable=step.skippable)
         return
@@ -62,9 +68,12 @@ async def to_a_human(actor: TaskKernel, node: str, exc: BaseException, reason: s
     error = {"type": type(exc).__name__, "message": str(exc)[:2000],
              **({"code": exc.code.value} if isinstance(exc, RatchetError) else {})}
     request = {"kind": EXHAUSTED, "node": node, "attempt": attempt, "error": error}
+    again = "approve: run the node once more from the last checkpoint"
+    if isinstance(exc, ActionFailed) and exc.exhausted and exc.details.get("key"):
+        request["action"] = str(exc.details["key"])  # approved: sent again under its key
+        again += f"; its failed call {request['action']} is made once more under the same key"
     digest = request_hash(canonical(request))
-    options = ["approve: run the node once more from the last checkpoint",
-               "reject: end the task FAILED (completed side effects are compensated)"]
+    options = [again, "reject: end the task FAILED (completed side effects are compensated)"]
     if skippable:
         options.append("skip-step: go on to the step's next node without it")
     package = await handoff_package(actor, HandoffRequired(reason, {
@@ -92,6 +101,7 @@ async def on_exhausted_decision(actor: TaskKernel, env: Envelope) -> str | None:
     await actor.commit(
         status_event=TaskEvent.APPROVAL_DECIDED, approval=decided.settle,
         inbox_message_id=env.message_id, audit=decision_entry(actor, env, "applied", EXHAUSTED),
+        action=await _call_again(actor, decided) if decided.approved else None,
         events=[(EventType.APPROVAL_DECIDED, decided.payload(EXHAUSTED, actor.current))])
     if decided.approved:
         actor.advance()
@@ -100,3 +110,17 @@ async def on_exhausted_decision(actor: TaskKernel, env: Envelope) -> str | None:
     cause: Any = RatchetError(reason, decided_by=decided.decided_by)
     await fail_with_saga(actor, cause, reason)
     return "processed"
+
+
+async def _call_again(actor: TaskKernel, decided: Any) -> ActionWrite | None:
+    """The failed call of an approved exhausted step, PENDING again for one more attempt
+    under its key (its retries ran out on errors that were retryable: the provider never
+    did it); None when the step's failure was not a call's."""
+    key = (decided.row.get("request") or {}).get("action")
+    if not key:
+        return None
+    assert actor.record is not None
+    row = await actor.deps.store.get_action(actor.record.tenant, str(key))
+    if row is None or row.status != "FAILED":
+        return None
+    return ActionWrite(row.key, "PENDING", attempts=row.attempts + 1)

@@ -31,7 +31,8 @@ from typing import Any
 import structlog
 
 from ratchet.actors.core.actor import Actor
-from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
+from ratchet.actors.effects.actions import CallEnv, TaskSuspended
+from ratchet.actors.effects.sandbox import runner_for
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.task.heartbeat import StepHeartbeat
 from ratchet.actors.task.task_secrets import TaskSecrets
@@ -165,7 +166,7 @@ class BranchActor(Actor):
                  switches: Switches | None = None,
                  max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
                  arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS,
-                 traceparent: str | None = None) -> None:
+                 traceparent: str | None = None, sandbox: dict[str, Any] | None = None) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
         self.traceparent = traceparent  # the fan-out's span (protocol/tracing.py)
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
@@ -174,6 +175,7 @@ class BranchActor(Actor):
         self.switches = switches
         self.max_concurrency, self.arm_timeout = max_concurrency, arm_timeout
         self.partitions = partitions
+        self.sandbox = sandbox  # its task's sandbox marks: its calls answered as the task's
         # Its task's secrets: what its commits show is cut free of them, as the task's is.
         self.secrets = TaskSecrets(task_id)
         self.secrets.note(secret_values(task_input))
@@ -214,10 +216,11 @@ class BranchActor(Actor):
 
     async def _run(self) -> Any:
         current, visits = self.graph.start, dict[str, int]()
-        runner = ActionRunner(CallEnv(
+        runner = runner_for(CallEnv(
             task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
             clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
-            rng=random.Random(), switches=self.switches, note_secrets=self.secrets.note))
+            rng=random.Random(), switches=self.switches, note_secrets=self.secrets.note),
+            self.sandbox)
         while current != END:
             node = self.graph.node(current)
             visits[current] = visits.get(current, 0) + 1

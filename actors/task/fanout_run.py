@@ -108,7 +108,7 @@ async def start_visit(actor: TaskKernel, visit: Visit,
 def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
                     arm_timeout: float | None) -> Any:
     assert actor.record is not None
-    tenant, task_input = actor.record.tenant, dict(actor.record.input)
+    tenant, task_input, sandbox = actor.record.tenant, dict(actor.record.input), actor.record.sandbox
     initial = visit.inputs[branch]
     # The fan-out's span, if tracing: the branch's calls are its children (the branch's
     # actor is started by the task's supervisor, in a context of its own).
@@ -124,7 +124,7 @@ def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
                            producer=actor.deps.producer, session=session,
                            switches=actor.deps.switches, max_concurrency=limit,
                            arm_timeout=arm_timeout, partitions=actor.deps.partitions,
-                           traceparent=traceparent)
+                           traceparent=traceparent, sandbox=sandbox)
 
     return make
 

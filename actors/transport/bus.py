@@ -11,6 +11,7 @@ RATCHET_EXTERNAL          ``ratchet.external.>``      work queue (confirmations)
 RATCHET_DECISIONS         ``ratchet.decisions.>``     work queue (approval decisions)
 RATCHET_EVENTS            ``ratchet.events.>``        limits (max age, default 7 d)
 RATCHET_DLQ               ``ratchet.dlq.>``           limits (max age, default 30 d)
+RATCHET_SANDBOX           ``ratchet.sandbox.>``       limits (max age, default 1 d)
 ========================  ==========================  ==========================
 
 JetStream is transport, the Store is the truth: a message lost by JetStream delays a task
@@ -61,6 +62,7 @@ from ratchet.protocol.subjects import (
     STREAM_EVENTS,
     STREAM_EXTERNAL,
     STREAM_MAIL,
+    STREAM_SANDBOX,
     STREAM_SUBMIT,
 )
 
@@ -89,6 +91,9 @@ class StreamLimits:
     - ``dlq`` (``RATCHET_DLQ``): the same, with ``dlq_max_age`` / ``dlq_max_bytes`` /
       ``dlq_max_msgs``; the store's ``dead_letters`` table keeps a row per dead letter,
       bounded on its own (persistence/dead_letter_rows.py).
+    - ``sandbox`` (``RATCHET_SANDBOX``): sandbox forks' events (``ratchet.sandbox.events.>``,
+      never on the production events stream), oldest dropped at ``sandbox_max_age`` or
+      ``sandbox_max_bytes``; the store keeps them all, as any task's.
     - the work queues (submit, mail, external, decisions) hold only what is not consumed
       yet: at ``queue_max_bytes`` a stream refuses *new* messages (the publisher gets an
       error: a producer's submit fails, the outbox relay keeps the row and retries), so a
@@ -101,6 +106,8 @@ class StreamLimits:
     dlq_max_bytes: int = 256 * MB
     dlq_max_msgs: int = 100_000
     queue_max_bytes: int = 1024 * MB
+    sandbox_max_age: float = 1 * DAY
+    sandbox_max_bytes: int = 256 * MB
 
 
 def stream_configs(limits: StreamLimits | None = None) -> list[StreamConfig]:
@@ -121,6 +128,8 @@ def stream_configs(limits: StreamLimits | None = None) -> list[StreamConfig]:
         StreamConfig(name=STREAM_DLQ, subjects=["ratchet.dlq.>"],
                      max_age=lim.dlq_max_age, max_bytes=lim.dlq_max_bytes,
                      max_msgs=lim.dlq_max_msgs, **kept),
+        StreamConfig(name=STREAM_SANDBOX, subjects=["ratchet.sandbox.>"],
+                     max_age=lim.sandbox_max_age, max_bytes=lim.sandbox_max_bytes, **kept),
     ]
 
 

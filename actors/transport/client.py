@@ -48,8 +48,10 @@ from ratchet.protocol.messages import (
 )
 from ratchet.protocol.redaction import reveal
 from ratchet.protocol.subjects import (
+    STREAM_SANDBOX,
     api_subject,
     decision_subject,
+    sandbox_events_filter,
     submit_subject,
     task_events_filter,
 )
@@ -321,8 +323,10 @@ class Client:
 
     async def watch(self, task_id: str, after: int = 0, *, follow_terminal: bool = False,
                     idle_timeout: float | None = None,
-                    missing_after: float | None = None) -> AsyncIterator[Event]:
-        """Yield the task's events in sequence order, from ``after + 1``, live.
+                    missing_after: float | None = None,
+                    sandbox: bool = False) -> AsyncIterator[Event]:
+        """Yield the task's events in sequence order, from ``after + 1``, live; a sandbox
+        fork's with ``sandbox`` (they are on ``ratchet.sandbox.events.…`` only).
 
         Stops after a terminal event unless ``follow_terminal``; repeats are skipped by
         sequence. ``idle_timeout`` bounds the wait for each next event.
@@ -331,7 +335,9 @@ class Client:
         no such task, wait this many seconds more (a JetStream submit may still be on its
         way), then raise NotFound instead of waiting for ever.
         """
-        feed = EventFeed(self.nc, task_events_filter(self.tenant, task_id), self.refusals)
+        feed = EventFeed(self.nc, sandbox_events_filter(self.tenant, task_id), self.refusals,
+                         stream=STREAM_SANDBOX) if sandbox else \
+            EventFeed(self.nc, task_events_filter(self.tenant, task_id), self.refusals)
         last = after
         try:
             known = True if missing_after is None else await self._known(feed, task_id)

@@ -98,14 +98,16 @@ class Refusals:
 
 
 class EventFeed:
-    """The messages of ``filter_subject`` in RATCHET_EVENTS, in stream order, live.
+    """The messages of ``filter_subject`` in RATCHET_EVENTS (or ``stream``: RATCHET_SANDBOX
+    for a sandbox fork's), in stream order, live.
 
     ``refusals``: the connection's (Client's) report of permissions violations, so that a
     key without the right to follow these events is told at once rather than in 5 s."""
 
     def __init__(self, nc: NATS, filter_subject: str, refusals: Refusals | None = None, *,
-                 new_only: bool = False) -> None:
+                 new_only: bool = False, stream: str = STREAM_EVENTS) -> None:
         self.nc = nc
+        self.stream = stream
         self.js = nc.jetstream()
         self.filter_subject = filter_subject
         self.refusals = refusals
@@ -136,11 +138,11 @@ class EventFeed:
         self._sub = await self.nc.subscribe(deliver)
         self._consumer_seq = 0
         # Name and filter set: nats-py uses CONSUMER.CREATE.<stream>.<name>.<filter>.
-        create = asyncio.ensure_future(self.js.add_consumer(STREAM_EVENTS, config))
+        create = asyncio.ensure_future(self.js.add_consumer(self.stream, config))
         if self.refusals is None:
             self._created(await create)
             return
-        refused = self.refusals.watch(f"$JS.API.CONSUMER.CREATE.{STREAM_EVENTS}.{name}.")
+        refused = self.refusals.watch(f"$JS.API.CONSUMER.CREATE.{self.stream}.{name}.")
         try:
             either: set[asyncio.Future[Any]] = {create, refused}
             await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)

@@ -32,6 +32,7 @@ from ratchet.actors.workflow.cycles import cycles
 from ratchet.actors.workflow.edges import node_edges
 from ratchet.actors.workflow.loop_node import LoopBuilder, LoopNode, check_loop
 from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map
+from ratchet.actors.workflow.migrations import MigrationBuilder
 from ratchet.actors.workflow.node_loops import NodeLoops, check_node_loops
 from ratchet.actors.workflow.nodes import (
     CANCEL,
@@ -65,11 +66,11 @@ _BRANCH = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _BRANCH_KINDS = ("step", "choice", "route")
 
 
-class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder):
+class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder, MigrationBuilder):
     """A named, versioned graph of nodes; the first node declared is where a task starts.
 
-    Its ``map`` (a fan-out over a list) and ``loop`` builders live with their node kinds
-    (``map_node.py``, ``loop_node.py``)."""
+    Its ``map``, ``loop`` and ``migrate_from`` builders live in their own modules
+    (``map_node.py``, ``loop_node.py``, ``migrations.py``)."""
 
     def __init__(self, name: str, version: int = 1, description: str = "", *,
                  compensate_on_cancel: bool = False,

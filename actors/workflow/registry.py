@@ -97,6 +97,10 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._by_name)
 
+    def versions(self, name: str) -> list[int]:
+        """The registered versions of workflow ``name``, oldest first (none: [])."""
+        return sorted(self._by_name.get(name, {}))
+
     @classmethod
     def coerce(cls, obj: Any) -> Registry:
         """Accept a Registry, a Workflow, or an iterable of Workflows."""

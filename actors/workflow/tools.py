@@ -12,6 +12,11 @@ A write also has a **risk tier** (``risk``): ``write`` (the default) or ``irreve
 function of them) is above ``max_amount``. The gateway that parks such calls is
 ``actors/effects/risk.py``.
 
+In a **sandbox fork** (``admin fork --sandbox``) a tool answers as its ``sandbox``
+declaration says (actors/effects/sandbox.py): a stub callable (same signature as the tool's
+code), ``"recorded"`` (a write: the original task's ledger answers), ``"blocked"``, or
+``"live"`` (a read only). Undeclared, a read runs live and a write is blocked.
+
 Tool code is either ``async def`` (runs on the event loop) or a plain ``def`` (blocking:
 runs on the tool session's pykka thread). It reports failures by raising the
 ``protocol.errors.Tool*`` classes; :func:`classify` is the policy table over them.
@@ -54,6 +59,8 @@ A = TypeVar("A", bound=BaseModel)
 R = TypeVar("R", bound=BaseModel)
 Kind = Literal["read", "write"]
 Risk = Literal["read", "write", "irreversible"]
+#: How a tool answers in a sandbox fork: a stub ``fn(ctx, args)``, or one of these words.
+SandboxMode = Literal["recorded", "blocked", "live"]
 _NAME = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 
 
@@ -171,6 +178,8 @@ class Tool(Generic[A, R]):
     max_amount: float | None = None
     #: Where a call's amount is: a field of ``args`` (by name) or a function of the args.
     amount: str | Callable[[A], float] | None = None
+    #: How it answers in a sandbox fork (None: a read live, a write blocked).
+    sandbox: SandboxMode | ToolFn | None = None
 
     @property
     def provider(self) -> str:
@@ -194,6 +203,7 @@ class Tool(Generic[A, R]):
         if self.compensate is not None and self.kind != "write":
             raise ToolDefinitionError(f"{where}: only a write can declare a compensation")
         self._check_risk(where)
+        self._check_sandbox(where)
 
     @property
     def tier(self) -> Risk:
@@ -216,6 +226,21 @@ class Tool(Generic[A, R]):
                 f"{where}: amount {self.amount!r} is not a field of {self.args.__name__}")
 
 
+    def _check_sandbox(self, where: str) -> None:
+        mode = self.sandbox
+        if mode is None or (callable(mode) and not isinstance(mode, str)):
+            return
+        if mode not in ("recorded", "blocked", "live"):
+            raise ToolDefinitionError(
+                f"{where}: sandbox must be a stub callable, 'recorded', 'blocked' or 'live'")
+        if mode == "live" and self.kind == "write":
+            # A sandbox fork must have no effect at a provider: a write is never sent.
+            raise ToolDefinitionError(f"{where}: a write cannot run live in a sandbox")
+        if mode == "recorded" and self.kind == "read":
+            raise ToolDefinitionError(
+                f"{where}: only a write is recorded (in the ledger); a read is 'live' or a stub")
+
+
 def tool(
     *,
     kind: Kind,
@@ -234,12 +259,13 @@ def tool(
     requires_approval: bool = False,
     max_amount: float | None = None,
     amount: str | Callable[[A], float] | None = None,
+    sandbox: SandboxMode | ToolFn | None = None,
 ) -> Callable[[Callable[[ToolContext, A], Any]], Tool[A, R]]:
     """Decorator making a :class:`Tool` of a function ``fn(ctx, args) -> result``."""
 
     def make(fn: Callable[[ToolContext, A], Any]) -> Tool[A, R]:
         return Tool(name or fn.__name__, fn, kind, args, result, key, timeout,
                     retry or RetryPolicy(), query, compensate, session, breaker, risk,
-                    requires_approval, max_amount, amount)
+                    requires_approval, max_amount, amount, sandbox)
 
     return make

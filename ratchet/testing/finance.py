@@ -119,6 +119,8 @@ class FinanceState:
     effects: dict[str, int] = field(default_factory=dict)
     faults: list[FaultRule] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
+    #: Requests received per provider operation (claims, refunds, query), effect or not.
+    requests: dict[str, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def submit(self, op: str, key: str, body: Json, *, pending: bool = False) -> tuple[int, Json]:
@@ -185,10 +187,15 @@ class FinanceState:
         with self.lock:
             return [asdict(rule) for rule in self.faults]
 
+    def count_request(self, op: str) -> None:
+        with self.lock:
+            self.requests[op] = self.requests.get(op, 0) + 1
+
     def snapshot(self) -> Json:
         with self.lock:
             return {
                 "effects": dict(self.effects),
+                "requests": dict(self.requests),
                 "actions": {k: copy.deepcopy(a.result) for k, a in self.actions.items()},
             }
 
@@ -198,6 +205,7 @@ class FinanceState:
             self.effects.clear()
             self.faults.clear()
             self.counters.clear()
+            self.requests.clear()
 
 
 class FinanceServer(SimulatorServer):
@@ -239,8 +247,10 @@ class _Handler(JsonHandler):
     def _route(self, method: str, path: str) -> None:
         state = self.state
         if method == "POST" and path in ("/claims", "/refunds"):
+            state.count_request(path[1:])
             self._write(path[1:])
         elif method == "GET" and path.startswith("/actions/"):
+            state.count_request("query")
             self._query(unquote(path[len("/actions/") :]))
         elif method == "GET" and path == "/_health":
             self._reply(200, {"ok": True})

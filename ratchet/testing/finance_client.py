@@ -109,6 +109,10 @@ class FinanceClient:
         """How many times each key's action actually took effect."""
         return dict(self._admin("GET", "/_effects")["effects"])
 
+    def requests(self) -> dict[str, int]:
+        """How many requests each provider operation received (claims, refunds, query)."""
+        return dict(self._admin("GET", "/_effects")["requests"])
+
     def actions(self) -> dict[str, Json]:
         """Every stored result by idempotency key."""
         return dict(self._admin("GET", "/_effects")["actions"])

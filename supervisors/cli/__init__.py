@@ -1,4 +1,4 @@
-"""``ratchet`` command line: serve, submit, watch, status, admin, schedule, creds,
+"""``ratchet`` command line: serve, submit, watch, status, admin, schedule, versions, creds,
 nats-config, console-login, replay, export, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
@@ -31,6 +31,7 @@ from ratchet.supervisors.cli.replay import export_command, replay_command
 from ratchet.supervisors.cli.schedule import schedule
 from ratchet.supervisors.cli.serve import serve
 from ratchet.supervisors.cli.tasks import graph, status, submit, watch
+from ratchet.supervisors.cli.versions import versions
 from ratchet.supervisors.node.log_output import configure_logging
 
 __all__ = ["ExitCode", "configure_logging", "main", "load_app"]
@@ -48,6 +49,7 @@ _ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, in
     "schedule": schedule,
     "replay": replay_command,
     "export": export_command,
+    "versions": versions,
 }
 
 

@@ -36,6 +36,7 @@ async def admin(args: argparse.Namespace) -> int:
             key, _, value = item.partition("=")
             verb_args[key] = int(value) if value.isdigit() else value
         verb_args.update(settle_args(args))
+        verb_args.update(fork_args(args))
         body = {
             "command_id": args.command_id or new_id("cmd"),
             "task_id": args.task_id,
@@ -52,9 +53,10 @@ async def admin(args: argparse.Namespace) -> int:
     return ExitCode.OK
 
 
-#: The settling verbs' own flags (the parser), by the argument each one sets.
+#: The settling verbs' own flags (the parser), by the argument each one sets (and
+#: ``migrate``'s ``--to-version``).
 _SETTLE_FLAGS = ("action", "outcome", "evidence", "request_hash", "result", "provider_id",
-                 "reason")
+                 "reason", "to_version")
 
 
 def settle_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -62,6 +64,11 @@ def settle_args(args: argparse.Namespace) -> dict[str, Any]:
     of digits stays a string)."""
     return {name: getattr(args, name) for name in _SETTLE_FLAGS
             if getattr(args, name, None) is not None}
+
+
+def fork_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--sandbox`` and ``--reuse-model`` as ``fork``'s boolean arguments (those given)."""
+    return {name: True for name in ("sandbox", "reuse_model") if getattr(args, name, None)}
 
 
 def dlq_arguments(args: argparse.Namespace) -> None:

@@ -146,6 +146,8 @@ def admin_command(command: AddCommand) -> None:
     s.add_argument("--command-id", default=None, help="repeat one to get its first answer")
     s.add_argument("--expected-version", type=int, default=None,
                    help="act only if the task is still at this version")
+    s.add_argument("--to-version", type=int, default=None, metavar="N",
+                   help="migrate: the workflow version to move the task to")
     s.add_argument("--args", dest="args_json", default=None, type=json_object,
                    help='verb arguments as a JSON object, e.g. \'{"input": {"x": 1}}\'')
     settle = s.add_argument_group("resolve, retry-action, skip-step (docs/admin.md)")
@@ -160,6 +162,13 @@ def admin_command(command: AddCommand) -> None:
                         help="the provider's result, for --outcome succeeded (a JSON object)")
     settle.add_argument("--provider-id", default=None, help="the provider's id of the action")
     settle.add_argument("--reason", default=None, help="why (skip-step, cancel, ...)")
+    fork = s.add_argument_group("fork (docs/admin.md)")
+    fork.add_argument("--sandbox", action="store_true", default=None,
+                      help="a sandbox fork: no write reaches a provider, its events go to"
+                      " ratchet.sandbox.events.>")
+    fork.add_argument("--reuse-model", action="store_true", default=None,
+                      help="with --sandbox: agents' model calls answered from the original's"
+                      " recorded turns where the request is the same")
 
 
 def key_commands(command: AddCommand) -> None:
@@ -203,6 +212,9 @@ def parser() -> argparse.ArgumentParser:
     admin_command(command)
     key_commands(command)
     schedule_flags(command("schedule", help="durable schedules of a workflow"), with_nats)
+
+    s = with_nats(command("versions", help="workflow versions and the tasks on each"))
+    s.add_argument("workflow", nargs="?", default=None, help="only this workflow")
 
     s = command("graph", help="print a workflow's transition table and Mermaid diagram")
     s.add_argument("workflow")

@@ -39,6 +39,7 @@ from ratchet.supervisors.node.node import Node, NodeConfig
 from ratchet.supervisors.node.otel import start_tracing, stop_tracing
 from ratchet.supervisors.observability.health import readiness
 from ratchet.supervisors.observability.http import Observability
+from ratchet.supervisors.services.canary import check_routes, parse_routes
 
 #: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
 REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
@@ -49,6 +50,7 @@ REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
 async def serve(args: argparse.Namespace) -> int:
     registry = load_app(args.app)
     node = Node(node_config(args), registry)
+    check_routes(node.config.new_task_routes, registry)  # a usage error before NATS starts
     observed = observability_for(node)
     if observed is not None:
         await observed.start()  # UsageError (exit 2): the port is taken
@@ -225,6 +227,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         metrics_host=args.metrics_host,
         ready_timeout=args.ready_timeout,
         otel=args.otel,
+        new_task_routes=parse_routes(args.route_new_tasks),
     )
     if args.node_id:
         config.node_id = args.node_id

@@ -152,6 +152,10 @@ def serve_flags(s: argparse.ArgumentParser) -> None:
 
 def submit_rate_flags(s: argparse.ArgumentParser) -> None:
     """Per-tenant submit rate limits at intake (supervisors/services/rate_limits.py)."""
+    # Canary versions (supervisors/services/canary.py): where new tasks go, like the rates.
+    s.add_argument("--route-new-tasks", action="append", default=[],
+                   metavar="WORKFLOW=VERSION:PERCENT", help="canary: PERCENT of WORKFLOW's new"
+                   " tasks that name no version go to VERSION (the rest: the latest)")
     s.add_argument(
         "--submit-rate",
         type=float,

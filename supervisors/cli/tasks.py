@@ -70,6 +70,8 @@ def watch_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--after", type=int, default=0, help="start after this sequence")
     sp.add_argument("--follow", action="store_true",
                     help="keep going after a terminal event (else watch ends there)")
+    sp.add_argument("--sandbox", action="store_true",
+                    help="a sandbox fork's events (ratchet.sandbox.events.>, docs/admin.md)")
 
 
 def outcome_exit_code(error: RatchetError) -> int:
@@ -141,7 +143,8 @@ async def watch(args: argparse.Namespace) -> int:
         with watch_view(args.task_id) as view:
             async for event in client.watch(args.task_id, after=args.after,
                                             follow_terminal=args.follow,
-                                            missing_after=MISSING_AFTER_S):
+                                            missing_after=MISSING_AFTER_S,
+                                            sandbox=args.sandbox):
                 view.show(event)
                 code = _EXIT_BY_EVENT.get(event.type, code)
     finally:

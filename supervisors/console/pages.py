@@ -65,6 +65,9 @@ def _summary(rec: Any, now: float, owner: str | None) -> str:
             ("updated", f"{ts(rec.updated_at)} ({age(now - rec.updated_at)} ago)"),
             ("deadline", ts(rec.deadline_at)), ("lease owner", esc(owner or "—")),
             ("budget", pretty(rec.budget)), ("spent", pretty(rec.spent))]
+    if rec.sandbox:  # a what-if run (docs/admin.md, "fork --sandbox"): never production's
+        rows.insert(1, ("sandbox", f"a sandbox fork of {esc(rec.sandbox.get('source'))}:"
+                        " no write reached a provider"))
     if rec.error:
         rows.append(("error", pretty(rec.error)))
     if rec.output is not None:

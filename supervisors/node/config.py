@@ -128,6 +128,9 @@ class NodeConfig:
     #: ``serve`` exits (NOT_READY) when the node is not ready this many seconds after it
     #: began to start (supervisors/observability/health.py says what ready means).
     ready_timeout: float = 60.0
+    #: ``serve --route-new-tasks``: workflow → (version, percent): that share of its new
+    #: tasks that name no version go to that version (supervisors/services/canary.py).
+    new_task_routes: dict[str, tuple[int, float]] = field(default_factory=dict)
 
     @property
     def db_path(self) -> Path:

@@ -160,7 +160,7 @@ class Node:
                             has_room=self.scheduler.has_room,
                             wait_for_room=self._wait_for_room, limits=SubmitLimits(
                                 cfg.submit_rate, cfg.tenant_submit_rates, cfg.submit_burst,
-                                self.clock.monotonic))
+                                self.clock.monotonic), routes=cfg.new_task_routes)
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
         root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),

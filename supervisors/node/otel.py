@@ -27,7 +27,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
     BatchSpanProcessor,
     ConsoleSpanExporter,
@@ -38,8 +38,15 @@ from ratchet.protocol import tracing
 from ratchet.protocol.errors import UsageError
 from ratchet.protocol.span_wire import span_message
 from ratchet.protocol.spans import CheapSpan
+from ratchet.supervisors.node.span_shipper import HashedResource as _HashedResource
+from ratchet.supervisors.node.span_shipper import (
+    ShippingSpanProcessor,
+    WireSpan,
+    in_process_only,
+)
 
-__all__ = ["TracingUnavailable", "start_tracing", "stop_tracing", "wanted"]
+__all__ = ["TracingUnavailable", "encode_wire_spans", "otlp_exporter", "start_tracing",
+           "stop_tracing", "wanted"]
 
 _EXPORTERS = {
     "http/protobuf": ("opentelemetry.exporter.otlp.proto.http.trace_exporter",
@@ -65,13 +72,20 @@ def wanted(flag: bool, environ: Mapping[str, str] = os.environ) -> bool:
         or bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
-def _exporter(environ: Mapping[str, str]) -> SpanExporter:
+def _exporter_name(environ: Mapping[str, str]) -> str:
     name = (environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
-    if name == "console":
-        return ConsoleSpanExporter()
-    if name != "otlp":
+    if name not in ("otlp", "console"):
         raise TracingUnavailable(f"OTEL_TRACES_EXPORTER={name!r}: Ratchet knows otlp, console"
                                  " and none", exporter=name)
+    return name
+
+
+def otlp_exporter(environ: Mapping[str, str]) -> SpanExporter:
+    """The OTLP exporter the variables ask for (HTTP/protobuf unless gRPC is named).
+
+    Raises:
+        TracingUnavailable: its package is not installed.
+    """
     protocol = (environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
                 or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "http/protobuf").strip()
     module_name, package = _EXPORTERS.get(protocol, _EXPORTERS["http/protobuf"])
@@ -83,20 +97,6 @@ def _exporter(environ: Mapping[str, str]) -> SpanExporter:
             " (or 'ratchet-runtime[otel]' for http/protobuf)", package=package) from None
     exporter: SpanExporter = module.OTLPSpanExporter()
     return exporter
-
-
-class _HashedResource(Resource):
-    """The provider's resource, hashed once: the OTLP encoder groups each span by its
-    resource, and ``Resource.__hash__`` is a JSON dump of its attributes — ~8 µs a span
-    on the exporter's thread (profiled; docs/operations.md, Traces). Resources are
-    immutable, so the hash is too."""
-
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource.attributes, resource.schema_url)
-        self._hash = super().__hash__()
-
-    def __hash__(self) -> int:
-        return self._hash
 
 
 #: Batches bigger than the SDK's defaults (512 spans, in a queue of 2,048): a node makes a
@@ -121,15 +121,15 @@ def _batching(environ: Mapping[str, str]) -> dict[str, int]:
     return bounds
 
 
-def _encode_ours_directly() -> None:
+def encode_wire_spans() -> None:
     """Have the OTLP encoder take Ratchet's cheap spans (protocol/spans.py) in their wire
-    form (protocol/span_wire.py): half its CPU a span, on a thread that competes with the
-    event loop for the GIL. Any other span, and one the wire form does not cover, goes
-    through the encoder's own ``_encode_span`` as before. An exporter package without
-    that function (another version) is left as it is."""
+    form (protocol/span_wire.py), and the export process's spans, already in it
+    (span_shipper.py ``WireSpan``): half its CPU a span. Any other span, and one the wire
+    form does not cover, goes through the encoder's own ``_encode_span`` as before. An
+    exporter package without that function (another version) is left as it is."""
     try:
         from opentelemetry.exporter.otlp.proto.common._internal import trace_encoder
-        from opentelemetry.proto.trace.v1.trace_pb2 import Span as WireSpan
+        from opentelemetry.proto.trace.v1.trace_pb2 import Span as WireSpanMessage
     except ImportError:
         return
     original = getattr(trace_encoder, "_encode_span", None)
@@ -137,15 +137,48 @@ def _encode_ours_directly() -> None:
         return
 
     def encode_span(span: Any) -> Any:
+        if type(span) is WireSpan:
+            return WireSpanMessage.FromString(span.wire)
         if type(span) is CheapSpan:
             data = span_message(span)
             if data is not None:
-                return WireSpan.FromString(data)
+                return WireSpanMessage.FromString(data)
         return original(span)
 
     encode_span.ratchet_cheap_spans = True  # type: ignore[attr-defined]
     encode_span.__wrapped__ = original  # type: ignore[attr-defined]
     trace_encoder._encode_span = encode_span  # type: ignore[assignment]
+
+
+def _processor(provider: TracerProvider, environ: Mapping[str, str]) -> SpanProcessor:
+    """The batch processor with the user's exporter; for OTLP, behind the shipper that
+    exports Ratchet's own spans from a child process (span_shipper.py)."""
+    name = _exporter_name(environ)
+    exporter = ConsoleSpanExporter() if name == "console" else otlp_exporter(environ)
+    bounds = _batching(environ)
+    batching = BatchSpanProcessor(exporter, max_queue_size=bounds.get("max_queue_size"),
+                                  max_export_batch_size=bounds.get("max_export_batch_size"))
+    if name == "console" or in_process_only(environ):
+        return batching
+    scope = provider.get_tracer("ratchet")._instrumentation_scope  # type: ignore[attr-defined]
+    resource = provider.resource
+    hello = (dict(resource.attributes), resource.schema_url or "", scope.name,
+             scope.version or "", scope.schema_url or "")
+    queue = bounds.get("max_queue_size") or _int(environ, "OTEL_BSP_MAX_QUEUE_SIZE", 2048)
+    batch = bounds.get("max_export_batch_size") \
+        or _int(environ, "OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512)
+    return ShippingSpanProcessor(batching, hello, {
+        "max_queue_size": queue, "max_export_batch_size": min(batch, queue),
+        "schedule_delay_millis": _int(environ, "OTEL_BSP_SCHEDULE_DELAY", 5000)}, environ)
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    """A positive integer variable as the SDK reads it: its default when unset or bad."""
+    try:
+        value = int(environ.get(name) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
 
 
 def start_tracing(flag: bool, environ: Mapping[str, str] = os.environ) -> TracerProvider | None:
@@ -162,11 +195,8 @@ def start_tracing(flag: bool, environ: Mapping[str, str] = os.environ) -> Tracer
     resource = _HashedResource(Resource.create(
         {SERVICE_NAME: environ.get("OTEL_SERVICE_NAME") or "ratchet"}))
     provider = TracerProvider(resource=resource)
-    _encode_ours_directly()
-    bounds = _batching(environ)
-    provider.add_span_processor(BatchSpanProcessor(
-        _exporter(environ), max_queue_size=bounds.get("max_queue_size"),
-        max_export_batch_size=bounds.get("max_export_batch_size")))
+    encode_wire_spans()
+    provider.add_span_processor(_processor(provider, environ))
     if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         trace.set_tracer_provider(provider)
     tracing.enable(provider)

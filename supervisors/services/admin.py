@@ -10,7 +10,7 @@ nothing); the tenant of the subject (another tenant's task is NOT_FOUND: no exis
 leak); a command id (a repeat returns the first answer, the same id with another request
 is CONFLICT); an audit entry, hash-chained, before the effect and with its outcome.
 Mixins of :class:`AdminActor` hold the others (supervisors/services/admin_<name>.py): reads,
-diagnose, dlq, history (``state``, ``diff``, ``bisect``), cluster, keys, schedules, settle.
+diagnose, dlq, history (state, diff, bisect), cluster, keys, schedules, settle, versions, sandbox.
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ from ratchet.supervisors.services.admin_dlq import DlqVerbs
 from ratchet.supervisors.services.admin_history import HistoryVerbs
 from ratchet.supervisors.services.admin_keys import KeyringHooks, KeyVerbs
 from ratchet.supervisors.services.admin_reads import ReadVerbs
+from ratchet.supervisors.services.admin_sandbox import SandboxVerbs
 from ratchet.supervisors.services.admin_schedules import ScheduleVerbs
 from ratchet.supervisors.services.admin_settle import SettleVerbs
+from ratchet.supervisors.services.admin_versions import VersionVerbs
 from ratchet.supervisors.services.authn import Authenticator
 from ratchet.supervisors.services.request_service import RequestService
 from ratchet.supervisors.supervision.supervisor import RestartChild
@@ -86,7 +88,7 @@ _EFFECTS = {
 
 
 class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, HistoryVerbs, ClusterVerbs,
-                 KeyVerbs, ScheduleVerbs, RequestService):
+                 KeyVerbs, ScheduleVerbs, VersionVerbs, SandboxVerbs, RequestService):
     subject = "ratchet.admin.*.*"
     queue = "ratchet-admin"
     store: StorePort  # spans tasks, administration and the lease table (ClusterVerbs)
@@ -303,8 +305,7 @@ class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, HistoryVerbs, 
         await self.store.set_switch(tenant, "freeze", "dispatch", False, self._who(cmd), None,
                                     self.clock.now())
         self.switches.set_frozen(tenant, False)
-        # Tasks waiting at their safe point go on (those still frozen by the cluster's
-        # freeze wait on: they check again). Still frozen: the cluster froze it too.
+        # Tasks at their safe point go on; those the cluster's freeze holds check and wait.
         return {"frozen": self.switches.frozen_for(tenant), "scope": tenant,
                 "woken": self.tasks.wake_all()}
 
@@ -350,8 +351,7 @@ class AdminActor(SettleVerbs, DiagnoseVerbs, DlqVerbs, ReadVerbs, HistoryVerbs, 
             now=now, producer=self.node_id, message_id=cmd.command_id,
             start_mail=(mail_subject(task_id, "task", self.tasks.deps.partitions),
                         start.message_id, encode(start)))
-        return await self.store.fork(ForkRequest(
-            rec.task_id, checkpoint, new))
+        return await self.store.fork(ForkRequest(rec.task_id, checkpoint, new, self._sandbox(cmd)))
 
     async def _restart(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """Restart one task's actor through its supervisor (a fresh actor from the last

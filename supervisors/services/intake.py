@@ -56,6 +56,7 @@ from ratchet.protocol.subjects import (
     tenant_of,
 )
 from ratchet.supervisors.services.authn import Authenticator
+from ratchet.supervisors.services.canary import Routes, check_routes, routed_version
 from ratchet.supervisors.services.rate_limits import SubmitLimits
 from ratchet.supervisors.services.request_service import error_reply
 from ratchet.supervisors.services.routing import given_up
@@ -71,8 +72,11 @@ class Acceptor:
     def __init__(self, store: TaskStore, registry: Registry, clock: Clock, producer: str,
                  partitions: int, has_room: Callable[[], bool] | None = None,
                  wait_for_room: Callable[[], Awaitable[Any]] | None = None,
-                 limits: SubmitLimits | None = None) -> None:
+                 limits: SubmitLimits | None = None, routes: Routes | None = None) -> None:
         self.store = store
+        #: Canary routes of new tasks between versions (supervisors/services/canary.py).
+        self.routes: Routes = dict(routes or {})
+        check_routes(self.routes, registry)
         #: Per-tenant submit rate limits (RATE_LIMITED past them); None: none.
         self.limits = limits
         #: Backpressure: whether this node can take more queued work (its admission queue
@@ -100,7 +104,10 @@ class Acceptor:
         if env.type != MessageType.TASK_SUBMIT:
             raise InvalidMessage(f"expected type task.submit, got {env.type!r}", type=env.type)
         body = parse_body(env, SubmitTask)
-        workflow = self.registry.get(body.workflow, body.workflow_version)
+        # No version asked for: a canary route may pick one, else the latest (canary.py).
+        version = body.workflow_version or routed_version(self.routes, body.workflow,
+                                                          body.idempotency_key)
+        workflow = self.registry.get(body.workflow, version)
         task_input = workflow.parse_input(body.input) if workflow.input_model else body.input
         # Secrets sealed in the hash too: deterministic, so a resubmission still matches,
         # and a digest of the clear value would be an oracle for guessing it.
