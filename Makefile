@@ -34,6 +34,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/admin.py
 	$(BIN)/python bench/settle.py
 	$(BIN)/python bench/tracing.py
+	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/chaos.py --runs 200
 
 # Ten minutes of steady load at 150 tasks/s (WAL, memory and latency over time).

@@ -149,6 +149,8 @@ class EventType(StrEnum):
     #: A human settled the action with evidence (``admin resolve``) or had it re-sent
     #: under its key (``admin retry-action``).
     ACTION_HUMAN_RESOLVED = "action.human_resolved"
+    #: A read's answer, as a replay gives it back (actors/task/read_record.py).
+    ACTION_READ = "action.read"
 
     # -- graph moves, fan-out and fan-in ---------------------------------------------------
     #: A choice node moved the task.

@@ -21,7 +21,7 @@ LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo")}
 
 #: The rooms of each layer by tier, lowest first (docs/architecture.md, "Floor plan").
 ROOMS = {
-    "actors": [{"core"}, {"workflow", "transport"}, {"effects", "agents"}, {"task"}],
+    "actors": [{"core"}, {"workflow", "transport"}, {"effects", "agents"}, {"task"}, {"replay"}],
     "supervisors": [{"supervision"}, {"services"}, {"node"}, {"observability"}, {"console"},
                     {"cli"}],
 }

@@ -128,6 +128,7 @@ PUBLIC = {
     ],
     "ratchet.testing": [
         "FakeClock", "FinanceClient", "FinanceSimulatorProcess", "SimulatorStartError",
+        "replay", "replay_corpus",
     ],
 }
 

@@ -223,6 +223,7 @@ class TaskActor(Actor):
         self.checkpoint_seq = result.last_checkpoint
 
     def _change(self, **kwargs: Any) -> TaskChange:
+        kwargs = self.open_actions.with_reads(kwargs)  # recorded reads ride (read_record.py)
         return TaskChange(task_id=self.task_id, expected_version=self.version,
                           producer=self.deps.producer, now=self.deps.clock.now(),
                           **self.secrets.scrub(kwargs))  # what it shows quotes no secret
@@ -239,9 +240,8 @@ class TaskActor(Actor):
         await self._commit(self._change(
             status_event=TaskEvent.DISPATCHED,
             events=[(EventType.TASK_STARTED, {"steps_total": self.workflow.step_count,
-                                      "node": self.deps.producer})],
-            inbox_message_id=inbox_message_id,
-        ))
+                                              "node": self.deps.producer})],
+            inbox_message_id=inbox_message_id))
 
     # -- execution ----------------------------------------------------------------------
 
@@ -371,10 +371,10 @@ class TaskActor(Actor):
             raise  # crash: the supervisor restarts us from the last checkpoint
         if step.kind == "loop":  # the iteration's one commit, and where the loop goes next
             return await loop_runtime.leave_iteration(self, step, index, started, delta)
-        duration = asyncio.get_running_loop().time() - started
+        duration_ms = round((asyncio.get_running_loop().time() - started) * 1000, 3)
         await self.move(step.name, step.next, [(EventType.STEP_COMPLETED, {
-            "step": step.name, "index": index, "duration_ms": round(duration * 1000, 3),
-            "changed": None, "next": step.next})], delta=delta)
+            "step": step.name, "index": index, "duration_ms": duration_ms, "changed": None,
+            "next": step.next})], delta=delta)
         return True
 
     async def _record_step_failure(self, name: str, index: int, exc: BaseException) -> None:

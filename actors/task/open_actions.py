@@ -44,6 +44,17 @@ class OpenActions:
         self.interrupted = False
         self._scope: asyncio.Timeout | None = None
         self._marking: set[asyncio.Task[None]] = set()
+        #: Reads answered and not yet committed: their ``action.read`` events ride in the
+        #: task's next commit (actors/task/read_record.py), not in a commit of their own.
+        self.reads: list[tuple[str, dict[str, Any]]] = []
+
+    def with_reads(self, change: dict[str, Any]) -> dict[str, Any]:
+        """``change`` (``TaskChange`` fields) with the pending reads' events first."""
+        if not self.reads:
+            return change
+        reads = list(self.reads)
+        self.reads.clear()  # the same list: step runners made earlier hold on to it
+        return {**change, "events": [*reads, *change.get("events", ())]}
 
     def note(self, write: ActionWrite | None) -> None:
         """What one committed ledger write says of its action."""

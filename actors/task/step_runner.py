@@ -11,6 +11,7 @@ from ratchet.actors.effects.actions import ActionRunner, CallEnv
 from ratchet.actors.effects.sandbox import runner_for
 from ratchet.actors.task.heartbeat import StepHeartbeat
 from ratchet.actors.task.kernel import TaskKernel
+from ratchet.actors.task.read_record import RecordingRunner
 
 __all__ = ["step_heartbeat", "step_runner"]
 
@@ -34,15 +35,18 @@ def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, 
         ref: ActorRef[Any] = await deps.children.session(actor.task_id, tenant, name)
         return ref
 
-    return runner_for(CallEnv(
+    env = CallEnv(
         task_id=actor.task_id, tenant=tenant, step_index=step_index, store=deps.store,
         clock=deps.clock, commit=commit, session=session,
         deadline=min(deadlines) if deadlines else None, rng=deps.rng,
         # Counting costs a read-modify-write per call: only for tasks with such a budget.
         count_tool_calls=count_tool_calls and "tool_calls" in record.budget,
         switches=deps.switches, note_secrets=actor.secrets.note,
-        pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent)),
-        record.sandbox)
+        pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent))
+    runner = runner_for(env, record.sandbox)
+    if type(runner) is ActionRunner:  # not a sandbox fork's: its reads noted for replay
+        return RecordingRunner(env, actor.open_actions.reads)  # (read_record.py)
+    return runner
 
 
 def step_heartbeat(actor: TaskKernel) -> StepHeartbeat:

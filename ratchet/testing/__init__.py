@@ -10,5 +10,7 @@ not re-exported here so that running it with ``-m`` does not import it twice.
 from ratchet.protocol.clock import FakeClock
 from ratchet.testing.finance_client import FinanceClient
 from ratchet.testing.process import FinanceSimulatorProcess, SimulatorStartError
+from ratchet.testing.replay import replay, replay_corpus
 
-__all__ = ["FakeClock", "FinanceClient", "FinanceSimulatorProcess", "SimulatorStartError"]
+__all__ = ["FakeClock", "FinanceClient", "FinanceSimulatorProcess", "SimulatorStartError",
+           "replay", "replay_corpus"]

@@ -1,5 +1,5 @@
 """``ratchet`` command line: serve, submit, watch, status, admin, schedule, versions, creds,
-nats-config, console-login, demo.
+nats-config, console-login, replay, export, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
 node wrote under its state directory (``<state-dir>/nats/nats.url``).
@@ -27,6 +27,7 @@ from ratchet.supervisors.cli.admin import admin, console_login, diagnose, issue,
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.cli.output import set_output, show_error, show_usage_error
 from ratchet.supervisors.cli.parser import parser
+from ratchet.supervisors.cli.replay import export_command, replay_command
 from ratchet.supervisors.cli.schedule import schedule
 from ratchet.supervisors.cli.serve import serve
 from ratchet.supervisors.cli.tasks import graph, status, submit, watch
@@ -46,6 +47,8 @@ _ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, in
     "creds": issue,
     "nats-config": nats_config,
     "schedule": schedule,
+    "replay": replay_command,
+    "export": export_command,
     "versions": versions,
 }
 

@@ -24,6 +24,7 @@ from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import ROLES
 from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR, ExitCode
 from ratchet.supervisors.cli.output import OutputMode
+from ratchet.supervisors.cli.replay import export_flags, replay_flags
 from ratchet.supervisors.cli.schedule import schedule_flags
 from ratchet.supervisors.cli.serve_flags import serve_flags
 from ratchet.supervisors.cli.tasks import submit_flags, watch_flags
@@ -222,6 +223,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--app", required=True, help="module:object registering workflows")
     s.add_argument("--version", type=int, default=None)
     s.add_argument("--format", choices=["both", "table", "mermaid"], default="both")
+
+    replay_flags(command("replay", help="re-run a recorded task's code against its history"
+                         " (no store write, no publish, no provider call)"))
+    export_flags(command("export", help="write recorded tasks to a file for replay --corpus"))
 
     s = command("demo", help="run the demo on the embedded default")
     s.add_argument("--nats-url", default=None)

@@ -1,0 +1,163 @@
+"""``ratchet replay`` and ``ratchet export`` (docs/cli.md): a recorded task's code run again
+in process against its history (actors/replay/), and recorded tasks written to a file that
+``replay --corpus`` reads.
+
+Both read the store's SQLite file opened read-only (``<state-dir>/ratchet.db``, or
+``--store``): neither can write to it, and neither talks to NATS. The secret key is read
+(never created) from ``$RATCHET_SECRET_KEY`` or ``<state-dir>/keys/secrets.key``; without
+it, secrets stay sealed and a step that opens one diverges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ratchet.actors.replay import (
+    CorpusReport,
+    Recording,
+    export_tasks,
+    open_read_only,
+    read_recordings,
+    read_task,
+    replay_corpus,
+    replay_recording,
+    select_tasks,
+)
+from ratchet.protocol.errors import UsageError
+from ratchet.protocol.secrets import Sealer
+from ratchet.supervisors.cli.common import ExitCode, emit, load_app
+from ratchet.supervisors.node.secret_key import KEY_ENV, KEY_FILE, parse_key
+
+__all__ = ["export_command", "export_flags", "parse_since", "replay_command", "replay_flags",
+           "replay_sealer", "corpus_recordings", "store_path"]
+
+_SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_QUERY_KEYS = ("workflow", "status", "since", "tenant", "limit")
+
+
+def replay_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("task_id", nargs="?", default=None, help="the recorded task to replay")
+    sp.add_argument("--app", default=os.environ.get("RATCHET_APP"),
+                    help="module:object with the candidate workflows (default: $RATCHET_APP)")
+    sp.add_argument("--version", type=int, default=None,
+                    help="replay against this version of the workflow (default: the task's)")
+    sp.add_argument("--until", type=int, default=None, metavar="SEQ",
+                    help="stop after checkpoint SEQ")
+    sp.add_argument("--live-reads", action="store_true",
+                    help="a read with no recorded answer calls its tool (writes never do)")
+    sp.add_argument("--corpus", default=None, metavar="FILE|DIR|QUERY",
+                    help="replay many tasks: an export file, a directory of them, or a query"
+                    " of the store, e.g. workflow=expense,status=SUCCEEDED,since=1d")
+    sp.add_argument("--store", default=None, metavar="FILE",
+                    help="the SQLite file (default: <state-dir>/ratchet.db)")
+
+
+def export_flags(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--out", required=True, metavar="FILE", help="the file to write")
+    sp.add_argument("--task", action="append", default=[], metavar="ID",
+                    help="a task to export (repeat); else those the filters select")
+    sp.add_argument("--workflow", default=None)
+    sp.add_argument("--status", default=None, help="e.g. SUCCEEDED")
+    sp.add_argument("--since", default=None, type=parse_since, metavar="AGE",
+                    help="created within AGE: seconds, or 30m, 12h, 1d")
+    sp.add_argument("--tenant", default=None)
+    sp.add_argument("--limit", type=int, default=10_000)
+    sp.add_argument("--store", default=None, metavar="FILE",
+                    help="the SQLite file (default: <state-dir>/ratchet.db)")
+
+
+def parse_since(text: str) -> float:
+    """An age (``90``, ``30m``, ``12h``, ``1d``) as the epoch time that long ago."""
+    m = _SINCE.match(text.strip())
+    if m is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age: seconds, or 30m, 12h, 1d")
+    return time.time() - float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def store_path(args: argparse.Namespace) -> Path:
+    return Path(args.store) if args.store else Path(args.state_dir) / "ratchet.db"
+
+
+def replay_sealer(state_dir: str | Path) -> Sealer:
+    """The store's secret key if it is at hand (read, never created), else no key."""
+    text = os.environ.get(KEY_ENV)
+    path = Path(state_dir) / KEY_FILE
+    if not text and path.is_file():
+        text = path.read_text()
+    try:
+        return Sealer(parse_key(text)) if text else Sealer()
+    except ValueError as exc:
+        raise UsageError(f"the secret key cannot be read: {exc}") from None
+
+
+def corpus_recordings(corpus: str, store: Path) -> Iterator[Recording]:
+    """The recordings ``--corpus`` names: an export file, a directory of them (``*.rtc``
+    and any other file, in name order), or a query of the store (``key=value,...``)."""
+    path = Path(corpus)
+    if path.exists():
+        files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+        try:
+            for f in files:
+                yield from read_recordings(f)
+        except ValueError as exc:  # a file that is not an export: the caller's to fix
+            raise UsageError(f"--corpus: {exc}") from None
+        return
+    filters = _query(corpus)
+    conn = open_read_only(store)
+    try:
+        for task_id in select_tasks(conn, **filters):
+            yield read_task(conn, task_id)
+    finally:
+        conn.close()
+
+
+def _query(text: str) -> dict[str, Any]:
+    filters: dict[str, Any] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or key not in _QUERY_KEYS:
+            raise UsageError(f"--corpus {text!r}: neither a file, a directory nor a query of"
+                             f" {', '.join(_QUERY_KEYS)} (e.g. workflow=x,status=SUCCEEDED)")
+        filters[key] = (parse_since(value) if key == "since" else int(value)
+                        if key == "limit" else value)
+    return filters
+
+
+async def replay_command(args: argparse.Namespace) -> int:
+    """Exit 0 only if nothing diverged (docs/cli.md)."""
+    if not args.app:
+        raise UsageError("name the candidate code: --app module:object (or $RATCHET_APP)")
+    if (args.task_id is None) == (args.corpus is None):
+        raise UsageError("name one task to replay, or a --corpus (not both)")
+    registry = load_app(args.app)
+    sealer = replay_sealer(args.state_dir)
+    if args.corpus is not None:
+        report: CorpusReport = await replay_corpus(
+            corpus_recordings(args.corpus, store_path(args)), registry,
+            version=args.version, live_reads=args.live_reads, sealer=sealer)
+        emit(report.to_dict())
+        return ExitCode.OK if report.ok else ExitCode.FAILED
+    conn = open_read_only(store_path(args))
+    try:
+        recording = read_task(conn, args.task_id)
+    finally:
+        conn.close()
+    one = await replay_recording(recording, registry, version=args.version, until=args.until,
+                                 live_reads=args.live_reads, sealer=sealer)
+    emit(one.to_dict())
+    return ExitCode.OK if one.ok else ExitCode.FAILED
+
+
+async def export_command(args: argparse.Namespace) -> int:
+    count = export_tasks(store_path(args), args.out, task_ids=args.task or None,
+                         workflow=args.workflow, status=args.status, since=args.since,
+                         tenant=args.tenant, limit=args.limit)
+    emit({"exported": count, "out": str(args.out), "secrets": "sealed"})
+    return ExitCode.OK
