@@ -25,6 +25,9 @@ loop                      itself, ``next``, and ``on_exhausted`` (a node, or ``"
 
 from __future__ import annotations
 
+import hashlib
+import random
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -120,6 +123,24 @@ class StepContext:
     iteration: int | None = None  # a loop's iteration, from 0 (actors/workflow/loop_node.py)
     sleeper: Any = None  # actors.task.step_sleep.StepSleeper (None inside a branch)
     beat: Any = None  # actors.task.heartbeat.StepHeartbeat (None: heartbeats are ignored)
+    _random: random.Random | None = field(default=None, repr=False)
+
+    @property
+    def random(self) -> random.Random:
+        """Random numbers for this step run, seeded by where it runs (the task, its step
+        index, the branch and the loop iteration): a step that runs again — after a crash,
+        or in a replay (``ratchet replay``) — draws the same numbers. Use it (and
+        :meth:`uuid`) rather than ``random`` or ``uuid4`` for anything the step decides
+        or names: those differ on each run, so a replay reports them as divergences."""
+        if self._random is None:
+            where = f"{self.task_id}:{self.step_index}:{self.branch or ''}:{self.iteration}"
+            seed = int.from_bytes(hashlib.sha256(where.encode()).digest()[:16], "big")
+            self._random = random.Random(seed)
+        return self._random
+
+    def uuid(self) -> uuid.UUID:
+        """A version-4 UUID from :attr:`random`: the same on a re-run or a replay."""
+        return uuid.UUID(int=self.random.getrandbits(128), version=4)
 
     async def call(self, tool: Tool[Any, Any], args: Any) -> Any:
         """Call a registered tool under the action protocol and return its result model.
