@@ -4,6 +4,7 @@ temp data dir) and real SQLite files."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -174,3 +175,41 @@ def finance(simulator: FinanceSimulatorProcess) -> FinanceClient:
     client.reset()
     expense_app.resources["finance_url"] = simulator.url
     return client
+
+
+# -- PostgreSQL (the store's second backend: persistence/postgres/) -----------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """One PostgreSQL 16 for the session (the ``pgserver`` wheel's binaries, on a Unix
+    socket in a temp dir; ~1 s to start); its URL of the ``postgres`` database. Not under
+    pytest's basetemp: another pytest session of the host prunes old ones while ours runs."""
+    import tempfile
+
+    import pgserver
+
+    server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="ratchet-pg-")),
+                                 cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+_pg_databases = itertools.count()
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh, empty database of the session's server for one test (C collation: text
+    orders by bytes, as in SQLite); dropped after it."""
+    import psycopg
+
+    name = f"t{os.getpid()}_{next(_pg_databases)}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8'"
+                      " LC_COLLATE 'C' LC_CTYPE 'C'")
+    yield pg_server.replace("/postgres?", f"/{name}?", 1)
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

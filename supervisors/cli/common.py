@@ -54,6 +54,8 @@ class ExitCode(IntEnum):
     #: ``serve`` started but was not ready (store writable, NATS connected, leases held or
     #: none on purpose) within ``--ready-timeout``; one line on stderr names what was not.
     NOT_READY = 15
+    #: ``serve`` refused to start: the store's schema is newer than this release knows.
+    SCHEMA_VERSION_MISMATCH = 16
     #: Stopped by Ctrl-C before it was done (128 + SIGINT).
     INTERRUPTED = 130
 

@@ -44,7 +44,8 @@ from ratchet.supervisors.services.canary import check_routes, parse_routes
 #: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
 REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
     ErrorCode.NODE_ID_IN_USE, ErrorCode.PARTITION_COUNT_MISMATCH, ErrorCode.STORE_READ_ONLY,
-    ErrorCode.NATS_UNREACHABLE, ErrorCode.NATS_PORT_TAKEN)}
+    ErrorCode.NATS_UNREACHABLE, ErrorCode.NATS_PORT_TAKEN,
+    ErrorCode.SCHEMA_VERSION_MISMATCH)}
 
 
 async def serve(args: argparse.Namespace) -> int:
