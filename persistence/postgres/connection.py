@@ -10,7 +10,6 @@ import sqlite3
 from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg.adapt import Dumper, Loader
@@ -18,7 +17,7 @@ from psycopg.pq import Format
 
 from ratchet.persistence.postgres.dialect import Statement, translate
 
-__all__ = ["PgConnection", "PgCursor", "connect", "configure", "redact_dsn"]
+__all__ = ["PgConnection", "PgCursor", "connect", "configure"]
 
 _INT8_OID = 20
 _NUMERIC_OID = 1700
@@ -57,15 +56,6 @@ def connect(dsn: str) -> psycopg.Connection[Any]:
     conn = psycopg.connect(dsn, autocommit=True)
     configure(conn)
     return conn
-
-
-def redact_dsn(dsn: str) -> str:
-    """``dsn`` without its password (for logs and ``Store.path``)."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 class PgCursor:

@@ -23,12 +23,12 @@ from ratchet.persistence.postgres.connection import (
     PgConnection,
     configure,
     connect,
-    redact_dsn,
 )
 from ratchet.persistence.postgres.dialect import pg_migrations, translate
 from ratchet.persistence.postgres.writer import PgWriter
 from ratchet.persistence.records import Fence
 from ratchet.persistence.store import Store
+from ratchet.protocol.auth import redact_url
 from ratchet.protocol.error_codes import ErrorCode
 from ratchet.protocol.errors import StartRefused
 
@@ -124,7 +124,7 @@ class PostgresStore(Store):
         super().__init__(Path("/nonexistent"), "NORMAL", "thread", fence=fence,
                          lease_clock=clock, audit_seal=audit_seal)
         self.dsn = dsn
-        self.path = redact_dsn(dsn)
+        self.path = redact_url(dsn) or dsn  # no password in logs
         sample = clock.sample if isinstance(clock, PgLeaseClock) else None
         # NoWal stands for the WAL guard: what the Store reads of it, without a WAL file.
         self._writer = PgWriter(dsn, on_batch=sample)  # type: ignore[assignment]
@@ -141,6 +141,15 @@ class PostgresStore(Store):
         return store
 
     async def _open(self) -> None:
+        try:
+            await self._connect()
+        except psycopg.OperationalError as exc:
+            await self.close()
+            raise StartRefused(ErrorCode.STORE_UNREACHABLE,
+                               f"cannot reach the store {self.path}: {exc}".strip(),
+                               store=self.path) from None
+
+    async def _connect(self) -> None:
         def _migrate() -> None:
             conn = PgConnection(connect(self.dsn))
             try:

@@ -56,6 +56,8 @@ class ExitCode(IntEnum):
     NOT_READY = 15
     #: ``serve`` refused to start: the store's schema is newer than this release knows.
     SCHEMA_VERSION_MISMATCH = 16
+    #: ``serve --store postgresql://…`` refused to start: the database cannot be reached.
+    STORE_UNREACHABLE = 17
     #: Stopped by Ctrl-C before it was done (128 + SIGINT).
     INTERRUPTED = 130
 
