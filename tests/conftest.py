@@ -48,11 +48,18 @@ NodeFactory = Callable[..., Awaitable[ratchet.Node]]
 
 
 @pytest.fixture
-async def start_node(tmp_path: Path, nats_url: str) -> AsyncIterator[NodeFactory]:
+async def start_node(tmp_path: Path, nats_url: str,
+                     request: pytest.FixtureRequest) -> AsyncIterator[NodeFactory]:
     nodes: list[ratchet.Node] = []
+    # RATCHET_TEST_STORE=postgres: the in-process nodes keep their tasks in PostgreSQL
+    # (docs/operations.md, "PostgreSQL"; tests that open the SQLite file themselves fail).
+    pg = (request.getfixturevalue("pg_url")
+          if os.environ.get("RATCHET_TEST_STORE") == "postgres" else None)
 
     async def factory(registry: ratchet.Registry | None = None,
                       clock: ratchet.Clock | None = None, **config: Any) -> ratchet.Node:
+        if pg is not None:
+            config.setdefault("store", pg)
         cfg = ratchet.NodeConfig(state_dir=tmp_path / "node", nats_url=nats_url, **config)
         node = ratchet.Node(cfg, registry or app, clock=clock)
         await node.start()
