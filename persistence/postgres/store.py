@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +84,9 @@ def migrate_pg(conn: PgConnection) -> int:
 
 class PgLeaseClock:
     """The PostgreSQL server's clock (``clock_timestamp()``), the store's time for lease
-    expiry: sampled inside every write batch's transaction (one statement) and carried
-    between samples by this host's monotonic clock, which no step moves. No node's wall
+    expiry: sampled at open, then inside a write batch's transaction at most once a
+    second (one statement), and carried between samples by this host's monotonic clock,
+    which no step moves. No node's wall
     clock decides whether another node's lease has run out."""
 
     def __init__(self) -> None:
@@ -95,7 +97,15 @@ class PgLeaseClock:
     def epoch(self) -> str:
         return "postgresql"  # the server's wall time: one epoch across its reboots
 
-    def sample(self, conn: PgConnection) -> None:
+    #: Seconds between two samples of the server's clock: between them this host's
+    #: monotonic clock drifts by parts per million, far below any lease's margin.
+    RESAMPLE = 1.0
+
+    def sample(self, conn: PgConnection, force: bool = True) -> None:
+        """Read the server's clock (inside the caller's transaction); unless ``force``,
+        only when the last reading is older than :attr:`RESAMPLE`."""
+        if not force and time.monotonic() - self._local < self.RESAMPLE:
+            return
         before = time.monotonic()
         row = conn.raw.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
         after = time.monotonic()
@@ -125,7 +135,8 @@ class PostgresStore(Store):
                          lease_clock=clock, audit_seal=audit_seal)
         self.dsn = dsn
         self.path = redact_url(dsn) or dsn  # no password in logs
-        sample = clock.sample if isinstance(clock, PgLeaseClock) else None
+        sample = (partial(clock.sample, force=False)
+                  if isinstance(clock, PgLeaseClock) else None)
         # NoWal stands for the WAL guard: what the Store reads of it, without a WAL file.
         self._writer = PgWriter(dsn, on_batch=sample)  # type: ignore[assignment]
         self._readers: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()

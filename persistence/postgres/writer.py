@@ -158,7 +158,7 @@ class PgWriter:
             if len(fns) == 1:
                 outcomes = [self._alone(conn, fns[0])]
             else:
-                outcomes = [self._in_savepoint(conn, fn) for fn in fns]
+                outcomes = self._in_savepoints(conn, fns)
             if conn.in_transaction:
                 conn.raw.execute("COMMIT")
             return outcomes
@@ -193,18 +193,27 @@ class PgWriter:
             return (False, _retryable(exc))
 
     @staticmethod
-    def _in_savepoint(conn: PgConnection, fn: Txn) -> tuple[bool, Any]:
+    def _in_savepoints(conn: PgConnection, fns: list[Txn]) -> list[tuple[bool, Any]]:
+        """Each function behind one savepoint, so that a failing one is undone alone.
+
+        One round trip per function, not two: a function that succeeded releases the
+        savepoint and sets the next one in one message; one that failed rolls back to it,
+        which leaves it set where it was (the state after the last success) for the next;
+        COMMIT releases the last."""
+        outcomes: list[tuple[bool, Any]] = []
         conn.raw.execute("SAVEPOINT txn")
-        try:
-            result = fn(conn)
-        except Exception as exc:  # handed to the caller; its neighbours still commit
-            if conn.raw.broken or conn.raw.closed:  # the whole batch is lost
-                raise
-            conn.raw.execute("ROLLBACK TO SAVEPOINT txn")
-            conn.raw.execute("RELEASE SAVEPOINT txn")
-            return (False, _retryable(exc))
-        conn.raw.execute("RELEASE SAVEPOINT txn")
-        return (True, result)
+        for i, fn in enumerate(fns):
+            try:
+                outcomes.append((True, fn(conn)))
+            except Exception as exc:  # handed to the caller; its neighbours still commit
+                if conn.raw.broken or conn.raw.closed:  # the whole batch is lost
+                    raise
+                conn.raw.execute("ROLLBACK TO SAVEPOINT txn")
+                outcomes.append((False, _retryable(exc)))
+                continue
+            if i + 1 < len(fns):
+                conn.raw.execute("RELEASE SAVEPOINT txn; SAVEPOINT txn")
+        return outcomes
 
     @staticmethod
     def _hand_back(batch: list[Any], outcomes: list[tuple[bool, Any]]) -> None:
