@@ -279,3 +279,18 @@ async def test_a_node_on_postgresql_runs_a_task_to_success_across_a_sigkill(
     assert row == ("SUCCEEDED", len(events))
     assert not (tmp_path / "node" / "ratchet.db").exists()  # and no SQLite file was made
     assert node.interrupt() == 0
+
+
+async def test_an_opened_postgresql_store_is_each_port(pg_url: str) -> None:
+    from tests.test_store_ports import PORTS
+
+    store = await open_store(pg_url)
+    try:
+        assert isinstance(store, PostgresStore)
+        for port in PORTS:
+            assert isinstance(store, port), port.__name__
+        assert await store.active_tasks() == [] and await store.pending_outbox() == []
+        assert await store.switches() == [] and await store.leases() == []
+        assert store.path.startswith("postgresql://") and store.wal_stats.wal_bytes == 0
+    finally:
+        await store.close()
