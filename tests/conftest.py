@@ -193,11 +193,14 @@ def pg_server() -> Iterator[str]:
     socket in a temp dir; ~1 s to start); its URL of the ``postgres`` database. Not under
     pytest's basetemp: another pytest session of the host prunes old ones while ours runs."""
     import tempfile
+    import warnings
 
-    import pgserver
+    with warnings.catch_warnings():  # platformdirs: no XDG_RUNTIME_DIR here, /tmp is used
+        warnings.simplefilter("ignore")
+        import pgserver
 
-    server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="ratchet-pg-")),
-                                 cleanup_mode="delete")
+        server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="ratchet-pg-")),
+                                     cleanup_mode="delete")
     try:
         yield server.get_uri()
     finally:
