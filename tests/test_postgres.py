@@ -294,3 +294,18 @@ async def test_an_opened_postgresql_store_is_each_port(pg_url: str) -> None:
         assert store.path.startswith("postgresql://") and store.wal_stats.wal_bytes == 0
     finally:
         await store.close()
+
+
+async def test_two_nodes_accepting_one_key_at_once_make_one_task(pg_url: str) -> None:
+    a, b = await open_store(pg_url), await open_store(pg_url)
+    try:
+        for i in range(20):
+            first, second = await asyncio.gather(
+                a.accept_submission(_new_task(f"x{i}", f"key-{i}")),
+                b.accept_submission(_new_task(f"x{i}", f"key-{i}")))
+            assert first.task_id == second.task_id == f"x{i}"
+            assert [first.created, second.created].count(True) == 1
+        assert await a.count("tasks") == 20 and await a.count("requests") == 20
+    finally:
+        await a.close()
+        await b.close()
