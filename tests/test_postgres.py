@@ -309,3 +309,40 @@ async def test_two_nodes_accepting_one_key_at_once_make_one_task(pg_url: str) ->
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_deferred_insert_that_fails_undoes_only_its_own_change(pg_url: str) -> None:
+    """Plain INSERTs of a batch are pipelined without waiting (dialect.Statement.deferrable):
+    a key found taken, or a row the server refuses, still fails the function that wrote it
+    (before it returns) and spares its neighbours in the batch."""
+    store = await open_store(pg_url)
+    sql = "INSERT INTO switches(kind, name, by, reason, at) VALUES (?, ?, ?, NULL, 0)"
+    try:
+        await store.run_txn(lambda c: c.execute(sql, ("tool", "taken", "ops")))
+
+        def dup(c: object) -> str:
+            c.execute(sql, ("tool", "before-dup", "ops"))  # type: ignore[attr-defined]
+            c.execute(sql, ("tool", "taken", "ops"))  # type: ignore[attr-defined]
+            return "committed"
+
+        def refused(c: object) -> str:
+            c.execute(sql, ("tool", "no-by", None))  # type: ignore[attr-defined]  # NOT NULL
+            c.execute(sql, ("tool", "after-refused", "ops"))  # type: ignore[attr-defined]
+            return "committed"
+
+        def good(name: str) -> Callable[[object], str]:
+            def txn(c: object) -> str:
+                c.execute(sql, ("tool", name, "ops"))  # type: ignore[attr-defined]
+                return name
+            return txn
+
+        results = await asyncio.gather(
+            store.run_txn(good("a")), store.run_txn(dup), store.run_txn(good("b")),
+            store.run_txn(refused), store.run_txn(good("c")), return_exceptions=True)
+        assert results[0] == "a" and results[2] == "b" and results[4] == "c"
+        assert isinstance(results[1], sqlite3.IntegrityError)
+        assert isinstance(results[3], psycopg.errors.NotNullViolation)
+        names = {r[1] for r in await store._rows("SELECT kind, name FROM switches")}
+        assert names == {"taken", "a", "b", "c"}
+    finally:
+        await store.close()
