@@ -91,41 +91,14 @@ class PgConnection:
     def __init__(self, conn: psycopg.Connection[Any], writing: bool = True) -> None:
         self.raw = conn
         self._writing = writing
-        #: Set by the writer for a batch: statements are pipelined (psycopg's pipeline
-        #: mode), and the deferrable ones are not waited for (:meth:`sync`).
-        self.pipe: psycopg.Pipeline | None = None
-        self._deferred: list[tuple[psycopg.Cursor[Any], int, Statement]] = []
 
     @property
     def in_transaction(self) -> bool:
         return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
 
-    def sync(self) -> None:
-        """Wait for every statement sent; a deferred insert that found its key taken
-        raises ``sqlite3.IntegrityError`` here, before its txn function ends."""
-        if self.pipe is None:
-            return
-        deferred, self._deferred = self._deferred, []
-        self.pipe.sync()
-        for cur, expected, stmt in deferred:
-            if cur.rowcount < expected:
-                raise _integrity(stmt)
-
-    def forget(self) -> None:
-        """Drop the checks of deferred statements (their function failed: rolled back)."""
-        self._deferred = []
-
     def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
         stmt = translate(sql, self._writing)
-        if self.pipe is not None:
-            cur = self.raw.cursor()
-            cur.execute(stmt.sql, tuple(args) if args else None)
-            if stmt.deferrable:
-                self._deferred.append((cur, 1, stmt))
-                return PgCursor([], 1)
-            self.sync()
-        else:
-            cur = self.raw.execute(stmt.sql, tuple(args) if args else None)
+        cur = self.raw.execute(stmt.sql, tuple(args) if args else None)
         rows = cur.fetchall() if cur.description is not None else []
         if stmt.strict_insert and cur.rowcount < 1:
             raise _integrity(stmt)
@@ -137,15 +110,11 @@ class PgConnection:
         params = [tuple(p) for p in seq]
         if not params:
             return PgCursor([], 0)
-        cur = self.raw.cursor()
-        cur.executemany(stmt.sql, params)
-        if self.pipe is not None and stmt.deferrable:
-            self._deferred.append((cur, len(params), stmt))
-            return PgCursor([], len(params))
-        self.sync()
-        if stmt.strict_insert and cur.rowcount < len(params):
-            raise _integrity(stmt)
-        return PgCursor([], cur.rowcount)
+        with self.raw.cursor() as cur:
+            cur.executemany(stmt.sql, params)
+            if stmt.strict_insert and cur.rowcount < len(params):
+                raise _integrity(stmt)
+            return PgCursor([], cur.rowcount)
 
     def close(self) -> None:
         self.raw.close()

@@ -73,12 +73,6 @@ def _schema_keys() -> tuple[dict[str, tuple[str, ...]], dict[str, str]]:
     return keys, serial
 
 
-#: Tables whose taken key the caller catches at the INSERT itself (the ledger: "inserting
-#: the key is the check"; an accept racing another node's): never deferred. A caller that
-#: catches ``sqlite3.IntegrityError`` at an INSERT into another table must add it here.
-_CHECKED_AT_ONCE = frozenset({"actions", "requests"})
-
-
 @dataclass(frozen=True, slots=True)
 class Statement:
     """A statement in PostgreSQL's dialect, and how its result is read."""
@@ -88,9 +82,6 @@ class Statement:
     strict_insert: bool = False
     #: The statement RETURNs the new row's rowid-key column (``lastrowid``).
     returns_id: bool = False
-    #: In a pipelined write batch the statement may be sent without waiting for its
-    #: result: its taken key, if any, is reported before the txn function's end.
-    deferrable: bool = False
 
 
 _INSERT = re.compile(r"^\s*INSERT\s+(?:OR\s+(IGNORE|REPLACE)\s+)?INTO\s+(\w+)\s*\(([^)]*)\)",
@@ -146,5 +137,4 @@ def translate(sql: str, writing: bool = False) -> Statement:
             returns = True
     elif writing and _LOCKED_READ.match(sql):
         sql += " FOR UPDATE"
-    deferrable = bool(m and strict and not returns and m.group(2) not in _CHECKED_AT_ONCE)
-    return Statement(_placeholders(sql), strict, returns, deferrable)
+    return Statement(_placeholders(sql), strict, returns)

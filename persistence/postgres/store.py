@@ -107,7 +107,7 @@ class PgLeaseClock:
         if not force and time.monotonic() - self._local < self.RESAMPLE:
             return
         before = time.monotonic()
-        row = conn.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
+        row = conn.raw.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
         after = time.monotonic()
         assert row is not None
         with self._lock:

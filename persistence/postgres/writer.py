@@ -149,29 +149,18 @@ class PgWriter:
                 self._conn.close()
 
     def _execute(self, fns: list[Txn]) -> list[tuple[bool, Any]]:
-        """Run ``fns`` in one transaction; each outcome is ``(ok, result or exception)``.
-
-        The batch runs in psycopg's pipeline mode: statements whose result nobody reads
-        (BEGIN, savepoints, plain INSERTs: dialect.Statement.deferrable) travel with the
-        next one that is read, so a change costs the round trips of its reads, not of
-        each statement."""
+        """Run ``fns`` in one transaction; each outcome is ``(ok, result or exception)``."""
         try:
             conn = self._connection()
-            with conn.raw.pipeline() as pipe:
-                conn.pipe = pipe
-                try:
-                    conn.raw.execute("BEGIN")
-                    if self._on_batch is not None:
-                        self._on_batch(conn)
-                    if len(fns) == 1:
-                        outcomes, commit = self._alone(conn, fns[0])
-                    else:
-                        outcomes, commit = self._in_savepoints(conn, fns), True
-                    if commit:
-                        conn.raw.execute("COMMIT")
-                    conn.sync()
-                finally:
-                    conn.pipe = None
+            conn.raw.execute("BEGIN")
+            if self._on_batch is not None:
+                self._on_batch(conn)
+            if len(fns) == 1:
+                outcomes = [self._alone(conn, fns[0])]
+            else:
+                outcomes = self._in_savepoints(conn, fns)
+            if conn.in_transaction:
+                conn.raw.execute("COMMIT")
             return outcomes
         except Exception as exc:  # the batch failed to commit: the connection, the server
             log.error("group commit failed", error=repr(exc), batch=len(fns))
@@ -194,57 +183,36 @@ class PgWriter:
             conn.raw.close()
 
     @staticmethod
-    def _undo(conn: PgConnection, statement: str) -> None:
-        """After a failed function: roll back (to its savepoint). A deferred statement of
-        it that failed on the server aborts what follows it until a sync: then again."""
-        conn.forget()
-        conn.raw.execute(statement)
+    def _alone(conn: PgConnection, fn: Txn) -> tuple[bool, Any]:
         try:
-            conn.sync()
-        except psycopg.Error:
-            if conn.raw.broken or conn.raw.closed:
-                raise
-            conn.raw.execute(statement)
-            conn.sync()
-
-    @classmethod
-    def _alone(cls, conn: PgConnection, fn: Txn) -> tuple[list[tuple[bool, Any]], bool]:
-        """The only function of its batch: no savepoint. Its outcome, and whether there is
-        anything to commit."""
-        try:
-            result = fn(conn)
-            conn.sync()
-            return [(True, result)], True
+            return (True, fn(conn))
         except Exception as exc:  # handed to the caller; nothing of it is committed
             if conn.raw.broken or conn.raw.closed:
                 raise
-            cls._undo(conn, "ROLLBACK")
-            return [(False, _retryable(exc))], False
+            conn.raw.execute("ROLLBACK")
+            return (False, _retryable(exc))
 
-    @classmethod
-    def _in_savepoints(cls, conn: PgConnection, fns: list[Txn]) -> list[tuple[bool, Any]]:
+    @staticmethod
+    def _in_savepoints(conn: PgConnection, fns: list[Txn]) -> list[tuple[bool, Any]]:
         """Each function behind one savepoint, so that a failing one is undone alone.
 
-        A function that succeeded releases the savepoint and sets the next one (sent with
-        the next function's first read); one that failed rolls back to it, which leaves it
-        set where it was (the state after the last success) for the next; COMMIT
-        releases the last."""
+        One round trip per function, not two: a function that succeeded releases the
+        savepoint and sets the next one in one message; one that failed rolls back to it,
+        which leaves it set where it was (the state after the last success) for the next;
+        COMMIT releases the last."""
         outcomes: list[tuple[bool, Any]] = []
         conn.raw.execute("SAVEPOINT txn")
         for i, fn in enumerate(fns):
             try:
-                result = fn(conn)
-                conn.sync()
-                outcomes.append((True, result))
+                outcomes.append((True, fn(conn)))
             except Exception as exc:  # handed to the caller; its neighbours still commit
                 if conn.raw.broken or conn.raw.closed:  # the whole batch is lost
                     raise
-                cls._undo(conn, "ROLLBACK TO SAVEPOINT txn")
+                conn.raw.execute("ROLLBACK TO SAVEPOINT txn")
                 outcomes.append((False, _retryable(exc)))
                 continue
             if i + 1 < len(fns):
-                conn.raw.execute("RELEASE SAVEPOINT txn")
-                conn.raw.execute("SAVEPOINT txn")
+                conn.raw.execute("RELEASE SAVEPOINT txn; SAVEPOINT txn")
         return outcomes
 
     @staticmethod
