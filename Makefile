@@ -36,6 +36,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/tracing.py
 	$(BIN)/python bench/replay.py
 	$(BIN)/python bench/chaos.py --runs 200
+	$(BIN)/python bench/pg_store.py
 
 # Ten minutes of steady load at 150 tasks/s (WAL, memory and latency over time).
 soak: $(STAMP)

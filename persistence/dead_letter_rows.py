@@ -158,7 +158,7 @@ class DeadLetterRows(_StoreParts):
 
     @staticmethod
     def _scope(tenant: str | None) -> tuple[str, list[Any]]:
-        return ("1", []) if tenant is None else ("tenant = ?", [tenant])
+        return ("TRUE", []) if tenant is None else ("tenant = ?", [tenant])
 
     async def dead_letter_subjects(self, tenant: str | None) -> list[dict[str, Any]]:
         where, args = self._scope(tenant)

@@ -47,5 +47,5 @@ class SweepRows(_StoreParts):
             " AND a.kind = 'write' AND a.compensates IS NULL AND a.updated_at < ?"
             " AND NOT EXISTS (SELECT 1 FROM handoffs h WHERE h.task_id = a.task_id"
             " AND h.resolved_at IS NULL)"
-            " GROUP BY a.task_id ORDER BY since LIMIT ?", (before, limit))
+            " GROUP BY a.task_id, t.tenant, t.status ORDER BY since LIMIT ?", (before, limit))
         return [(r[0], r[1], r[2]) for r in rows]

@@ -336,11 +336,16 @@ def accept_submission_txn(conn: sqlite3.Connection, task: NewTask) -> AcceptResu
              task.message_id, task.now),
         )
         return AcceptResult(task_id, status, created=False, conflict=True, existing_hash=existing_hash)
-    conn.execute(
-        "INSERT INTO requests(tenant, idempotency_key, request_hash, task_id, created_at)"
-        " VALUES (?,?,?,?,?)",
-        (task.tenant, task.idempotency_key, task.request_hash, task.task_id, task.now),
-    )
+    try:
+        conn.execute(
+            "INSERT INTO requests(tenant, idempotency_key, request_hash, task_id, created_at)"
+            " VALUES (?,?,?,?,?)",
+            (task.tenant, task.idempotency_key, task.request_hash, task.task_id, task.now),
+        )
+    except sqlite3.IntegrityError:
+        # Another node's accept of the key committed since the read above (PostgreSQL:
+        # the insert waited for it): answer as the read would have.
+        return accept_submission_txn(conn, task)
     conn.execute(
         "INSERT INTO tasks(task_id, tenant, workflow, workflow_version, status, version,"
         " idempotency_key, request_hash, input, steps_total, last_event_seq, deadline_at,"

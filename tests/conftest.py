@@ -4,6 +4,7 @@ temp data dir) and real SQLite files."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
 import subprocess
@@ -47,11 +48,18 @@ NodeFactory = Callable[..., Awaitable[ratchet.Node]]
 
 
 @pytest.fixture
-async def start_node(tmp_path: Path, nats_url: str) -> AsyncIterator[NodeFactory]:
+async def start_node(tmp_path: Path, nats_url: str,
+                     request: pytest.FixtureRequest) -> AsyncIterator[NodeFactory]:
     nodes: list[ratchet.Node] = []
+    # RATCHET_TEST_STORE=postgres: the in-process nodes keep their tasks in PostgreSQL
+    # (docs/operations.md, "PostgreSQL"; tests that open the SQLite file themselves fail).
+    pg = (request.getfixturevalue("pg_url")
+          if os.environ.get("RATCHET_TEST_STORE") == "postgres" else None)
 
     async def factory(registry: ratchet.Registry | None = None,
                       clock: ratchet.Clock | None = None, **config: Any) -> ratchet.Node:
+        if pg is not None:
+            config.setdefault("store", pg)
         cfg = ratchet.NodeConfig(state_dir=tmp_path / "node", nats_url=nats_url, **config)
         node = ratchet.Node(cfg, registry or app, clock=clock)
         await node.start()
@@ -174,3 +182,44 @@ def finance(simulator: FinanceSimulatorProcess) -> FinanceClient:
     client.reset()
     expense_app.resources["finance_url"] = simulator.url
     return client
+
+
+# -- PostgreSQL (the store's second backend: persistence/postgres/) -----------------------
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """One PostgreSQL 16 for the session (the ``pgserver`` wheel's binaries, on a Unix
+    socket in a temp dir; ~1 s to start); its URL of the ``postgres`` database. Not under
+    pytest's basetemp: another pytest session of the host prunes old ones while ours runs."""
+    import tempfile
+    import warnings
+
+    with warnings.catch_warnings():  # platformdirs: no XDG_RUNTIME_DIR here, /tmp is used
+        warnings.simplefilter("ignore")
+        import pgserver
+
+        server = pgserver.get_server(Path(tempfile.mkdtemp(prefix="ratchet-pg-")),
+                                     cleanup_mode="delete")
+    try:
+        yield server.get_uri()
+    finally:
+        server.cleanup()
+
+
+_pg_databases = itertools.count()
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> Iterator[str]:
+    """A fresh, empty database of the session's server for one test (C collation: text
+    orders by bytes, as in SQLite); dropped after it."""
+    import psycopg
+
+    name = f"t{os.getpid()}_{next(_pg_databases)}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"CREATE DATABASE {name} TEMPLATE template0 ENCODING 'UTF8'"
+                      " LC_COLLATE 'C' LC_CTYPE 'C'")
+    yield pg_server.replace("/postgres?", f"/{name}?", 1)
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -1,5 +1,6 @@
-"""Partition leases and fencing tokens, on a real SQLite file (two Store objects stand for two
-processes sharing it), and the lease manager's share/hand-over rules on a fake clock."""
+"""Partition leases and fencing tokens, on a real SQLite file and on a real PostgreSQL
+database (two Store objects stand for two processes sharing it), and the lease manager's
+share/hand-over rules on a fake clock."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from ratchet.persistence.leases import LeaseRow, SteadyLeaseClock
 from ratchet.persistence.store import Store
+from ratchet.persistence.store_select import open_store
 from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.clock import FakeClock
 from ratchet.protocol.errors import Fenced, PartitionCountMismatch
@@ -19,12 +21,20 @@ from ratchet.supervisors.node.leases import LeaseHooks, LeaseManager, LeaseSetti
 P = 4
 
 
-async def _stores(tmp_path: Path, clock: FakeClock | None = None) -> tuple[Store, Store]:
-    """Two stores on one file (two processes), sharing the store's lease time: ``clock``'s
-    monotonic time (the host's boot time for a real node)."""
+@pytest.fixture(params=["sqlite", "postgres"])
+def where(tmp_path: Path, request: pytest.FixtureRequest) -> str | Path:
+    """The store both processes open: one SQLite file, or one PostgreSQL database."""
+    if request.param == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return tmp_path / "r.db"
+
+
+async def _stores(where: str | Path, clock: FakeClock | None = None) -> tuple[Store, Store]:
+    """Two stores on one database (two processes), sharing the store's lease time:
+    ``clock``'s monotonic time (the host's boot time for a real node)."""
     lease_clock = SteadyLeaseClock((clock or FakeClock(start=0.0)).monotonic)
-    a = await Store.open(tmp_path / "r.db", lease_clock=lease_clock)
-    b = await Store.open(tmp_path / "r.db", lease_clock=lease_clock)
+    a = await open_store(where, lease_clock=lease_clock)
+    b = await open_store(where, lease_clock=lease_clock)
     await a.ensure_partitions(P)
     return a, b
 
@@ -48,9 +58,9 @@ class _Fence:
         return self.value
 
 
-async def test_tokens_only_increase_and_a_held_lease_is_not_taken(tmp_path: Path) -> None:
+async def test_tokens_only_increase_and_a_held_lease_is_not_taken(where: str | Path) -> None:
     store_time = FakeClock(start=100.0)
-    a, b = await _stores(tmp_path, store_time)
+    a, b = await _stores(where, store_time)
     try:
         first = await a.acquire_lease(0, "node-a", ttl=5.0)
         assert first is not None and first.token == 1
@@ -76,11 +86,11 @@ async def test_tokens_only_increase_and_a_held_lease_is_not_taken(tmp_path: Path
         await b.close()
 
 
-async def test_a_write_with_an_old_token_is_refused_in_the_store(tmp_path: Path) -> None:
+async def test_a_write_with_an_old_token_is_refused_in_the_store(where: str | Path) -> None:
     """The zombie case: node A's lease was taken over while it was paused; whatever it still
     believes, the store refuses its write (and commits nothing of it)."""
     store_time = FakeClock(start=100.0)
-    a, b = await _stores(tmp_path, store_time)
+    a, b = await _stores(where, store_time)
     try:
         task_id = await _task(a)
         p = partition_of(task_id, P)
@@ -116,8 +126,8 @@ async def test_a_write_with_an_old_token_is_refused_in_the_store(tmp_path: Path)
         await b.close()
 
 
-async def test_the_partition_count_is_fixed_per_store(tmp_path: Path) -> None:
-    a, b = await _stores(tmp_path)
+async def test_the_partition_count_is_fixed_per_store(where: str | Path) -> None:
+    a, b = await _stores(where)
     try:
         with pytest.raises(PartitionCountMismatch):
             await b.ensure_partitions(P * 2)
@@ -157,9 +167,9 @@ async def _settle(*managers: LeaseManager) -> None:
 
 
 async def test_nodes_share_partitions_hand_over_on_drain_and_reap_the_dead(
-        tmp_path: Path) -> None:
+        where: str | Path) -> None:
     clock = FakeClock(start=1000.0)
-    a_store, b_store = await _stores(tmp_path, clock)
+    a_store, b_store = await _stores(where, clock)
     work_a, work_b = _Work(), _Work()
     settings = LeaseSettings(ttl=5.0, interval=1.0, safety=0.5)
     a = LeaseManager(a_store, clock, "node-a", P, work_a.hooks(), settings)
@@ -203,11 +213,11 @@ async def test_nodes_share_partitions_hand_over_on_drain_and_reap_the_dead(
 
 
 async def test_a_second_live_process_under_the_same_node_id_is_refused(
-        tmp_path: Path, monkeypatch: Any) -> None:
+        where: str | Path, monkeypatch: Any) -> None:
     import ratchet.supervisors.node.leases as leases_module
 
     clock = FakeClock(start=1000.0)
-    a_store, b_store = await _stores(tmp_path, clock)
+    a_store, b_store = await _stores(where, clock)
     try:
         first = LeaseManager(a_store, clock, "node-x", P, _Work().hooks())
         await first.start()
@@ -221,12 +231,12 @@ async def test_a_second_live_process_under_the_same_node_id_is_refused(
 
 
 async def test_a_read_sees_every_commit_made_before_it_began_even_under_load(
-        tmp_path: Path) -> None:
+        where: str | Path) -> None:
     """Reads of many actors run at once on the read connection; none may keep it on an old
     snapshot (a restarted actor would load a version its predecessor already moved past)."""
     import asyncio
 
-    reader, writer = await _stores(tmp_path)
+    reader, writer = await _stores(where)
     try:
         task_id = await _task(writer)
         busy = True

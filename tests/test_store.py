@@ -21,6 +21,7 @@ from ratchet.persistence import (
 from ratchet.persistence.blobs import CHUNK_BYTES
 from ratchet.persistence.checkpoints import ValueWrite
 from ratchet.persistence.migrations import MIGRATIONS, migrate
+from ratchet.persistence.store_select import open_store
 from ratchet.protocol import IllegalTransition, TaskEvent, VersionConflict
 from ratchet.protocol.errors import DuplicateMessage
 
@@ -32,10 +33,14 @@ def _new_task(task_id: str = "t1", key: str = "k1", digest: str = "sha256:aa") -
                    start_mail=("ratchet.mail.0.t1.task", f"start-{task_id}", b"\x80"))
 
 
-@pytest.fixture(params=["NORMAL", "FULL"])
+@pytest.fixture(params=["NORMAL", "FULL", "postgres"])
 async def store(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
-    # NORMAL commits on the event loop, FULL on a writer thread: both must behave alike.
-    s = await Store.open(tmp_path / "r.db", request.param)
+    # NORMAL commits on the event loop, FULL on a writer thread, "postgres" on PostgreSQL
+    # (persistence/postgres/): all must behave alike.
+    if request.param == "postgres":
+        s = await open_store(request.getfixturevalue("pg_url"))
+    else:
+        s = await Store.open(tmp_path / "r.db", request.param)
     yield s  # type: ignore[misc]
     await s.close()
 

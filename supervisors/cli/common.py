@@ -55,6 +55,10 @@ class ExitCode(IntEnum):
     #: ``serve`` started but was not ready (store writable, NATS connected, leases held or
     #: none on purpose) within ``--ready-timeout``; one line on stderr names what was not.
     NOT_READY = 15
+    #: ``serve`` refused to start: the store's schema is newer than this release knows.
+    SCHEMA_VERSION_MISMATCH = 16
+    #: ``serve --store postgresql://…`` refused to start: the database cannot be reached.
+    STORE_UNREACHABLE = 17
     #: Stopped by Ctrl-C before it was done (128 + SIGINT).
     INTERRUPTED = 130
 

@@ -30,6 +30,7 @@ from ratchet.protocol.auth import redact_url
 from ratchet.protocol.errors import ErrorCode, StartRefused, UsageError
 from ratchet.protocol.tracing import enabled as tracing_enabled
 from ratchet.supervisors.cli.common import ExitCode, load_app
+from ratchet.supervisors.cli.serve_flags import store_location
 from ratchet.supervisors.cli.serve_health import (
     observability_for,
     until_ready,
@@ -45,7 +46,8 @@ from ratchet.supervisors.services.canary import check_routes, parse_routes
 #: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
 REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
     ErrorCode.NODE_ID_IN_USE, ErrorCode.PARTITION_COUNT_MISMATCH, ErrorCode.STORE_READ_ONLY,
-    ErrorCode.NATS_UNREACHABLE, ErrorCode.NATS_PORT_TAKEN)}
+    ErrorCode.NATS_UNREACHABLE, ErrorCode.NATS_PORT_TAKEN,
+    ErrorCode.SCHEMA_VERSION_MISMATCH, ErrorCode.STORE_UNREACHABLE)}
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -100,7 +102,7 @@ async def _serve(node: Node, observed: Observability | None) -> int:
         if not stop.is_set():
             console = await _start_console(node, config)
             _say({"serving": config.node_id, "nats_url": redact_url(node.url),
-                  "db": str(config.db_path), "workflows": node.registry.names(),
+                  "db": config.store_name, "workflows": node.registry.names(),
                   "pid": os.getpid(), "traces": config.otel or tracing_enabled(),
                   **({"metrics": observed.url} if observed else {}),
                   **({"console": console.url} if console else {})})
@@ -198,6 +200,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         nats_connect_timeout=args.nats_connect_timeout,
         drain_timeout=args.drain_timeout,
         synchronous=args.synchronous,
+        store=store_location(args.store),
         partitions=args.partitions,
         retention=pairs(args.retention, float),
         lease_ttl=args.lease_ttl,

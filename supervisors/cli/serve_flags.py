@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 
+from ratchet.persistence.store_select import STORE_ENV, is_postgres_url
+from ratchet.protocol.errors import UsageError
 from ratchet.supervisors.cli.serve_health import console_flags, observability_flags
 
-__all__ = ["serve_flags"]
+__all__ = ["serve_flags", "store_location"]
 
 
 def risk_flags(s: argparse.ArgumentParser) -> None:
@@ -75,11 +78,19 @@ def nats_flags(s: argparse.ArgumentParser) -> None:
     )
 
 
+def store_flags(s: argparse.ArgumentParser) -> None:
+    """Where the store is, and (SQLite) how durable its commits are."""
+    s.add_argument("--store", default=None, metavar="URL",
+                   help="the store: a postgresql:// URL (default: $RATCHET_STORE, else the"
+                   " SQLite file in --state-dir)")
+    s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
+
+
 def serve_flags(s: argparse.ArgumentParser) -> None:
     """The flags of `ratchet serve` (each sets a NodeConfig field; docs/operations.md)."""
     s.add_argument("--app", required=True, help="module:object registering workflows")
     nats_flags(s)
-    s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
+    store_flags(s)
     s.add_argument("--partitions", type=int, default=16)
     s.add_argument("--node-id", default=None)
     s.add_argument("--retention", action="append", default=[], metavar="TENANT=SECONDS",
@@ -182,3 +193,18 @@ def submit_rate_flags(s: argparse.ArgumentParser) -> None:
         metavar="N",
         help="submissions a tenant may make at once (default: one second's worth)",
     )
+
+
+def store_location(flag: str | None) -> str | None:
+    """``--store``, else ``$RATCHET_STORE``: a PostgreSQL URL, or None (the SQLite file in
+    the state dir).
+
+    Raises:
+        UsageError: the value is not a ``postgresql://`` URL.
+    """
+    location = flag or os.environ.get(STORE_ENV) or None
+    if location is not None and not is_postgres_url(location):
+        where = "--store" if flag else STORE_ENV
+        raise UsageError(f"{where} takes a postgresql:// URL (without it the store is the"
+                         " SQLite file in --state-dir)")
+    return location

@@ -12,6 +12,7 @@ from pathlib import Path
 from ratchet.actors.effects.risk_policy import ToolRisk
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.persistence.dead_letter_rows import DeadLetterLimits
+from ratchet.protocol.auth import redact_url
 from ratchet.protocol.subjects import DEFAULT_PARTITIONS
 
 __all__ = ["NodeConfig"]
@@ -33,6 +34,8 @@ class NodeConfig:
             file; supervisors/node/nats_auth.py). The embedded server needs none: the node
             uses its own ``keys/node.nk``.
         synchronous: SQLite ``NORMAL`` (default) or ``FULL`` — see docs/operations.md.
+        store: a ``postgresql://`` URL: the store is that PostgreSQL database (None: the
+            SQLite file in ``state_dir``; docs/operations.md, "PostgreSQL").
         nats_port: the embedded server's port (None: the one kept for the state dir, else
             a free one, kept: supervisors/node/embedded_nats.py).
         nats_connect_timeout: seconds the first connection to NATS may take before the
@@ -49,6 +52,7 @@ class NodeConfig:
     nats_replicas: int = 1
     partitions: int = DEFAULT_PARTITIONS
     synchronous: str = "NORMAL"
+    store: str | None = None
     node_id: str = field(default_factory=_default_node_id)
     task_max_restarts: int = 3
     task_restart_period: float = 60.0
@@ -139,6 +143,11 @@ class NodeConfig:
     @property
     def db_path(self) -> Path:
         return Path(self.state_dir) / "ratchet.db"
+
+    @property
+    def store_name(self) -> str:
+        """Where the store is, for logs and the serving line (a URL's password hidden)."""
+        return redact_url(self.store) or str(self.db_path)
 
     @property
     def max_value_bytes(self) -> int:

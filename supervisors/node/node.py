@@ -170,7 +170,7 @@ class Node:
         await self._wait_until_serving(root_ref)
         await leases.start()  # takes a share of the partitions and recovers their tasks
         self._audit_check = asyncio.create_task(self._check_audit())
-        log.info("node started", node=cfg.node_id, url=redact_url(self.url), db=str(cfg.db_path),
+        log.info("node started", node=cfg.node_id, url=redact_url(self.url), db=cfg.store_name,
                  workflows=self.registry.names())
 
     async def _check_audit(self) -> None:
@@ -290,7 +290,7 @@ class Node:
             return
         self.store_lost = reason
         log.critical("database file lost: this node accepts no more work and stops",
-                     reason=reason, db=str(self.config.db_path))
+                     reason=reason, db=self.config.store_name)
         self.failed.set()
 
     async def _wait_for_room(self) -> None:

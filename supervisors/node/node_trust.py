@@ -25,6 +25,7 @@ from ratchet.supervisors.node.config import NodeConfig
 from ratchet.supervisors.node.credentials import bootstrap_admin, secure_state_dir
 from ratchet.supervisors.node.log_output import install_log_redaction
 from ratchet.supervisors.node.node_events import NodeEvents
+from ratchet.supervisors.node.pg_store import open_postgres
 from ratchet.supervisors.node.secret_key import load_secret_key
 from ratchet.supervisors.services.authn import Authenticator
 
@@ -46,8 +47,12 @@ async def open_store(cfg: NodeConfig, fence: Fence) -> StorePort:
 
     Raises:
         StartRefused: STORE_READ_ONLY, the state dir, the database or its WAL cannot be
-            written.
+            written; for PostgreSQL (``cfg.store``) STORE_UNREACHABLE, SCHEMA_VERSION_MISMATCH
+            (persistence/postgres/store.py); either way PARTITION_COUNT_MISMATCH later, at
+            the leases' start.
     """
+    if cfg.store is not None:  # PostgreSQL: the state dir keeps the keys and the audit head
+        return await open_postgres(cfg, fence)
     try:
         secure_state_dir(Path(cfg.state_dir), cfg.db_path)
         seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))

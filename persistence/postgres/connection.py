@@ -1,0 +1,120 @@
+"""psycopg 3 connections that look, to Ratchet's SQL, like the sqlite3 ones it was written
+for: ``execute``/``executemany`` with ``?`` placeholders (persistence/postgres/dialect.py),
+cursors with ``fetchone``/``fetchall``/``rowcount``/``lastrowid``, SQLite's value types
+back (integers, floats, bytes), and a key already taken as ``sqlite3.IntegrityError``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Iterator, Sequence
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from psycopg.adapt import Dumper, Loader
+from psycopg.pq import Format
+
+from ratchet.persistence.postgres.dialect import Statement, translate
+
+__all__ = ["PgConnection", "PgCursor", "connect", "configure"]
+
+_INT8_OID = 20
+_NUMERIC_OID = 1700
+
+
+class _BoolAsInt(Dumper):
+    """SQLite stores True as 1: so do we (the schema's flags are integers)."""
+
+    oid = _INT8_OID
+
+    def dump(self, obj: Any) -> bytes:
+        return b"1" if obj else b"0"
+
+
+class _NumericAsNumber(Loader):
+    """``SUM`` of integers is ``numeric`` in PostgreSQL: an int (or a float), as in SQLite,
+    never a Decimal."""
+
+    format = Format.TEXT
+
+    def load(self, data: Any) -> Any:
+        text = bytes(data).decode()
+        value = Decimal(text)
+        return int(value) if value == value.to_integral_value() and "." not in text \
+            else float(value)
+
+
+def configure(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> None:
+    """The value types Ratchet's code expects, on one connection."""
+    conn.adapters.register_dumper(bool, _BoolAsInt)
+    conn.adapters.register_loader(_NUMERIC_OID, _NumericAsNumber)
+
+
+def connect(dsn: str) -> psycopg.Connection[Any]:
+    """A sync connection in autocommit mode: transactions are the caller's BEGIN/COMMIT."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    configure(conn)
+    return conn
+
+
+class PgCursor:
+    """The result of one statement, read the way sqlite3's cursor is."""
+
+    __slots__ = ("_rows", "lastrowid", "rowcount")
+
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int,
+                 lastrowid: int | None = None) -> None:
+        self._rows = rows
+        self.rowcount = rowcount
+        self.lastrowid = lastrowid
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self._rows.pop(0) if self._rows else None
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        rows, self._rows = self._rows, []
+        return rows
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.fetchall())
+
+
+def _integrity(stmt: Statement) -> sqlite3.IntegrityError:
+    return sqlite3.IntegrityError(f"UNIQUE constraint failed: {stmt.sql.split('(')[0]}")
+
+
+class PgConnection:
+    """The sqlite3.Connection subset the ``*_txn`` functions use, over a psycopg
+    connection (the writer's; ``writing``: single-row reads of a task or lease lock it)."""
+
+    def __init__(self, conn: psycopg.Connection[Any], writing: bool = True) -> None:
+        self.raw = conn
+        self._writing = writing
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.raw.info.transaction_status != psycopg.pq.TransactionStatus.IDLE
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> PgCursor:
+        stmt = translate(sql, self._writing)
+        cur = self.raw.execute(stmt.sql, tuple(args) if args else None)
+        rows = cur.fetchall() if cur.description is not None else []
+        if stmt.strict_insert and cur.rowcount < 1:
+            raise _integrity(stmt)
+        lastrowid = rows[0][0] if stmt.returns_id and rows else None
+        return PgCursor([] if stmt.returns_id else rows, cur.rowcount, lastrowid)
+
+    def executemany(self, sql: str, seq: Iterable[Sequence[Any]]) -> PgCursor:
+        stmt = translate(sql, self._writing)
+        params = [tuple(p) for p in seq]
+        if not params:
+            return PgCursor([], 0)
+        with self.raw.cursor() as cur:
+            cur.executemany(stmt.sql, params)
+            if stmt.strict_insert and cur.rowcount < len(params):
+                raise _integrity(stmt)
+            return PgCursor([], cur.rowcount)
+
+    def close(self) -> None:
+        self.raw.close()

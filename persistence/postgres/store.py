@@ -1,0 +1,207 @@
+"""The Store on PostgreSQL: the same class, its writes through :class:`PgWriter`'s group
+commit and its reads through a few autocommit psycopg connections (each read its own
+snapshot, as the SQLite store's reads are).
+
+Isolation: READ COMMITTED, PostgreSQL's default, with the locks the SQL dialect adds
+(persistence/postgres/dialect.py) — docs/operations.md, "PostgreSQL", says why no anomaly
+of that level breaks an invariant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from ratchet.persistence.audit_seal import AuditSeal
+from ratchet.persistence.leases import LeaseClock, sync_lease_epoch_txn
+from ratchet.persistence.postgres.connection import (
+    PgConnection,
+    configure,
+    connect,
+)
+from ratchet.persistence.postgres.dialect import pg_migrations, translate
+from ratchet.persistence.postgres.writer import PgWriter
+from ratchet.persistence.records import Fence
+from ratchet.persistence.store import Store
+from ratchet.protocol.auth import redact_url
+from ratchet.protocol.error_codes import ErrorCode
+from ratchet.protocol.errors import StartRefused
+
+__all__ = ["PgLeaseClock", "PostgresStore", "migrate_pg", "pg_schema_version"]
+
+#: pg_advisory_xact_lock key: two nodes opening one database migrate it once.
+_MIGRATION_LOCK = 0x52415443  # "RATC"
+
+
+def pg_schema_version(conn: PgConnection) -> int:
+    conn.raw.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY,"
+        " name TEXT NOT NULL, applied_at DOUBLE PRECISION NOT NULL)")
+    row = conn.raw.execute("SELECT MAX(version) FROM schema_migrations").fetchone()
+    return int(row[0] or 0) if row else 0
+
+
+def migrate_pg(conn: PgConnection) -> int:
+    """Apply every migration newer than the database's, in one transaction under an
+    advisory lock; returns the resulting version.
+
+    Raises:
+        StartRefused: SCHEMA_VERSION_MISMATCH, the database was migrated by newer code.
+    """
+    migrations = pg_migrations()
+    conn.raw.execute("BEGIN")
+    try:
+        conn.raw.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
+        current = pg_schema_version(conn)
+        latest = migrations[-1][0]
+        if current > latest:
+            raise StartRefused(
+                ErrorCode.SCHEMA_VERSION_MISMATCH,
+                f"the store's schema is version {current}; this node knows up to {latest}"
+                " (run the newer release, or a store of this one)",
+                store=current, node=latest)
+        for version, name, sql in migrations:
+            if version <= current:
+                continue
+            for statement in sql.split(";"):
+                if statement.strip():
+                    conn.raw.execute(statement)
+            conn.raw.execute("INSERT INTO schema_migrations(version, name, applied_at)"
+                             " VALUES (%s, %s, %s)", (version, name, time.time()))
+            current = version
+        conn.raw.execute("COMMIT")
+    except BaseException:
+        conn.raw.execute("ROLLBACK")
+        raise
+    return current
+
+
+class PgLeaseClock:
+    """The PostgreSQL server's clock (``clock_timestamp()``), the store's time for lease
+    expiry: sampled at open, then inside a write batch's transaction at most once a
+    second (one statement), and carried between samples by this host's monotonic clock,
+    which no step moves. No node's wall
+    clock decides whether another node's lease has run out."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._server = 0.0
+        self._local = time.monotonic()
+
+    def epoch(self) -> str:
+        return "postgresql"  # the server's wall time: one epoch across its reboots
+
+    #: Seconds between two samples of the server's clock: between them this host's
+    #: monotonic clock drifts by parts per million, far below any lease's margin.
+    RESAMPLE = 1.0
+
+    def sample(self, conn: PgConnection, force: bool = True) -> None:
+        """Read the server's clock (inside the caller's transaction); unless ``force``,
+        only when the last reading is older than :attr:`RESAMPLE`."""
+        if not force and time.monotonic() - self._local < self.RESAMPLE:
+            return
+        before = time.monotonic()
+        row = conn.raw.execute("SELECT extract(epoch from clock_timestamp())::float8").fetchone()
+        after = time.monotonic()
+        assert row is not None
+        with self._lock:
+            self._server, self._local = float(row[0]), (before + after) / 2
+
+    def now(self) -> float:
+        with self._lock:
+            return self._server + (time.monotonic() - self._local)
+
+
+class PostgresStore(Store):
+    """A :class:`Store` whose database is PostgreSQL (``postgresql://…``). ``synchronous``,
+    ``writer`` and ``wal_limit`` are SQLite's: accepted and ignored (PostgreSQL's own
+    ``synchronous_commit`` decides durability)."""
+
+    #: Read connections: reads run side by side up to this many.
+    READERS = 4
+
+    def __init__(self, dsn: str, synchronous: str = "NORMAL", writer: str = "auto",
+                 wal_limit: int = 0, fence: Fence | None = None,
+                 lease_clock: LeaseClock | None = None,
+                 audit_seal: AuditSeal | None = None) -> None:
+        clock = lease_clock or PgLeaseClock()
+        super().__init__(Path("/nonexistent"), "NORMAL", "thread", fence=fence,
+                         lease_clock=clock, audit_seal=audit_seal)
+        self.dsn = dsn
+        self.path = redact_url(dsn) or dsn  # no password in logs
+        sample = (partial(clock.sample, force=False)
+                  if isinstance(clock, PgLeaseClock) else None)
+        # NoWal stands for the WAL guard: what the Store reads of it, without a WAL file.
+        self._writer = PgWriter(dsn, on_batch=sample)  # type: ignore[assignment]
+        self._readers: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
+        self._all_readers: list[psycopg.AsyncConnection[Any]] = []
+
+    @classmethod
+    async def open(cls, path: str | Path, synchronous: str = "NORMAL",
+                   writer: str = "auto", wal_limit: int = 0, fence: Fence | None = None,
+                   lease_clock: LeaseClock | None = None,
+                   audit_seal: AuditSeal | None = None) -> PostgresStore:
+        store = cls(str(path), synchronous, writer, wal_limit, fence, lease_clock, audit_seal)
+        await store._open()
+        return store
+
+    async def _open(self) -> None:
+        try:
+            await self._connect()
+        except psycopg.OperationalError as exc:
+            await self.close()
+            raise StartRefused(ErrorCode.STORE_UNREACHABLE,
+                               f"cannot reach the store {self.path}: {exc}".strip(),
+                               store=self.path) from None
+
+    async def _connect(self) -> None:
+        def _migrate() -> None:
+            conn = PgConnection(connect(self.dsn))
+            try:
+                migrate_pg(conn)
+                if isinstance(self.lease_clock, PgLeaseClock):
+                    self.lease_clock.sample(conn)
+                conn.raw.execute("BEGIN")
+                try:
+                    sync_lease_epoch_txn(conn, self.lease_clock.epoch())  # type: ignore[arg-type]
+                    conn.raw.execute("COMMIT")
+                except BaseException:
+                    conn.raw.execute("ROLLBACK")
+                    raise
+                self._anchor_audit(conn)  # type: ignore[arg-type]
+            finally:
+                conn.close()
+
+        await asyncio.to_thread(_migrate)
+        self._writer.start()
+        for _ in range(self.READERS):
+            reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            configure(reader)
+            self._all_readers.append(reader)
+            self._readers.put_nowait(reader)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._heads.flush()
+        for reader in self._all_readers:
+            await reader.close()
+        await self._writer.close()
+
+    async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        """Every row of one read, on a free read connection (autocommit: the read is its
+        own snapshot, so it sees every commit made before it began)."""
+        stmt = translate(sql)
+        reader = await self._readers.get()
+        try:
+            cur = await reader.execute(stmt.sql, tuple(args) if args else None)
+            return await cur.fetchall() if cur.description is not None else []
+        finally:
+            self._readers.put_nowait(reader)
