@@ -12,7 +12,22 @@ from ratchet.actors.workflow.tools import Decision, Tool
 from ratchet.protocol.errors import ActionFailed, ErrorCode, RatchetError
 from ratchet.protocol.redaction import dump_model
 
-__all__ = ["coerce_result", "error_of", "failed_before", "handoff_package", "retry_payload"]
+__all__ = ["coerce_args", "coerce_result", "error_of", "failed_before", "handoff_package", "retry_payload"]
+
+
+def coerce_args(tool: Tool[Any, Any], args: Any) -> Any:
+    """``args`` as the tool's argument model (a map is validated into it).
+
+    Raises:
+        ActionFailed: they do not validate.
+    """
+    if isinstance(args, tool.args):
+        return args
+    try:
+        return tool.args.model_validate(args)
+    except ValidationError as exc:
+        raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
+                           tool=tool.name) from None
 
 
 def coerce_result(tool: Tool[Any, Any], value: Any) -> Any:

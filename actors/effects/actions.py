@@ -25,11 +25,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.core.backoff import backoff_delay
 from ratchet.actors.effects.action_reports import (
+    coerce_args,
     coerce_result,
     error_of,
     failed_before,
@@ -108,17 +109,7 @@ class ActionRunner:
         Raises:
             ActionFailed: failed for good. HandoffRequired / AwaitExternal: task suspends.
         """
-        if not isinstance(args, tool.args):
-            try:
-                args = tool.args.model_validate(args)
-            except ValidationError as exc:
-                raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
-                                   tool=tool.name) from None
-        if self.env.note_secrets is not None and has_secrets(tool.args):
-            self.env.note_secrets(secret_values(dump_model(args)))
-        if self.env.pause_requested is not None and self.env.pause_requested() \
-                and compensates is None:
-            raise PauseRequested(tool.name)  # a safe point: nothing of this call has started
+        args = self._checked(tool, args, compensates)
         if self.env.switches is not None and compensates is None:
             self.env.switches.refuse_if_disabled(self.env.tenant, tool.name)
         key = tool.key(args) if tool.key is not None else None
@@ -328,6 +319,17 @@ class ActionRunner:
         if isinstance(exc, RatchetError):
             failure.code = exc.code  # a 403 stays PERMISSION_DENIED on the wire
         raise failure
+
+    def _checked(self, tool: Tool[Any, Any], args: Any, compensates: str | None) -> Any:
+        """``args`` as the tool's model, its secrets noted; a pause taken here (a safe
+        point: nothing of this call has started)."""
+        args = coerce_args(tool, args)
+        if self.env.note_secrets is not None and has_secrets(tool.args):
+            self.env.note_secrets(secret_values(dump_model(args)))
+        if self.env.pause_requested is not None and self.env.pause_requested() \
+                and compensates is None:
+            raise PauseRequested(tool.name)
+        return args
 
     def _kept(self, result: BaseModel) -> Any:
         """A result as the ledger keeps it: plain data with its secrets sealed (pydantic's

@@ -38,15 +38,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from ratchet.actors.effects.action_reports import coerce_result, error_of
 from ratchet.actors.effects.actions import ActionRunner, CallEnv
-from ratchet.actors.effects.signals import PauseRequested
 from ratchet.actors.workflow.tools import Accepted, Tool
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import ActionFailed, SandboxBlocked
-from ratchet.protocol.redaction import dump_model, has_secrets, secret_values
 
 __all__ = ["Answer", "Sandbox", "SandboxRunner", "plan", "runner_for"]
 
@@ -123,22 +121,6 @@ class SandboxRunner(ActionRunner):
         raise await self._blocked(tool, key, f"{tool.name} is declared blocked in a sandbox"
                                   if tool.sandbox == "blocked" else
                                   f"{tool.name} is a write with no sandbox= declaration")
-
-    def _checked(self, tool: Tool[Any, Any], args: Any, compensates: str | None) -> Any:
-        """``args`` as the tool's model, its secrets noted; a pause taken here (a safe
-        point, as before any call)."""
-        if not isinstance(args, tool.args):
-            try:
-                args = tool.args.model_validate(args)
-            except ValidationError as exc:
-                raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
-                                   tool=tool.name) from None
-        if self.env.note_secrets is not None and has_secrets(tool.args):
-            self.env.note_secrets(secret_values(dump_model(args)))
-        if self.env.pause_requested is not None and self.env.pause_requested() \
-                and compensates is None:
-            raise PauseRequested(tool.name)
-        return args
 
     async def _stub(self, tool: Tool[Any, Any], args: BaseModel, key: str | None) -> Any:
         """The stub, run as the tool's code would be (its session, its thread if blocking,

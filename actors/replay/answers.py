@@ -23,9 +23,9 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from ratchet.actors.effects.action_reports import coerce_result
+from ratchet.actors.effects.action_reports import coerce_args, coerce_result
 from ratchet.actors.replay.report import Divergence
 from ratchet.actors.task.read_record import MODEL_SESSION
 from ratchet.actors.workflow.tools import Tool, ToolContext
@@ -87,12 +87,7 @@ class ReplayRunner:
         return ReplayDivergence(d)
 
     async def call(self, tool: Tool[Any, Any], args: Any, *, compensates: str | None = None) -> Any:
-        if not isinstance(args, tool.args):
-            try:
-                args = tool.args.model_validate(args)
-            except ValidationError as exc:
-                raise ActionFailed(f"{tool.name}: invalid arguments: {exc.errors()[:3]}",
-                                   tool=tool.name) from None
+        args = coerce_args(tool, args)
         if tool.session == MODEL_SESSION:
             return self._model(tool, args)
         if tool.kind == "read":
