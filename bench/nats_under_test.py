@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import nats.errors
+import nats.js.errors
 
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing.nats_cluster import NatsCluster
@@ -28,11 +29,13 @@ T = TypeVar("T")
 async def retrying(publish: Callable[[], Awaitable[T]], attempts: int = 6) -> T:
     """A JetStream publish (``Client.submit``), again on a timeout: what a producer does
     while a stream elects a new leader after a server's loss. Safe because the publish
-    carries the same ``Nats-Msg-Id`` each time (the stream drops a repeat)."""
+    carries the same ``Nats-Msg-Id`` each time (the stream drops a repeat). "No responders"
+    and "no response from stream" are the same election seen from the client."""
     for _ in range(attempts - 1):
         try:
             return await publish()
-        except (TimeoutError, nats.errors.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError, nats.errors.NoRespondersError,
+                nats.js.errors.NoStreamResponseError):  # no stream leader answering yet
             await asyncio.sleep(0.5)  # a producer's retry pacing
     return await publish()
 
