@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The installed entry point (``make install``); its working directory (ROOT) is on its
 #: sys.path for ``--app tests.apps:app``.
 RATCHET_BIN = Path(sys.executable).with_name("ratchet")
+# Nodes this suite serves register their embedded servers' keys for local clients
+# (local_nodes.py): in a folder of this run, not the user's home; children inherit it.
+os.environ.setdefault("RATCHET_LOCAL_NODES", tempfile.mkdtemp(prefix="ratchet-local-nodes-"))
 
 
 @pytest.fixture(autouse=True)

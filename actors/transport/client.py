@@ -22,6 +22,7 @@ from pydantic import BaseModel
 
 from ratchet.actors.transport.event_feed import EventFeed, Refusals
 from ratchet.actors.transport.handles import TaskHandle, TaskOutcome, await_outcomes
+from ratchet.actors.transport.local_nodes import discover_creds
 from ratchet.actors.transport.servers import NatsServers, join_servers, server_list
 from ratchet.protocol.auth import Signer, inbox_prefix, redact_url
 from ratchet.protocol.catalogue import MessageType, admin_type
@@ -137,14 +138,17 @@ class Client:
         that answers will do, and a lost one is replaced by another once connected).
         ``creds``: a key file (``SU…`` seed, e.g. from ``ratchet creds``) or a Signer.
         It authenticates the connection (NATS nkey auth) and signs every request; replies
-        come under the key's own inbox (docs/security.md). Without it only unsigned
-        operations work (JetStream submits where NATS allows them).
+        come under the key's own inbox (docs/security.md). Without it, ``$RATCHET_CREDS``;
+        else, for a loopback URL, the key a local node registered for its embedded server
+        (local_nodes.py: same OS user only); else only unsigned operations work.
 
         Raises:
             NatsUnreachable: no server answered at ``url`` within ``connect_timeout``
                 seconds (default 5); its message is ``cannot reach NATS at <url>``.
             Unauthenticated: the server refused the key.
         """
+        if creds is None:  # $RATCHET_CREDS, or the key of a local node's embedded server
+            creds = discover_creds(url)
         signer = creds if isinstance(creds, Signer) or creds is None else Signer.from_file(creds)
         options: dict[str, Any] = {}
         if signer is not None:

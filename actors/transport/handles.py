@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Iterable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import structlog
@@ -61,19 +61,44 @@ class ResultSource(Protocol):
     async def get(self, task_id: str) -> TaskSnapshot: ...
 
 
-@dataclass(frozen=True, slots=True)
-class TaskHandle:
+class TaskHandle(str):
     """A submitted task: its id (known before any answer), tenant and idempotency key.
+
+    A handle *is* its task id — a ``str`` equal to it and hashing like it — so code that
+    took ``submit``'s result for the id (dict keys, ``watch(handle)``, ``== "t-…"``,
+    formatting) keeps working, and it adds what awaiting the task needs.
 
     ``accepted``: the node's answer to a validated (request/reply) submit — the task's
     status then and whether this submit created it; None after a JetStream publish, which
     nobody has confirmed yet."""
 
-    task_id: str
     tenant: str
     key: str | None
-    source: ResultSource = field(repr=False, compare=False)
-    accepted: TaskAccepted | None = None
+    source: ResultSource
+    accepted: TaskAccepted | None
+
+    def __new__(cls, task_id: str, tenant: str, key: str | None, source: ResultSource,
+                accepted: TaskAccepted | None = None) -> TaskHandle:
+        handle = super().__new__(cls, task_id)
+        for name, value in (("tenant", tenant), ("key", key), ("source", source),
+                            ("accepted", accepted)):
+            object.__setattr__(handle, name, value)
+        return handle
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"a TaskHandle is immutable (cannot set {name!r})")
+
+    @property
+    def task_id(self) -> str:
+        """The task's id, as a plain ``str``."""
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return (f"TaskHandle(task_id={self.task_id!r}, tenant={self.tenant!r}, "
+                f"key={self.key!r}, accepted={self.accepted!r})")
+
+    def __reduce__(self) -> Any:  # a copy or a pickle is the id alone: the source is live
+        return (str, (self.task_id,))
 
     async def result(self, timeout: float | None = None) -> dict[str, Any]:
         """The task's output, once it succeeded (waits at most ``timeout`` seconds).

@@ -22,7 +22,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from ratchet.actors.effects.risk_policy import ToolRisk, parse_policy
+from ratchet.actors.transport import local_nodes
 from ratchet.actors.transport.bus import MB, StreamLimits
 from ratchet.actors.transport.servers import join_servers
 from ratchet.persistence.dead_letter_rows import DeadLetterLimits
@@ -36,12 +39,15 @@ from ratchet.supervisors.cli.serve_health import (
     until_ready,
 )
 from ratchet.supervisors.console import Console
+from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
 from ratchet.supervisors.node.otel import start_tracing, stop_tracing
 from ratchet.supervisors.observability.health import readiness
 from ratchet.supervisors.observability.http import Observability
 from ratchet.supervisors.services.canary import check_routes, parse_routes
+
+log = structlog.get_logger("ratchet.serve")
 
 #: ``ratchet serve``'s exit status for each refused start (docs/operations.md).
 REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
@@ -101,6 +107,7 @@ async def _serve(node: Node, observed: Observability | None) -> int:
             return _not_ready(config.node_id, config.ready_timeout, why)
         if not stop.is_set():
             console = await _start_console(node, config)
+            _register_local(node, config)
             _say({"serving": config.node_id, "nats_url": redact_url(node.url),
                   "db": config.store_name, "workflows": node.registry.names(),
                   "pid": os.getpid(), "traces": config.otel or tracing_enabled(),
@@ -110,9 +117,24 @@ async def _serve(node: Node, observed: Observability | None) -> int:
             if console is not None:
                 await console.stop()
         await node.stop()
+        if node.embedded is not None and node.url:
+            local_nodes.unregister(node.url, os.getpid())
         _say({"stopped": config.node_id, "failed": node.failed.is_set(),
               **node.writer_summary(), "log_write_failures": log_write_failures()})
     return 1 if node.failed.is_set() else 0
+
+
+def _register_local(node: Node, config: NodeConfig) -> Path | None:
+    """Tell clients of this OS user where the embedded server's key is (local_nodes.py), so
+    ``Client.connect(url)`` works without ``creds``. Best effort: a read-only home only
+    costs that convenience."""
+    if node.embedded is None or not node.url:
+        return None
+    try:
+        return local_nodes.register(node.url, admin_key_path(config.state_dir), os.getpid())
+    except OSError as exc:
+        log.warning("local node entry not written", error=str(exc))
+        return None
 
 
 async def _start_console(node: Node, config: NodeConfig) -> Console | None:
