@@ -16,6 +16,7 @@ from typing import Any
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchActor,
+    BranchesDone,
     JoinActor,
     JoinDone,
     ResendVerdict,
@@ -31,7 +32,7 @@ from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import RatchetError
 
-__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "start_visit"]
+__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
 
 
 def fanout_key(actor: TaskKernel, node: str) -> str:
@@ -117,16 +118,32 @@ def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
     async def session(name: str) -> Any:
         return await actor.deps.children.session(actor.task_id, tenant, name)
 
+    notify = join_notifier(actor, visit.key)
+
     def make(_: int) -> BranchActor:
         return BranchActor(task_id=actor.task_id, tenant=tenant, key=visit.key, node=visit.node,
                            branch=branch, graph=visit.graph_of(branch), task_input=task_input,
                            state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
                            producer=actor.deps.producer, session=session,
                            switches=actor.deps.switches, max_concurrency=limit,
-                           arm_timeout=arm_timeout, partitions=actor.deps.partitions,
+                           arm_timeout=arm_timeout, notify=notify,
                            traceparent=traceparent, sandbox=sandbox)
 
     return make
+
+
+def join_notifier(actor: TaskKernel, key: str) -> Callable[[dict[str, str]], None]:
+    """Tells the fan-out ``key``'s live join which branches were settled (committed), by
+    name: a join restarted meanwhile recounts from the store, so a notification that finds
+    no join loses nothing."""
+    children, task_id, join = actor.deps.children, actor.task_id, f"join:{key}"
+
+    def notify(statuses: dict[str, str]) -> None:
+        ref = children.lookup_child(task_id, join)
+        if ref is not None:
+            ref.tell(BranchesDone(statuses))
+
+    return notify
 
 
 async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> None:
