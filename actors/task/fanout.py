@@ -28,8 +28,7 @@ import asyncio
 import random
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,21 +81,42 @@ class _Gate:
 _gates: dict[tuple[str, str], _Gate] = {}
 
 
-@asynccontextmanager
-async def branch_slot(task_id: str, key: str, limit: int) -> AsyncIterator[None]:
+class _Slot:
+    """``async with``: one slot of a gate (a class, not a generator-based context manager:
+    every branch enters one, and the generator's machinery was a measurable share of a
+    one-step branch)."""
+
+    __slots__ = ("gate", "where")
+
+    def __init__(self, task_id: str, key: str, limit: int) -> None:
+        self.where = (task_id, key)
+        gate = _gates.get(self.where)
+        if gate is None:
+            gate = _gates[self.where] = _Gate(asyncio.Semaphore(limit))
+        self.gate = gate
+
+    async def __aenter__(self) -> None:
+        self.gate.users += 1
+        try:
+            await self.gate.slots.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gate.slots.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self.gate.users -= 1
+        if self.gate.users == 0 and _gates.get(self.where) is self.gate:
+            del _gates[self.where]
+
+
+def branch_slot(task_id: str, key: str, limit: int) -> AbstractAsyncContextManager[None]:
     """Hold one of the ``limit`` slots of the fan-out ``key`` of ``task_id`` (waits, first
     come first served, while all are taken). Cancelling a waiter takes no slot."""
-    gate = _gates.get((task_id, key))
-    if gate is None:
-        gate = _gates[(task_id, key)] = _Gate(asyncio.Semaphore(limit))
-    gate.users += 1
-    try:
-        async with gate.slots:
-            yield
-    finally:
-        gate.users -= 1
-        if gate.users == 0 and _gates.get((task_id, key)) is gate:
-            del _gates[(task_id, key)]
+    return _Slot(task_id, key, limit)
 
 
 def branch_timer_id(task_id: str, key: str, branch: str) -> str:
@@ -180,7 +200,9 @@ class BranchActor(Actor):
                  switches: Switches | None = None,
                  max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
                  arm_timeout: float | None = None, notify: Notify = lambda _: None,
-                 traceparent: str | None = None, sandbox: dict[str, Any] | None = None) -> None:
+                 traceparent: str | None = None, sandbox: dict[str, Any] | None = None,
+                 rng: random.Random | None = None,
+                 input_secrets: set[str] | None = None) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
         self.traceparent = traceparent  # the fan-out's span (protocol/tracing.py)
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
@@ -191,8 +213,10 @@ class BranchActor(Actor):
         self.notify = notify
         self.sandbox = sandbox  # its task's sandbox marks: its calls answered as the task's
         # Its task's secrets: what its commits show is cut free of them, as the task's is.
+        # (``input_secrets``: those of ``task_input``, found once for every branch.)
         self.secrets = TaskSecrets(task_id)
-        self.secrets.note(secret_values(task_input))
+        self.secrets.note(secret_values(task_input) if input_secrets is None else input_secrets)
+        self.rng = rng or random.Random()  # retries' jitter (the node's, shared)
 
     async def on_start(self) -> None:
         tracing.enter_task(self.traceparent)  # its calls' spans: children of the fan-out's
@@ -233,7 +257,7 @@ class BranchActor(Actor):
         runner = runner_for(CallEnv(
             task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
             clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
-            rng=random.Random(), switches=self.switches, note_secrets=self.secrets.note),
+            rng=self.rng, switches=self.switches, note_secrets=self.secrets.note),
             self.sandbox)
         while current != END:
             node = self.graph.node(current)
@@ -277,7 +301,9 @@ class JoinActor(Actor):
 
     def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
                  branches: list[str], store: TaskStore, tell_task: Any,
-                 timer_fired: bool) -> None:
+                 timer_fired: bool, rows: dict[str, Any] | None = None) -> None:
+        """``rows``: the fan-out's branch rows as its starter just read or wrote them (saves
+        reading them at start); None: read them."""
         self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
         # By name, not by ref: the task actor may be restarted while the branches run.
         self.branches, self.store, self.tell_task = branches, store, tell_task
@@ -285,9 +311,15 @@ class JoinActor(Actor):
         self.statuses: dict[str, str] = {}
         self.counts: Counter[str] = Counter()  # branches per status, kept with ``statuses``
         self.verdict: JoinDone | None = None
+        self.rows = rows
 
     async def on_start(self) -> None:
-        await self._evaluate(await self._recount())
+        if self.rows is None:
+            await self._evaluate(await self._recount())
+        else:
+            rows, self.rows = self.rows, None
+            self._adopt(rows)
+            await self._evaluate(rows)
 
     async def receive(self, message: Any) -> Any:
         if isinstance(message, BranchesDone):
@@ -344,6 +376,6 @@ class JoinActor(Actor):
         verdict = decide(self.policy, self.statuses, self.timed_out)
         if verdict is None:
             return
-        results = {b: r["result"] for b, r in rows.items() if r["status"] == "SUCCEEDED"}
+        results = {b: r.get("result") for b, r in rows.items() if r["status"] == "SUCCEEDED"}
         self.verdict = JoinDone(self.key, self.node, verdict, results)
         self.tell_task(self.task_id, self.verdict)

@@ -31,6 +31,7 @@ from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.redaction import secret_values
 
 __all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
 
@@ -90,10 +91,15 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
                            events=[(EventType.FANOUT_STARTED, visit.started)])
         rows = {b: {"status": "RUNNING"} for b in names}
-    fired = await actor.deps.store.timer_fired(f"join:{actor.task_id}:{key}")
-    specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
+    # Only a join with a timeout has a timer that may have fired.
+    fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
+        f"join:{actor.task_id}:{key}")
+    known = dict(rows)
+    specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda restarts: JoinActor(
         task_id=actor.task_id, key=key, node=visit.node, policy=visit.policy, branches=names,
-        store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired), 5.0)]
+        store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired,
+        # The rows just read or written, for its first start; a restarted join reads them.
+        rows=None if restarts else known), 5.0)]
     for b in names:
         if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
             continue  # finished before a crash: never run again
@@ -119,6 +125,7 @@ def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
         return await actor.deps.children.session(actor.task_id, tenant, name)
 
     notify = join_notifier(actor, visit.key)
+    input_secrets = secret_values(task_input)  # once for all the branches
 
     def make(_: int) -> BranchActor:
         return BranchActor(task_id=actor.task_id, tenant=tenant, key=visit.key, node=visit.node,
@@ -127,7 +134,8 @@ def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
                            producer=actor.deps.producer, session=session,
                            switches=actor.deps.switches, max_concurrency=limit,
                            arm_timeout=arm_timeout, notify=notify,
-                           traceparent=traceparent, sandbox=sandbox)
+                           traceparent=traceparent, sandbox=sandbox, rng=actor.deps.rng,
+                           input_secrets=input_secrets)
 
     return make
 
