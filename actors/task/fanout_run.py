@@ -100,44 +100,51 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired,
         # The rows just read or written, for its first start; a restarted join reads them.
         rows=None if restarts else known), 5.0)]
+    branch_of = _branch_factories(actor, visit, limit)
     for b in names:
         if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
             continue  # finished before a crash: never run again
         # A branch the join no longer needs is interrupted, not waited for.
         arm = None if b in armed else visit.branch_timeout
         specs.append((f"branch:{key}:{b}",
-                      _branch_factory(actor, visit, b, limit, arm), 0.01))
+                      branch_of(b, arm), 0.01))
     refs = await actor.deps.children.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
 
 
-def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
-                    arm_timeout: float | None) -> Any:
+def _branch_factories(actor: TaskKernel, visit: Visit, limit: int
+                      ) -> Callable[[str, float | None], Callable[[int], BranchActor]]:
+    """``(branch, arm_timeout) -> factory`` of the visit's branch actors. What the branches
+    share is found once for the visit (a copy of the input per branch was a measurable
+    share of a one-step branch)."""
     assert actor.record is not None
     tenant, task_input, sandbox = actor.record.tenant, dict(actor.record.input), actor.record.sandbox
-    initial = visit.inputs[branch]
     # The fan-out's span, if tracing: the branch's calls are its children (the branch's
     # actor is started by the task's supervisor, in a context of its own).
     traceparent = tracing.current_traceparent()
+    notify = join_notifier(actor, visit.key)
+    input_secrets = secret_values(task_input)
+    deps, task_id = actor.deps, actor.task_id
 
     async def session(name: str) -> Any:
-        return await actor.deps.children.session(actor.task_id, tenant, name)
+        return await deps.children.session(task_id, tenant, name)
 
-    notify = join_notifier(actor, visit.key)
-    input_secrets = secret_values(task_input)  # once for all the branches
+    def factory(branch: str, arm_timeout: float | None) -> Callable[[int], BranchActor]:
+        initial = visit.inputs[branch]
 
-    def make(_: int) -> BranchActor:
-        return BranchActor(task_id=actor.task_id, tenant=tenant, key=visit.key, node=visit.node,
-                           branch=branch, graph=visit.graph_of(branch), task_input=task_input,
-                           state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
-                           producer=actor.deps.producer, session=session,
-                           switches=actor.deps.switches, max_concurrency=limit,
-                           arm_timeout=arm_timeout, notify=notify,
-                           traceparent=traceparent, sandbox=sandbox, rng=actor.deps.rng,
-                           input_secrets=input_secrets)
+        def make(_: int) -> BranchActor:
+            return BranchActor(
+                task_id=task_id, tenant=tenant, key=visit.key, node=visit.node, branch=branch,
+                graph=visit.graph_of(branch), task_input=task_input, state=dict(initial),
+                store=deps.store, clock=deps.clock, producer=deps.producer, session=session,
+                switches=deps.switches, max_concurrency=limit, arm_timeout=arm_timeout,
+                notify=notify, traceparent=traceparent, sandbox=sandbox, rng=deps.rng,
+                input_secrets=input_secrets)
 
-    return make
+        return make
+
+    return factory
 
 
 def join_notifier(actor: TaskKernel, key: str) -> Callable[[dict[str, str]], None]:
