@@ -5,7 +5,14 @@
 - fanout_peak_rss_mb: the node's VmHWM after that;
 - parked_rss_mb: the node's VmRSS with 10,000 tasks parked in WAITING_APPROVAL (their
   actors passivated);
-- approve_all_s: publishing a decision for each of the 10,000 until every one SUCCEEDED.
+- approve_all_s: publishing a decision for each of the 10,000 until every one SUCCEEDED;
+- fanout_100_join_ms_normal / _full: the peer benchmark's W3 on a node of its own (its
+  embedded nats-server), ``--synchronous NORMAL`` then ``FULL``: 100 one-step branches
+  (``bench.fanout_app``), ``JoinPolicy("all")``, ``max_concurrency`` 100; submit →
+  ``task.succeeded`` seen by the client, the median of ``FANOUT_100_RUNS`` runs after a
+  warm-up task; ``fanout_100_join_ms`` is the one of the node's default setting
+  (``RATCHET_BENCH_SYNCHRONOUS``, as for the other figures); ``fanout_100_node_cpu_ms_*``:
+  the node's CPU time per run (mean), which a shared machine disturbs less than the wall.
 
 The node is a real ``ratchet serve`` subprocess joined to a real nats-server.
 """
@@ -14,6 +21,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import statistics
 import sys
 import tempfile
 import time
@@ -24,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
-from bench.steps import NodeProc, publish_submit
+from bench.steps import SYNCHRONOUS, NodeProc, publish_submit
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import Envelope
@@ -33,6 +42,7 @@ from ratchet.supervisors.cli import configure_logging
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
 PARKED = 10_000
+FANOUT_100_RUNS = int(os.environ.get("FANOUT_100_RUNS", "9"))
 
 
 async def fanout(client: ratchet.Client) -> float:
@@ -93,6 +103,43 @@ async def park_and_approve(client: ratchet.Client, node: NodeProc) -> dict[str, 
             "approve_all_s": round(approve_all, 2)}
 
 
+async def _outcome(client: ratchet.Client, task_id: str) -> str:
+    """The task's terminal event type, as soon as the client sees it."""
+    async for event in client.watch(task_id, idle_timeout=60):
+        if event.type in ("task.succeeded", "task.failed", "task.cancelled"):
+            return event.type
+    raise RuntimeError(f"task {task_id}: no terminal event")
+
+
+async def join_100(tmp: Path, synchronous: str) -> dict[str, float]:
+    """W3 on a fresh node of its own: the median submit → ``task.succeeded`` (ms) and the
+    node's mean CPU per run (ms)."""
+    node = NodeProc(tmp / f"w3-{synchronous}", None, app="bench.fanout_app:app",
+                    synchronous=synchronous)
+    node.start()
+    assert node.url is not None
+    client = await ratchet.Client.connect(node.url, "bench", creds=node.creds)
+    log = str(tmp / f"w3-{synchronous}.log")
+    walls, cpus = [], []
+    try:
+        warm = await client.submit("bench.warm", {}, key=f"warm-{time.time_ns()}")
+        assert await _outcome(client, warm.task_id) == "task.succeeded"
+        for run in range(FANOUT_100_RUNS):
+            cpu0, started = node.cpu_seconds(), time.perf_counter()
+            handle = await client.submit("bench.fan100", {"log": log}, key=f"w3-{run}")
+            outcome = await _outcome(client, handle.task_id)
+            walls.append((time.perf_counter() - started) * 1000)
+            cpus.append((node.cpu_seconds() - cpu0) * 1000)
+            assert outcome == "task.succeeded", outcome
+    finally:
+        await client.close()
+        node.stop()
+    lines = Path(log).read_text().splitlines()
+    assert len(lines) == 100 * FANOUT_100_RUNS, len(lines)  # each branch ran once
+    return {"ms": round(statistics.median(walls), 1),
+            "cpu_ms": round(statistics.fmean(cpus), 1)}
+
+
 async def main() -> None:
     configure_logging("warning")
     with tempfile.TemporaryDirectory(prefix="ratchet-fanout-") as tmp:
@@ -110,6 +157,11 @@ async def main() -> None:
             await client.close()
             node.stop()
             await server.stop()
+        for synchronous in ("NORMAL", "FULL"):
+            w3 = await join_100(Path(tmp), synchronous)
+            results[f"fanout_100_join_ms_{synchronous.lower()}"] = w3["ms"]
+            results[f"fanout_100_node_cpu_ms_{synchronous.lower()}"] = w3["cpu_ms"]
+        results["fanout_100_join_ms"] = results[f"fanout_100_join_ms_{SYNCHRONOUS.lower()}"]
     print(json.dumps(results))
 
 

@@ -34,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from ratchet.persistence.admin_rows import AuditEntry
 from ratchet.persistence.audit_check import AuditReport
+from ratchet.persistence.branch_rows import BranchStore
 from ratchet.persistence.dead_letter_rows import DeadLetterStore
 from ratchet.persistence.diagnose_rows import DiagnoseStore
 from ratchet.persistence.drift_rows import DriftStore
@@ -62,7 +63,7 @@ __all__ = [
     "OutboxListener", "OutboxStore",
     "ScheduleRow",
     "ScheduleStore", "DriftStore", "SweepStore", "SettleStore", "MetricStore", "DiagnoseStore",
-    "DeadLetterStore", "VersionStore",
+    "DeadLetterStore", "VersionStore", "BranchStore",
     "StorePort",
     "TaskRecord",
     "TaskStore",
@@ -73,7 +74,7 @@ OutboxListener = Callable[[list[OutboxRow]], None]
 
 
 @runtime_checkable
-class TaskStore(Protocol):
+class TaskStore(BranchStore, Protocol):
     """What task execution needs: the task actor and its helpers (actions, sagas, fan-out
     branches and joins, tool sessions), and the services that feed tasks (intake, the
     request API, mail/decision/confirmation routers, timers, recovery, partition work)."""
@@ -178,17 +179,7 @@ class TaskStore(Protocol):
 
     # -- graphs: branches, approvals, agent logs ---------------------------------------
 
-    async def finish_branch(self, change: TaskChange, node: str, branch: str, status: str,
-                            result: Any, error: dict[str, Any] | None) -> bool:
-        """Settle a RUNNING branch and, only if it was still running, apply ``change`` in
-        the same transaction."""
-        ...
-
-    async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
-        ...
-
-    async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
-        ...
+    # (branches: BranchStore, persistence/branch_rows.py)
 
     async def approval(self, approval_id: str) -> dict[str, Any] | None:
         ...

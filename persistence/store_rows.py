@@ -19,6 +19,7 @@ from ratchet.persistence.admin_rows import (
 from ratchet.persistence.audit_check import AUDIT_COLUMNS, AuditReport, ChainCheck
 from ratchet.persistence.audit_heads import HeadWriter
 from ratchet.persistence.audit_seal import AuditHead, AuditSeal
+from ratchet.persistence.branch_rows import BranchRows
 from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.fork import ForkRequest, fork_txn
 from ratchet.persistence.graph_rows import finish_branch_txn
@@ -78,7 +79,7 @@ def _branch(status: str, result: bytes | None, error: bytes | None,
     return {"status": status, "result": secrets.unpack_optional(result), "error": _unpack(error)}
 
 
-class RowReads(_StoreParts):
+class RowReads(BranchRows, _StoreParts):
 
     # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
 

@@ -23,11 +23,13 @@ def new_id(prefix: str) -> str:
     Ids sort by creation time, which keeps index inserts local and logs readable.
     """
     value = (time.time_ns() // 1_000_000) << 80 | _rng.getrandbits(80)
-    chars = []
-    for _ in range(26):
-        chars.append(_CROCKFORD[value & 31])
-        value >>= 5
-    return f"{prefix}_{''.join(reversed(chars))}"
+    # Two characters (10 bits) per lookup: a third of a per-character loop's cost, and
+    # every event and message of every commit takes an id.
+    return f"{prefix}_{''.join([_PAIRS[(value >> shift) & 1023] for shift in _SHIFTS])}"
+
+
+_PAIRS = [a + b for a in _CROCKFORD for b in _CROCKFORD]  # 10 bits -> 2 characters
+_SHIFTS = range(120, -1, -10)  # 13 pairs: the 26 characters, most significant first
 
 
 def task_id_for(tenant: str, idempotency_key: str) -> str:

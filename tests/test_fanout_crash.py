@@ -24,7 +24,10 @@ async def test_a_fanout_interrupted_by_sigkill_resumes_without_rerunning_finishe
     node = node_process(nats_url, {"RATCHET_TEST_STEP_LOG": str(log)},
                         app_spec="tests.graph_apps:app")
     await asyncio.to_thread(node.start)
-    task_id = (await client.submit("fan.50", {"sleep": 0.05}, key="fan50")).task_id
+    # Branches that finish together are settled together: the last 20 take longer, so the
+    # kill certainly comes with some branches settled and some still running.
+    slow = {f"b{i:02d}": 1.0 for i in range(30, 50)}
+    task_id = (await client.submit("fan.50", {"sleep": 0.05, "slow": slow}, key="fan50")).task_id
     finished_before: set[str] = set()
     async for event in client.watch(task_id):
         if event.type == "branch.completed":

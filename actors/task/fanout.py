@@ -1,13 +1,18 @@
 """Fan-out / fan-in: branch actors run the branches; a join actor applies the policy.
 
 A branch is a small graph (steps, choices, routes) with its own state. It is the unit of
-recovery: its result is committed once, when it finishes, with a ``branch.done`` mail to
-its task in the same transaction; a branch interrupted by a crash runs again from its start,
-a finished one never does. Branch commits are side-channel changes (no compare-and-set on
-the task), so branches never conflict with each other.
+recovery: its result is committed once, when it finishes, with its event; a branch
+interrupted by a crash runs again from its start, a finished one never does. Branch commits
+are side-channel changes (no compare-and-set on the task), so branches never conflict with
+each other; the branches of a fan-out that finish together are settled in one transaction
+(``actors/task/branch_settle.py``), which then tells the join, in process, which branches
+it settled.
 
 The join keeps its completion set in the store (the ``branches`` rows): on (re)start it
-recounts them, then follows ``branch.done`` notifications; repeats and out-of-order
+recounts them; then it counts what the settler tells it (committed settlements) and, once
+those counts say the policy may decide, reads the rows once and decides on what the store
+holds. A ``branch.done`` mail (from a node of an earlier release, or forged) is only a
+nudge: the join reads that branch's row before it counts it. Repeats and out-of-order
 notifications change nothing a set does not already hold.
 
 At most ``max_concurrency`` branches of one fan-out run their body at once (the node's
@@ -23,8 +28,7 @@ import asyncio
 import random
 import traceback
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +38,7 @@ from ratchet.actors.core.actor import Actor
 from ratchet.actors.effects.actions import CallEnv, TaskSuspended
 from ratchet.actors.effects.sandbox import runner_for
 from ratchet.actors.effects.switches import Switches
+from ratchet.actors.task.branch_settle import Notify, settle_branch
 from ratchet.actors.task.heartbeat import StepHeartbeat
 from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.join_policy import JoinVerdict, decide, may_decide
@@ -46,21 +51,18 @@ from ratchet.actors.workflow.nodes import (
     StepContext,
     StepNode,
 )
+from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
 from ratchet.protocol import tracing
-from ratchet.protocol.catalogue import EventType, MessageType
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.codec import encode
-from ratchet.protocol.ids import new_id
-from ratchet.protocol.messages import Envelope
 from ratchet.protocol.redaction import redact, secret_values
-from ratchet.protocol.subjects import DEFAULT_PARTITIONS, mail_subject
 
-__all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "JoinActor", "JoinDone",
-           "JoinTimeout", "ResendVerdict", "branch_done_change", "branch_slot", "branch_timer",
-           "branch_timer_id"]
+__all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "BranchesDone", "JoinActor",
+           "JoinDone", "JoinTimeout", "ResendVerdict", "branch_settlement", "branch_slot",
+           "branch_timer", "branch_timer_id"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -79,21 +81,42 @@ class _Gate:
 _gates: dict[tuple[str, str], _Gate] = {}
 
 
-@asynccontextmanager
-async def branch_slot(task_id: str, key: str, limit: int) -> AsyncIterator[None]:
+class _Slot:
+    """``async with``: one slot of a gate (a class, not a generator-based context manager:
+    every branch enters one, and the generator's machinery was a measurable share of a
+    one-step branch)."""
+
+    __slots__ = ("gate", "where")
+
+    def __init__(self, task_id: str, key: str, limit: int) -> None:
+        self.where = (task_id, key)
+        gate = _gates.get(self.where)
+        if gate is None:
+            gate = _gates[self.where] = _Gate(asyncio.Semaphore(limit))
+        self.gate = gate
+
+    async def __aenter__(self) -> None:
+        self.gate.users += 1
+        try:
+            await self.gate.slots.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.gate.slots.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        self.gate.users -= 1
+        if self.gate.users == 0 and _gates.get(self.where) is self.gate:
+            del _gates[self.where]
+
+
+def branch_slot(task_id: str, key: str, limit: int) -> AbstractAsyncContextManager[None]:
     """Hold one of the ``limit`` slots of the fan-out ``key`` of ``task_id`` (waits, first
     come first served, while all are taken). Cancelling a waiter takes no slot."""
-    gate = _gates.get((task_id, key))
-    if gate is None:
-        gate = _gates[(task_id, key)] = _Gate(asyncio.Semaphore(limit))
-    gate.users += 1
-    try:
-        async with gate.slots:
-            yield
-    finally:
-        gate.users -= 1
-        if gate.users == 0 and _gates.get((task_id, key)) is gate:
-            del _gates[(task_id, key)]
+    return _Slot(task_id, key, limit)
 
 
 def branch_timer_id(task_id: str, key: str, branch: str) -> str:
@@ -108,8 +131,18 @@ def branch_timer(task_id: str, key: str, node: str, branch: str, due_at: float) 
 
 @dataclass(frozen=True, slots=True)
 class BranchDone:
+    """A ``branch.done`` mail (an earlier release's, or forged): a nudge, checked against
+    the branch's row before it counts."""
+
     branch: str
     status: str
+
+
+@dataclass(frozen=True, slots=True)
+class BranchesDone:
+    """From the fan-out's settler, in process: these settlements are committed."""
+
+    statuses: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,28 +169,29 @@ class JoinDone:
     results: dict[str, Any]
 
 
-def branch_done_change(task_id: str, key: str, node: str, branch: str, status: str,
-                       payload: dict[str, Any], producer: str, now: float,
-                       partitions: int = DEFAULT_PARTITIONS) -> TaskChange:
-    """The side-channel change settling a branch: its event, and the mail to its task."""
-    env = Envelope(type=MessageType.BRANCH_DONE, message_id=new_id("msg"), correlation_id=task_id,
-                   sent_at=now, body={"key": key, "node": node, "branch": branch,
-                                      "status": status})
-    kind = {"SUCCEEDED": EventType.BRANCH_COMPLETED, "FAILED": EventType.BRANCH_FAILED,
-            "TIMED_OUT": EventType.BRANCH_TIMED_OUT}[status]
-    return TaskChange(
-        task_id=task_id, expected_version=None, producer=producer, now=now,
-        events=[(kind, {"node": node, "branch": branch, **payload})],
-        mail=[(mail_subject(task_id, "task", partitions), env.message_id, encode(env))])
+_EVENT_OF = {"SUCCEEDED": EventType.BRANCH_COMPLETED, "FAILED": EventType.BRANCH_FAILED,
+             "TIMED_OUT": EventType.BRANCH_TIMED_OUT}
+
+
+def branch_settlement(node: str, branch: str, status: str, payload: dict[str, Any],
+                      result: Any = None, error: dict[str, Any] | None = None
+                      ) -> BranchSettlement:
+    """A branch's settlement: its row's status, result and error, and its event
+    (``branch.completed``, ``branch.failed`` or ``branch.timed_out``)."""
+    return BranchSettlement(branch, status, result, error,
+                            (_EVENT_OF[status], {"node": node, "branch": branch, **payload}))
 
 
 class BranchActor(Actor):
-    """Runs one branch once it has a slot, and commits its result with its notification.
+    """Runs one branch once it has a slot, and commits its result (with its fan-out's other
+    branches that finish together: ``branch_settle.py``), which tells the join.
 
     Args:
         max_concurrency: slots of its fan-out (every branch of the fan-out passes the same).
         arm_timeout: the branch's time budget, armed as its durable timer when it gets its
             slot; None when it has none, or when the fan-out's start armed it already.
+        notify: tells the fan-out's join which branches were settled (by name: the join
+            may have been restarted meanwhile).
     """
 
     def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
@@ -165,8 +199,10 @@ class BranchActor(Actor):
                  store: TaskStore, clock: Clock, producer: str, session: Any,
                  switches: Switches | None = None,
                  max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
-                 arm_timeout: float | None = None, partitions: int = DEFAULT_PARTITIONS,
-                 traceparent: str | None = None, sandbox: dict[str, Any] | None = None) -> None:
+                 arm_timeout: float | None = None, notify: Notify = lambda _: None,
+                 traceparent: str | None = None, sandbox: dict[str, Any] | None = None,
+                 rng: random.Random | None = None,
+                 input_secrets: set[str] | None = None) -> None:
         self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
         self.traceparent = traceparent  # the fan-out's span (protocol/tracing.py)
         self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
@@ -174,11 +210,13 @@ class BranchActor(Actor):
         self.store, self.clock, self.producer, self.session = store, clock, producer, session
         self.switches = switches
         self.max_concurrency, self.arm_timeout = max_concurrency, arm_timeout
-        self.partitions = partitions
+        self.notify = notify
         self.sandbox = sandbox  # its task's sandbox marks: its calls answered as the task's
         # Its task's secrets: what its commits show is cut free of them, as the task's is.
+        # (``input_secrets``: those of ``task_input``, found once for every branch.)
         self.secrets = TaskSecrets(task_id)
-        self.secrets.note(secret_values(task_input))
+        self.secrets.note(secret_values(task_input) if input_secrets is None else input_secrets)
+        self.rng = rng or random.Random()  # retries' jitter (the node's, shared)
 
     async def on_start(self) -> None:
         tracing.enter_task(self.traceparent)  # its calls' spans: children of the fan-out's
@@ -208,9 +246,9 @@ class BranchActor(Actor):
         if error is not None:
             error = redact(error, self.secrets.values)
             payload["error"] = {k: v for k, v in error.items() if k != "trace"}
-        change = branch_done_change(self.task_id, self.key, self.node, self.branch, status,
-                                    payload, self.producer, self.clock.now(), self.partitions)
-        await self.store.finish_branch(change, self.key, self.branch, status, result, error)
+        await settle_branch(self.store, self.clock, self.task_id, self.key, self.producer,
+                            self.notify, branch_settlement(self.node, self.branch, status,
+                                                           payload, result, error))
         self.ref.stop()
         return None
 
@@ -219,7 +257,7 @@ class BranchActor(Actor):
         runner = runner_for(CallEnv(
             task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
             clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
-            rng=random.Random(), switches=self.switches, note_secrets=self.secrets.note),
+            rng=self.rng, switches=self.switches, note_secrets=self.secrets.note),
             self.sandbox)
         while current != END:
             node = self.graph.node(current)
@@ -263,7 +301,9 @@ class JoinActor(Actor):
 
     def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
                  branches: list[str], store: TaskStore, tell_task: Any,
-                 timer_fired: bool) -> None:
+                 timer_fired: bool, rows: dict[str, Any] | None = None) -> None:
+        """``rows``: the fan-out's branch rows as its starter just read or wrote them (saves
+        reading them at start); None: read them."""
         self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
         # By name, not by ref: the task actor may be restarted while the branches run.
         self.branches, self.store, self.tell_task = branches, store, tell_task
@@ -271,12 +311,26 @@ class JoinActor(Actor):
         self.statuses: dict[str, str] = {}
         self.counts: Counter[str] = Counter()  # branches per status, kept with ``statuses``
         self.verdict: JoinDone | None = None
+        self.rows = rows
 
     async def on_start(self) -> None:
-        await self._evaluate(await self._recount())
+        if self.rows is None:
+            await self._evaluate(await self._recount())
+        else:
+            rows, self.rows = self.rows, None
+            self._adopt(rows)
+            await self._evaluate(rows)
 
     async def receive(self, message: Any) -> Any:
-        if isinstance(message, BranchDone):
+        if isinstance(message, BranchesDone):
+            # Committed settlements, told in process: counted as told; the store is read
+            # once, when the counts say the policy may decide (``_evaluate``).
+            for branch, status in message.statuses.items():
+                if self.statuses.get(branch) == "RUNNING":
+                    self.statuses[branch] = status
+                    self.counts.update({"RUNNING": -1, status: 1})
+            await self._evaluate()
+        elif isinstance(message, BranchDone):
             # The message is a nudge; the row is the truth. A repeat, a late or a forged
             # notification cannot settle a branch the store does not hold as settled.
             if self.statuses.get(message.branch) == "RUNNING":
@@ -303,19 +357,25 @@ class JoinActor(Actor):
     async def _recount(self) -> dict[str, dict[str, Any]]:
         """Read the completion set from the store; returns the rows it was read from."""
         rows = await self.store.branches(self.task_id, self.key)
-        self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
-        self.counts = Counter(self.statuses.values())
+        self._adopt(rows)
         return rows
 
+    def _adopt(self, rows: dict[str, dict[str, Any]]) -> None:
+        self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
+        self.counts = Counter(self.statuses.values())
+
     async def _evaluate(self, rows: dict[str, dict[str, Any]] | None = None) -> None:
-        """Decide once; ``rows``: the branch rows just read, if any (else read them here)."""
+        """Decide once; ``rows``: the branch rows just read, if any. Else, when the counts
+        say the policy may decide, the rows are read here and the decision is taken on
+        them: what the join was told is checked against the store once, not per branch."""
         if self.verdict is not None or not may_decide(self.policy, self.counts, self.timed_out):
             return  # the counts say it waits: no need to run over every branch (a wide map)
+        if rows is None:
+            rows = await self.store.branches(self.task_id, self.key)
+            self._adopt(rows)
         verdict = decide(self.policy, self.statuses, self.timed_out)
         if verdict is None:
             return
-        if rows is None:
-            rows = await self.store.branches(self.task_id, self.key)
-        results = {b: r["result"] for b, r in rows.items() if r["status"] == "SUCCEEDED"}
+        results = {b: r.get("result") for b, r in rows.items() if r["status"] == "SUCCEEDED"}
         self.verdict = JoinDone(self.key, self.node, verdict, results)
         self.tell_task(self.task_id, self.verdict)

@@ -16,6 +16,7 @@ from typing import Any
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchActor,
+    BranchesDone,
     JoinActor,
     JoinDone,
     ResendVerdict,
@@ -30,8 +31,9 @@ from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.redaction import secret_values
 
-__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "start_visit"]
+__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
 
 
 def fanout_key(actor: TaskKernel, node: str) -> str:
@@ -89,44 +91,74 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
                            events=[(EventType.FANOUT_STARTED, visit.started)])
         rows = {b: {"status": "RUNNING"} for b in names}
-    fired = await actor.deps.store.timer_fired(f"join:{actor.task_id}:{key}")
-    specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda _: JoinActor(
+    # Only a join with a timeout has a timer that may have fired.
+    fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
+        f"join:{actor.task_id}:{key}")
+    known = dict(rows)
+    specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda restarts: JoinActor(
         task_id=actor.task_id, key=key, node=visit.node, policy=visit.policy, branches=names,
-        store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired), 5.0)]
+        store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired,
+        # The rows just read or written, for its first start; a restarted join reads them.
+        rows=None if restarts else known), 5.0)]
+    branch_of = _branch_factories(actor, visit, limit)
     for b in names:
         if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
             continue  # finished before a crash: never run again
         # A branch the join no longer needs is interrupted, not waited for.
         arm = None if b in armed else visit.branch_timeout
         specs.append((f"branch:{key}:{b}",
-                      _branch_factory(actor, visit, b, limit, arm), 0.01))
+                      branch_of(b, arm), 0.01))
     refs = await actor.deps.children.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
 
 
-def _branch_factory(actor: TaskKernel, visit: Visit, branch: str, limit: int,
-                    arm_timeout: float | None) -> Any:
+def _branch_factories(actor: TaskKernel, visit: Visit, limit: int
+                      ) -> Callable[[str, float | None], Callable[[int], BranchActor]]:
+    """``(branch, arm_timeout) -> factory`` of the visit's branch actors. What the branches
+    share is found once for the visit (a copy of the input per branch was a measurable
+    share of a one-step branch)."""
     assert actor.record is not None
     tenant, task_input, sandbox = actor.record.tenant, dict(actor.record.input), actor.record.sandbox
-    initial = visit.inputs[branch]
     # The fan-out's span, if tracing: the branch's calls are its children (the branch's
     # actor is started by the task's supervisor, in a context of its own).
     traceparent = tracing.current_traceparent()
+    notify = join_notifier(actor, visit.key)
+    input_secrets = secret_values(task_input)
+    deps, task_id = actor.deps, actor.task_id
 
     async def session(name: str) -> Any:
-        return await actor.deps.children.session(actor.task_id, tenant, name)
+        return await deps.children.session(task_id, tenant, name)
 
-    def make(_: int) -> BranchActor:
-        return BranchActor(task_id=actor.task_id, tenant=tenant, key=visit.key, node=visit.node,
-                           branch=branch, graph=visit.graph_of(branch), task_input=task_input,
-                           state=dict(initial), store=actor.deps.store, clock=actor.deps.clock,
-                           producer=actor.deps.producer, session=session,
-                           switches=actor.deps.switches, max_concurrency=limit,
-                           arm_timeout=arm_timeout, partitions=actor.deps.partitions,
-                           traceparent=traceparent, sandbox=sandbox)
+    def factory(branch: str, arm_timeout: float | None) -> Callable[[int], BranchActor]:
+        initial = visit.inputs[branch]
 
-    return make
+        def make(_: int) -> BranchActor:
+            return BranchActor(
+                task_id=task_id, tenant=tenant, key=visit.key, node=visit.node, branch=branch,
+                graph=visit.graph_of(branch), task_input=task_input, state=dict(initial),
+                store=deps.store, clock=deps.clock, producer=deps.producer, session=session,
+                switches=deps.switches, max_concurrency=limit, arm_timeout=arm_timeout,
+                notify=notify, traceparent=traceparent, sandbox=sandbox, rng=deps.rng,
+                input_secrets=input_secrets)
+
+        return make
+
+    return factory
+
+
+def join_notifier(actor: TaskKernel, key: str) -> Callable[[dict[str, str]], None]:
+    """Tells the fan-out ``key``'s live join which branches were settled (committed), by
+    name: a join restarted meanwhile recounts from the store, so a notification that finds
+    no join loses nothing."""
+    children, task_id, join = actor.deps.children, actor.task_id, f"join:{key}"
+
+    def notify(statuses: dict[str, str]) -> None:
+        ref = children.lookup_child(task_id, join)
+        if ref is not None:
+            ref.tell(BranchesDone(statuses))
+
+    return notify
 
 
 async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> None:

@@ -10,7 +10,8 @@ own asyncio task; ``actors/task/graph_runtime.py`` starts these nodes and re-exp
 from __future__ import annotations
 
 from ratchet.actors.task.decision_audit import APPROVAL, decision_entry
-from ratchet.actors.task.fanout import JoinTimeout, branch_done_change
+from ratchet.actors.task.fanout import JoinTimeout, branch_settlement
+from ratchet.actors.task.fanout_run import join_notifier
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga, is_open_wait
 from ratchet.actors.workflow.nodes import CANCEL, FAIL, ApprovalNode, WaitNode
@@ -153,12 +154,12 @@ async def on_timer(actor: TaskKernel, env: Envelope) -> str:
         if "branch" not in payload or "node" not in payload:
             return "ignored"
         key, branch = str(payload["key"]), str(payload["branch"])
-        change = branch_done_change(actor.task_id, key, str(payload["node"]), branch, "TIMED_OUT",
-                                    {"key": key, "reason": "branch timeout"},
-                                    actor.deps.producer, actor.deps.clock.now(),
-                                    actor.deps.partitions)
-        if await actor.deps.store.finish_branch(change, key, branch, "TIMED_OUT", None,
-                                                {"type": "Timeout", "message": "branch timeout"}):
+        timed_out = branch_settlement(str(payload["node"]), branch, "TIMED_OUT",
+                                      {"key": key, "reason": "branch timeout"},
+                                      error={"type": "Timeout", "message": "branch timeout"})
+        if await actor.deps.store.finish_branches(actor.task_id, key, actor.deps.producer,
+                                                  actor.deps.clock.now(), [timed_out]):
+            join_notifier(actor, key)({branch: "TIMED_OUT"})
             await actor.deps.children.stop_children(actor.task_id, [f"branch:{key}:{branch}"])
         return "processed"
     if kind == "join_timeout":

@@ -1,0 +1,101 @@
+"""Group commit of a fan-out's branch settlements, and the join told in process.
+
+A branch that finishes hands its settlement (row, result, event) to its fan-out's
+:class:`Settler` and waits for it to be committed. The settler writes whatever has gathered
+in one store transaction (``finish_branches``): the branches that end in the same loop
+iteration, and those that end while the previous group commits, share one task-row update
+and one writer slot instead of a whole task change each. Once the group is committed the
+settler tells the join which branches it settled (``notify``): the join runs in this
+process, under the same task supervisor, so no mail is needed for it. The settlement
+is recorded before anyone is told (what a crash loses is a notification, never a result):
+a join that (re)starts, or is nudged by the recovery sweeper, reads the branch rows.
+
+The flush runs in a task of the settler's own, not in a branch's actor: a branch stopped
+while its settlement commits (its join decided) neither cancels the others' commit nor
+leaves them waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from ratchet.persistence.branch_rows import BranchSettlement
+from ratchet.persistence.ports import TaskStore
+from ratchet.protocol.clock import Clock
+
+__all__ = ["Notify", "Settler", "settle_branch"]
+
+#: Tells a fan-out's join which branches were just settled, and how (branch -> status).
+Notify = Callable[[dict[str, str]], None]
+
+
+class Settler:
+    """The settlements of one fan-out visit (``task_id``, ``key``) waiting to be committed."""
+
+    def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
+                 producer: str, notify: Notify) -> None:
+        self.store, self.clock = store, clock
+        self.task_id, self.key, self.producer, self.notify = task_id, key, producer, notify
+        self.pending: list[tuple[BranchSettlement, asyncio.Future[bool]]] = []
+        self.flusher: asyncio.Task[None] | None = None
+        self.groups = 0  # transactions written (bench and tests read it)
+
+    def add(self, settlement: BranchSettlement) -> asyncio.Future[bool]:
+        """Queue ``settlement``; the future says whether it settled the branch (False: the
+        branch was settled before, e.g. by its timeout)."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.pending.append((settlement, fut))
+        if self.flusher is None:
+            # Started on the next loop iteration: every branch ending in this one joins.
+            self.flusher = asyncio.get_running_loop().create_task(self._flush())
+        return fut
+
+    async def _flush(self) -> None:
+        try:
+            while self.pending:
+                group, self.pending = self.pending, []
+                try:
+                    done = set(await self.store.finish_branches(
+                        self.task_id, self.key, self.producer, self.clock.now(),
+                        [s for s, _ in group]))
+                except BaseException as exc:  # each branch crashes with it and runs again
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                self.groups += 1
+                if done:
+                    self.notify({s.branch: s.status for s, _ in group if s.branch in done})
+                for s, fut in group:
+                    if not fut.done():
+                        fut.set_result(s.branch in done)
+        finally:
+            self.flusher = None
+            for _, fut in self.pending:  # cancelled with settlements still queued
+                if not fut.done():
+                    fut.set_exception(asyncio.CancelledError())
+            self.pending = []
+            if _settlers.get((self.task_id, self.key)) is self:
+                del _settlers[(self.task_id, self.key)]
+
+
+#: (task_id, fan-out key) -> its settler; an entry lives while settlements are in flight.
+_settlers: dict[tuple[str, str], Settler] = {}
+
+
+async def settle_branch(store: TaskStore, clock: Clock, task_id: str, key: str, producer: str,
+                        notify: Notify, settlement: BranchSettlement) -> bool:
+    """Commit ``settlement`` in its fan-out's next group; True if it settled the branch.
+
+    Raises:
+        whatever the store raised for the group (the caller's actor crashes and its
+        supervisor runs the branch again; a settled branch is never settled twice).
+    """
+    settler = _settlers.get((task_id, key))
+    if settler is None:
+        settler = _settlers[(task_id, key)] = Settler(store, clock, task_id, key, producer,
+                                                      notify)
+    return await settler.add(settlement)
