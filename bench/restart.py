@@ -8,7 +8,7 @@ step 10 committed (its ``step.completed`` event, index 9, seen by the driver), t
 - ``restart_to_ready_s``: restart command → the node's ``serving`` line (ready: streams,
   request services, leases taken, tasks recovered);
 - ``resume_after_kill_s``: restart command → ``task.succeeded`` seen by the driver (floor:
-  10 steps × 50 ms = 0.5 s);
+  10 steps of 50 ms: 0.5 s);
 - ``restart_startup_ms``: the restarted node's own start-up phases (its ``serving`` line's
   ``startup_ms``: supervisors/node/startup.py), when it reports them.
 
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import statistics
@@ -127,8 +128,9 @@ async def restart_after_kill(nats_url: str | None, base: Path,
     """One kill and restart (see the module's doc); ``nats_url`` None: embedded NATS."""
     state = base / f"restart-{time.time_ns()}"
     task_id, client = await _killed_mid_task(state, nats_url, synchronous)
-    if nats_url is None:
-        await client.close()  # its server died with the node; it connects again below
+    if nats_url is None:  # its server died with the node; it connects again below
+        with contextlib.suppress(Exception):  # closing a connection that is reconnecting
+            await client.close()
     restarted = Serving(state, nats_url, synchronous)
     try:
         t0 = await restarted.spawn()

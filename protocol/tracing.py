@@ -31,7 +31,7 @@ import contextvars
 import re
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -39,7 +39,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 if TYPE_CHECKING:
-    from ratchet.protocol.spans import Starter
+    from ratchet.protocol.spans import CheapSpan, Starter
 
 __all__ = ["TRACEPARENT", "add_event", "bind_context", "in_call_span", "check_traceparent",
            "current_traceparent",
@@ -179,7 +179,7 @@ def current_traceparent() -> str | None:
         return None
     span = trace.get_current_span()
     if type(span) is _cheap_span:  # it keeps its own: a step's writes ask for it each
-        return span.traceparent
+        return cast("CheapSpan", span).traceparent
     # The W3C propagator's own form, without its carrier and setter.
     context = span.get_span_context()
     if not context.is_valid:
