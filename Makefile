@@ -12,7 +12,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,otel]'
 	touch $(STAMP)
 
+# Byte-compiled once here, as a wheel's install does: with PYTHONDONTWRITEBYTECODE set (as
+# in some containers) every `ratchet serve` would otherwise compile the whole package again
+# at start (about 0.2 s of a restart; docs/operations.md, "Restart (W4)"). Files changed
+# later are compiled in memory as usual until the next `make install`.
 install: $(STAMP)
+	$(BIN)/python -m compileall -q $(CURDIR)/protocol $(CURDIR)/persistence $(CURDIR)/actors \
+		$(CURDIR)/supervisors $(CURDIR)/ratchet
 
 demo: $(STAMP)
 	$(BIN)/ratchet --log-level warning demo

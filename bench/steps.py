@@ -11,6 +11,7 @@
 (e) synchronous: the SQLite setting used;
 (f) resume_after_kill_s: a 20-step task (50 ms per step), node SIGKILLed right after step
     10 committed, then started again: restart command → task.succeeded;
+    restart_to_ready_s: the same kill, restart command → ``serving`` (bench/restart.py);
 (g) first_submit_accept_ms: on a fresh node (its own new store), the first submission of a
     tenant the node has never seen: publish → its ``task.queued`` event at a subscriber;
     the first new tenant's figure, and the median of five new tenants in a row.
@@ -38,6 +39,7 @@ RATCHET_BIN = Path(sys.executable).with_name("ratchet")  # the installed entry p
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.restart import restart_to_ready
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import Envelope, SubmitTask
@@ -302,6 +304,7 @@ async def main() -> None:
                             or k == "largest_batch"})
             results.update(await big_document(url, base))
             results.update(await resume_after_kill(url, base))
+            results.update(await restart_to_ready(url, base))
             results.update(await first_submit_accept(url, base))
         finally:
             await server.stop()

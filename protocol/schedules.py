@@ -26,12 +26,13 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
 from ratchet.protocol.errors import InvalidSchedule
+
+if TYPE_CHECKING:
+    from croniter import croniter
 
 __all__ = ["MISSED_POLICIES", "MISSED_GRACE", "MAX_CATCH_UP", "ScheduleSpec", "TickPlan",
            "SCHEDULE_NAME", "parse_spec", "plan_ticks", "spec_from_dict", "tick_after",
@@ -112,6 +113,8 @@ def parse_spec(args: Mapping[str, Any], now: float) -> ScheduleSpec:
 
 
 def _checked_cron(cron: Any) -> str:
+    from croniter import croniter  # at first use: 10 ms of every node's start otherwise
+
     if not isinstance(cron, str) or len(cron) > 200 or not croniter.is_valid(cron):
         raise InvalidSchedule(f"invalid cron expression {str(cron)[:200]!r} (five fields:"
                               " minute hour day-of-month month day-of-week)", field="cron")
@@ -137,6 +140,8 @@ def spec_from_dict(data: Mapping[str, Any]) -> ScheduleSpec:
 
 
 def _cron_at(spec: ScheduleSpec, t: float) -> croniter:
+    from croniter import croniter
+
     start = datetime.fromtimestamp(t, ZoneInfo(spec.timezone))
     return croniter(spec.cron, start)
 

@@ -31,14 +31,15 @@ import contextvars
 import re
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from ratchet.protocol.spans import CheapSpan, Starter, fast_starter
+if TYPE_CHECKING:
+    from ratchet.protocol.spans import CheapSpan, Starter
 
 __all__ = ["TRACEPARENT", "add_event", "bind_context", "in_call_span", "check_traceparent",
            "current_traceparent",
@@ -57,12 +58,18 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 _NULL: AbstractContextManager[None] = contextlib.nullcontext()
 _tracer: trace.Tracer | None = None
 _start: Starter | None = None  # _tracer's spans: protocol/spans.py's, or the SDK's own
+#: protocol/spans.py's span class once tracing is on (that module loads the OpenTelemetry
+#: SDK: imported by :func:`enable`, never while tracing is off — docs/operations.md,
+#: "Restart (W4)").
+_cheap_span: type | None = None
 
 
 def enable(provider: trace.TracerProvider) -> None:
     """Trace from now on, into ``provider`` (the node's; tests give one with an in-memory
     exporter). Not OpenTelemetry's global provider: a process may trace its own way."""
-    global _tracer, _start
+    global _tracer, _start, _cheap_span
+    from ratchet.protocol.spans import CheapSpan, fast_starter
+
     tracer = provider.get_tracer("ratchet")
 
     def sdk_start(name: str, attributes: Mapping[str, Any] | None, kind: SpanKind,
@@ -70,6 +77,7 @@ def enable(provider: trace.TracerProvider) -> None:
         return tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
 
     _start = fast_starter(tracer) or sdk_start
+    _cheap_span = CheapSpan
     _tracer = tracer
 
 
@@ -170,8 +178,8 @@ def current_traceparent() -> str | None:
     if _tracer is None:
         return None
     span = trace.get_current_span()
-    if type(span) is CheapSpan:  # it keeps its own: a step's writes ask for it each
-        return span.traceparent
+    if type(span) is _cheap_span:  # it keeps its own: a step's writes ask for it each
+        return cast("CheapSpan", span).traceparent
     # The W3C propagator's own form, without its carrier and setter.
     context = span.get_span_context()
     if not context.is_valid:

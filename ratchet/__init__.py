@@ -23,55 +23,105 @@ The layers below are importable as ``ratchet.protocol``, ``ratchet.persistence``
 finance and model simulators, the demo) as ``ratchet.testing``.
 """
 
-from pydantic import SecretStr
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from ratchet.actors.effects.risk_policy import ToolRisk
-from ratchet.actors.transport.client import Client
-from ratchet.actors.transport.handles import TaskHandle, TaskOutcome
-from ratchet.actors.workflow.node_loops import NodeLoops
-from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
-from ratchet.actors.workflow.reconcile import Reconcile, RecordedEffect
-from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
-from ratchet.actors.workflow.revalidate import RevalidateContext
-from ratchet.actors.workflow.tools import (
-    Accepted,
-    BreakerPolicy,
-    Compensation,
-    RetryPolicy,
-    Tool,
-    ToolContext,
-    tool,
-)
-from ratchet.protocol.clock import Clock, FakeClock, SystemClock
-from ratchet.protocol.errors import (
-    ActionFailed,
-    ErrorCode,
-    IllegalTransition,
-    InvalidMessage,
-    NatsUnreachable,
-    NotFound,
-    RatchetError,
-    RemoteError,
-    RequestConflict,
-    SandboxBlocked,
-    SecretUnreadable,
-    UnknownWorkflow,
-    WorkflowDefinitionError,
-)
-from ratchet.protocol.messages import Event, TaskSnapshot
-from ratchet.protocol.redaction import REDACTED, redact_log_event
-from ratchet.protocol.states import TaskEvent, TaskStatus, transition
-from ratchet.protocol.task_outcomes import (
-    ResultTimeout,
-    TaskBudgetExhausted,
-    TaskCancelled,
-    TaskError,
-    TaskFailed,
-    TaskHandedOff,
-)
-from ratchet.supervisors.node.node import Node, NodeConfig
+if TYPE_CHECKING:
+    from pydantic import SecretStr
+
+    from ratchet.actors.effects.risk_policy import ToolRisk
+    from ratchet.actors.transport.client import Client
+    from ratchet.actors.transport.handles import TaskHandle, TaskOutcome
+    from ratchet.actors.workflow.node_loops import NodeLoops
+    from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
+    from ratchet.actors.workflow.reconcile import Reconcile, RecordedEffect
+    from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
+    from ratchet.actors.workflow.revalidate import RevalidateContext
+    from ratchet.actors.workflow.tools import (
+        Accepted,
+        BreakerPolicy,
+        Compensation,
+        RetryPolicy,
+        Tool,
+        ToolContext,
+        tool,
+    )
+    from ratchet.protocol.clock import Clock, FakeClock, SystemClock
+    from ratchet.protocol.errors import (
+        ActionFailed,
+        ErrorCode,
+        IllegalTransition,
+        InvalidMessage,
+        NatsUnreachable,
+        NotFound,
+        RatchetError,
+        RemoteError,
+        RequestConflict,
+        SandboxBlocked,
+        SecretUnreadable,
+        UnknownWorkflow,
+        WorkflowDefinitionError,
+    )
+    from ratchet.protocol.messages import Event, TaskSnapshot
+    from ratchet.protocol.redaction import REDACTED, redact_log_event
+    from ratchet.protocol.states import TaskEvent, TaskStatus, transition
+    from ratchet.protocol.task_outcomes import (
+        ResultTimeout,
+        TaskBudgetExhausted,
+        TaskCancelled,
+        TaskError,
+        TaskFailed,
+        TaskHandedOff,
+    )
+    from ratchet.supervisors.node.node import Node, NodeConfig
 
 __version__ = "0.2.0"
+
+#: Public name → the module that defines it, imported at the first use of one of its
+#: names (PEP 562): ``import ratchet`` stays cheap, and ``ratchet serve`` loads only what
+#: it serves (docs/operations.md, "Restart (W4)").
+_WHERE: dict[str, str] = {name: module for module, names in {
+    "pydantic": ("SecretStr",),
+    "ratchet.actors.effects.risk_policy": ("ToolRisk",),
+    "ratchet.actors.transport.client": ("Client",),
+    "ratchet.actors.transport.handles": ("TaskHandle", "TaskOutcome"),
+    "ratchet.actors.workflow.node_loops": ("NodeLoops",),
+    "ratchet.actors.workflow.nodes": ("CANCEL", "END", "FAIL", "JoinPolicy"),
+    "ratchet.actors.workflow.reconcile": ("Reconcile", "RecordedEffect"),
+    "ratchet.actors.workflow.registry": ("Registry", "StepContext", "Workflow"),
+    "ratchet.actors.workflow.revalidate": ("RevalidateContext",),
+    "ratchet.actors.workflow.tools": (
+        "Accepted", "BreakerPolicy", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
+    ),
+    "ratchet.protocol.clock": ("Clock", "FakeClock", "SystemClock"),
+    "ratchet.protocol.errors": (
+        "ActionFailed", "ErrorCode", "IllegalTransition", "InvalidMessage", "NatsUnreachable",
+        "NotFound", "RatchetError", "RemoteError", "RequestConflict", "SandboxBlocked",
+        "SecretUnreadable", "UnknownWorkflow", "WorkflowDefinitionError",
+    ),
+    "ratchet.protocol.messages": ("Event", "TaskSnapshot"),
+    "ratchet.protocol.redaction": ("REDACTED", "redact_log_event"),
+    "ratchet.protocol.states": ("TaskEvent", "TaskStatus", "transition"),
+    "ratchet.protocol.task_outcomes": (
+        "ResultTimeout", "TaskBudgetExhausted", "TaskCancelled", "TaskError", "TaskFailed",
+        "TaskHandedOff",
+    ),
+    "ratchet.supervisors.node.node": ("Node", "NodeConfig"),
+}.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ratchet' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later reads are plain attribute reads
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "__version__",

@@ -15,9 +15,20 @@ from tests.conftest import ROOT
 
 FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"]
 
-#: The one function-local import: ``ratchet demo`` loads the test components (simulators,
-#: the demo app), which a serving node must not carry. It dodges no cycle.
-LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo")}
+#: The function-local imports, none of which dodges a cycle (their edges are in the graph
+#: checked below all the same): ``ratchet demo`` loads the test components (simulators,
+#: the demo app), which a serving node must not carry; and what a start does not need is
+#: loaded at its first use — each CLI command its own module, the OpenTelemetry SDK when
+#: traces are on, the metrics port's and the console's HTTP server when asked for
+#: (docs/operations.md, "Restart (W4)").
+LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
+        *(("supervisors/cli/__init__.py", f"ratchet.supervisors.cli.{command}")
+          for command in ("serve", "tasks", "admin", "schedule", "replay", "versions")),
+        ("supervisors/cli/__init__.py", "ratchet.supervisors.cli"),
+        ("supervisors/cli/serve.py", "ratchet.supervisors.node.otel"),
+        ("supervisors/cli/serve.py", "ratchet.supervisors.console"),
+        ("supervisors/cli/serve_health.py", "ratchet.supervisors.observability.http"),
+        ("protocol/tracing.py", "ratchet.protocol.spans")}
 
 #: The rooms of each layer by tier, lowest first (docs/architecture.md, "Floor plan").
 ROOMS = {

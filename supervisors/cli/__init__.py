@@ -10,6 +10,10 @@ How it prints: ``cli/output.py`` (``--output``); what its exit status means:
 
 from __future__ import annotations
 
+# First, before anything imports nats-py: aiohttp is imported at its first use.
+import ratchet.supervisors.cli.deferred_imports  # noqa: F401
+
+# isort: split
 import argparse
 import asyncio
 from collections.abc import Callable, Coroutine
@@ -23,48 +27,61 @@ from ratchet.protocol.errors import (
     UsageError,
     WorkflowDefinitionError,
 )
-from ratchet.supervisors.cli.admin import admin, console_login, diagnose, issue, nats_config
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.cli.output import set_output, show_error, show_usage_error
 from ratchet.supervisors.cli.parser import parser
-from ratchet.supervisors.cli.replay import export_command, replay_command
-from ratchet.supervisors.cli.schedule import schedule
-from ratchet.supervisors.cli.serve import serve
-from ratchet.supervisors.cli.tasks import graph, status, submit, watch
-from ratchet.supervisors.cli.versions import versions
 from ratchet.supervisors.node.log_output import configure_logging
 
 __all__ = ["ExitCode", "configure_logging", "main", "load_app"]
 
-#: The commands that run on the event loop.
-_ASYNC_COMMANDS: dict[str, Callable[[argparse.Namespace], Coroutine[Any, Any, int]]] = {
-    "serve": serve,
-    "submit": submit,
-    "watch": watch,
-    "status": status,
-    "diagnose": diagnose,
-    "admin": admin,
-    "creds": issue,
-    "nats-config": nats_config,
-    "schedule": schedule,
-    "replay": replay_command,
-    "export": export_command,
-    "versions": versions,
-}
+Command = Callable[[argparse.Namespace], Coroutine[Any, Any, int]]
+
+
+def _async_command(name: str) -> Command:
+    """The coroutine function of an event-loop command, its module imported now: a command
+    loads only its own (``serve`` neither the client commands nor the console's login)."""
+    if name == "serve":
+        from ratchet.supervisors.cli.serve import serve
+
+        return serve
+    if name in ("submit", "watch", "status"):
+        from ratchet.supervisors.cli import tasks
+
+        return {"submit": tasks.submit, "watch": tasks.watch, "status": tasks.status}[name]
+    if name in ("diagnose", "admin", "creds", "nats-config"):
+        from ratchet.supervisors.cli import admin
+
+        return {"diagnose": admin.diagnose, "admin": admin.admin, "creds": admin.issue,
+                "nats-config": admin.nats_config}[name]
+    if name == "schedule":
+        from ratchet.supervisors.cli.schedule import schedule
+
+        return schedule
+    if name in ("replay", "export"):
+        from ratchet.supervisors.cli import replay
+
+        return replay.replay_command if name == "replay" else replay.export_command
+    from ratchet.supervisors.cli.versions import versions
+
+    return versions
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the parsed command; its exit status."""
     if args.command == "graph":
+        from ratchet.supervisors.cli.tasks import graph
+
         return graph(args)
     if args.command == "console-login":
+        from ratchet.supervisors.cli.admin import console_login
+
         return console_login(args)
     if args.command == "demo":
         # Test components are loaded only for `ratchet demo`, never into a serving node.
         from ratchet.testing.demo import run_demo
 
         return asyncio.run(run_demo(Path(args.state_dir), args.nats_url))
-    return asyncio.run(_ASYNC_COMMANDS[args.command](args))
+    return asyncio.run(_async_command(args.command)(args))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,7 +20,7 @@ import signal
 import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -38,14 +38,17 @@ from ratchet.supervisors.cli.serve_health import (
     observability_for,
     until_ready,
 )
-from ratchet.supervisors.console import Console
 from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
-from ratchet.supervisors.node.otel import start_tracing, stop_tracing
+from ratchet.supervisors.node.otel_switch import wanted as tracing_wanted
+from ratchet.supervisors.node.startup import StartupPhases
 from ratchet.supervisors.observability.health import readiness
-from ratchet.supervisors.observability.http import Observability
 from ratchet.supervisors.services.canary import check_routes, parse_routes
+
+if TYPE_CHECKING:
+    from ratchet.supervisors.console import Console
+    from ratchet.supervisors.observability.http import Observability
 
 log = structlog.get_logger("ratchet.serve")
 
@@ -57,14 +60,25 @@ REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
 
 
 async def serve(args: argparse.Namespace) -> int:
+    startup = StartupPhases()
+    startup.mark("imports")
     registry = load_app(args.app)
-    node = Node(node_config(args), registry)
+    node = Node(node_config(args), registry, startup=startup)
+    startup.mark("app")
     check_routes(node.config.new_task_routes, registry)  # a usage error before NATS starts
     observed = observability_for(node)
     if observed is not None:
         await observed.start()  # UsageError (exit 2): the port is taken
+    if not tracing_wanted(node.config.otel):  # the SDK is not even imported then
+        try:
+            return await _serve(node, observed)
+        finally:
+            if observed is not None:
+                await observed.stop()
     # Traces before the node starts (its first spans are the recovery's), flushed after it
     # stopped (supervisors/node/otel.py); off unless --otel or OTEL_* ask for them.
+    from ratchet.supervisors.node.otel import start_tracing, stop_tracing
+
     provider = start_tracing(node.config.otel)
     try:
         return await _serve(node, observed)
@@ -106,13 +120,16 @@ async def _serve(node: Node, observed: Observability | None) -> int:
             await node.stop()
             return _not_ready(config.node_id, config.ready_timeout, why)
         if not stop.is_set():
+            node.startup.mark("ready")
+            node.startup.log(config.node_id)
             console = await _start_console(node, config)
             _register_local(node, config)
             _say({"serving": config.node_id, "nats_url": redact_url(node.url),
                   "db": config.store_name, "workflows": node.registry.names(),
                   "pid": os.getpid(), "traces": config.otel or tracing_enabled(),
                   **({"metrics": observed.url} if observed else {}),
-                  **({"console": console.url} if console else {})})
+                  **({"console": console.url} if console else {}),
+                  "startup_ms": node.startup.figures()})
             await _first(node.failed.wait(), stop.wait())
             if console is not None:
                 await console.stop()
@@ -141,6 +158,8 @@ async def _start_console(node: Node, config: NodeConfig) -> Console | None:
     """The web console, when ``--console-port`` asks for it (supervisors/console/)."""
     if config.console_port is None:
         return None
+    from ratchet.supervisors.console import Console  # only for --console-port
+
     console = Console.for_node(node, config.console_host, config.console_port)
     try:
         await console.start()

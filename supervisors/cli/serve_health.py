@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from typing import TYPE_CHECKING
 
 from ratchet.supervisors.node.node import Node
 from ratchet.supervisors.observability.health import readiness
-from ratchet.supervisors.observability.http import Observability
+
+if TYPE_CHECKING:
+    from ratchet.supervisors.observability.http import Observability
 
 __all__ = ["console_flags", "observability_flags", "observability_for", "until_ready"]
 
@@ -43,7 +46,13 @@ def observability_flags(s: argparse.ArgumentParser) -> None:
 def observability_for(node: Node) -> Observability | None:
     """The endpoints' server the node's config asks for (None: ``--metrics-port 0``)."""
     cfg = node.config
-    return Observability(node, cfg.metrics_port, cfg.metrics_host) if cfg.metrics_port else None
+    if not cfg.metrics_port:
+        return None
+    # Imported only for a metrics port: aiohttp and prometheus_client (docs/operations.md,
+    # "Restart (W4)").
+    from ratchet.supervisors.observability.http import Observability
+
+    return Observability(node, cfg.metrics_port, cfg.metrics_host)
 
 
 async def until_ready(node: Node, timeout: float) -> bool:

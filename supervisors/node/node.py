@@ -3,8 +3,11 @@
 Start order: audit seal → store (and its secret key, supervisors/node/secret_key.py) → the
 checks that refuse a start (partition count, node id in use: leases.check_start) → NATS
 (embedded or joined, connected within a bound: nats_link.py) → streams → root supervisor
-with {outbox relay, tasks, api, mail router, timers, external router, intake} → recovery of
-every unfinished task; then, in the background, the check of the audit chain. A start that
+with what tasks need {outbox relay, tasks, mail routers, leases} → leases taken and every
+unfinished task of their partitions recovered (running from here) → the other children
+{api, admin, timers, schedules, sweepers, external and decision routers, intake}
+(start_order.py); then, in the background, the check of the audit chain. Each phase's
+duration is kept in ``startup`` (startup.py). A start that
 fails or is cancelled stops what it had started (``Node.stop``) before it raises.
 Stop order (idempotent): stop intake, the routers and timers (no new work) → stop the tasks
 supervisor (each task stops at its next step boundary, its safe point) → flush the outbox
@@ -47,6 +50,8 @@ from ratchet.supervisors.node.shutdown import (
     Drain,
     close_in_order,
 )
+from ratchet.supervisors.node.start_order import split_children, start_the_rest
+from ratchet.supervisors.node.startup import StartupPhases
 from ratchet.supervisors.node.store_figures import store_figures
 from ratchet.supervisors.services.action_sweeper import ActionSweeper
 from ratchet.supervisors.services.admin import AdminActor
@@ -60,7 +65,6 @@ from ratchet.supervisors.services.mail_router import MailRouter
 from ratchet.supervisors.services.outbox_relay import OutboxRelay
 from ratchet.supervisors.services.rate_limits import SubmitLimits
 from ratchet.supervisors.services.recovery import RecoverySweeper
-from ratchet.supervisors.services.request_service import Ready
 from ratchet.supervisors.services.retention import RetentionSweeper
 from ratchet.supervisors.services.schedules import ScheduleService
 from ratchet.supervisors.services.timers import TimerService
@@ -76,8 +80,10 @@ log = structlog.get_logger("ratchet.node")
 
 class Node:
     def __init__(self, config: NodeConfig, registry: Registry, clock: Clock | None = None,
-                 lease_clock: Clock | None = None) -> None:
+                 lease_clock: Clock | None = None, startup: StartupPhases | None = None) -> None:
         self.config = config
+        #: Where the start went, phase by phase (supervisors/node/startup.py).
+        self.startup = startup or StartupPhases()
         self.registry = registry
         # The node's clock, with steps of its wall clock detected and forward ones held
         # (timers and deadlines are judged by its due_now()).
@@ -140,13 +146,16 @@ class Node:
         self.holding = HeldLeases(cfg.node_id, cfg.partitions, self.lease_clock)
         self.store = await open_store(cfg, self.holding)
         self.store.on_file_lost(self._file_lost)
+        self.startup.mark("store")
         # Refused here, before NATS or any child starts, at once (the lease manager checks
         # again as it starts).
         await check_start(self.store, cfg.node_id, cfg.partitions, cfg.lease_ttl)
         # Mail between nodes is sealed with the store's shared key (protocol/mail_seal.py).
         self.seal, self.authn = await trust(self.store, cfg, self.clock)
         await unlock_secrets(self.store, cfg)  # SecretUnreadable: not this store's key
+        self.startup.mark("checks")
         link = await link_nats(cfg, self._store)
+        self.startup.mark("nats")
         self.url, self.bus, self.node_key = link.url, link.bus, link.node_key
         self.nats_auth, self.embedded, self._nats_server = link.auth, link.embedded, link.server
         self.events.attach(bus := link.bus)
@@ -163,12 +172,18 @@ class Node:
                                 self.clock.monotonic), routes=cfg.new_task_routes)
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
-        root = Supervisor(self.system, "node", self._child_specs(bus, acceptor, leases),
+        # Resume first: the children the tasks need, the leases and the tasks; then the rest
+        # (supervisors/node/start_order.py).
+        first, rest = split_children(self._child_specs(bus, acceptor, leases))
+        root = Supervisor(self.system, "node", first,
                           max_restarts=10, period=60.0, backoff_base=0.1, backoff_cap=5.0)
         self.root = root_ref = self.system.spawn(root, "node", on_exit=self._root_exited)
         self._started = True
-        await self._wait_until_serving(root_ref)
+        await root_ref.ask(WhichChildren(), timeout=30.0)  # answered after on_start
         await leases.start()  # takes a share of the partitions and recovers their tasks
+        self.startup.mark("resume")
+        await start_the_rest(self.system, root_ref, rest)
+        self.startup.mark("services")
         self._audit_check = asyncio.create_task(self._check_audit())
         log.info("node started", node=cfg.node_id, url=redact_url(self.url), db=cfg.store_name,
                  workflows=self.registry.names())
@@ -261,18 +276,6 @@ class Node:
                       Restart.PERMANENT),
             ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
-
-    async def _wait_until_serving(self, root: ActorRef[Supervisor]) -> None:
-        """Answered after on_start: the children exist; then wait until the request
-        services have subscribed, so a request right after start finds a responder."""
-        await root.ask(WhichChildren(), timeout=30.0)
-        for name in ("api", "admin"):
-            service = self.system.lookup(f"node/{name}")
-            try:
-                if service is not None:
-                    await service.ask(Ready(), timeout=30.0)
-            except Exception as exc:  # it crashed starting: its supervisor restarts it
-                log.warning("request service not ready", service=name, error=repr(exc))
 
     def writer_summary(self) -> dict[str, Any]:
         """Group-commit and WAL figures (supervisors/node/store_figures.py)."""

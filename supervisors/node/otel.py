@@ -38,6 +38,7 @@ from ratchet.protocol import tracing
 from ratchet.protocol.errors import UsageError
 from ratchet.protocol.span_wire import span_message
 from ratchet.protocol.spans import CheapSpan
+from ratchet.supervisors.node.otel_switch import wanted  # here too: the SDK's users read it
 from ratchet.supervisors.node.span_shipper import HashedResource as _HashedResource
 from ratchet.supervisors.node.span_shipper import (
     ShippingSpanProcessor,
@@ -59,17 +60,6 @@ _EXPORTERS = {
 class TracingUnavailable(UsageError):
     """Traces were asked for but the exporter they name cannot be made: ``serve`` prints
     what to install and exits 2 (docs/cli.md)."""
-
-
-def wanted(flag: bool, environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether this process traces: ``--otel``, or the standard variables (module doc)."""
-    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
-    exporter = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower()
-    if exporter == "none":
-        return False
-    return flag or bool(exporter) or bool(environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")) \
-        or bool(environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
 
 
 def _exporter_name(environ: Mapping[str, str]) -> str:
