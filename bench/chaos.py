@@ -78,7 +78,7 @@ Strike = Callable[[str, str, int], Awaitable[Settle | None]]
 def _node(state_dir: Path, nats_url: str, finance_url: str,
           args: tuple[str, ...] = ()) -> NodeProc:
     return NodeProc(state_dir, nats_url, app="ratchet.testing.expense:app", log_level="error",
-                    synchronous="NORMAL", args=args,
+                    args=args,  # the node's default durability (FULL)
                     env={"RATCHET_FINANCE_URL": finance_url,
                          "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"})
 

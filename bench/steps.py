@@ -4,23 +4,30 @@
     task.succeeded, timestamps recorded by the node);
 (b) concurrent_tasks_per_s, concurrent_p50_s, concurrent_p99_s: 1,000 tasks x 5 steps
     published at once over NATS, submit → task.succeeded as seen by a subscriber;
-(c) peak_rss_mb: the node process's VmHWM after (a) and (b);
+(c) peak_rss_mb: the node process's VmHWM after (a) and (b); then the node's closing
+    figures: commit_* (group-commit batches) and, with FULL, sync_* / batches_per_sync
+    (the WAL syncs: persistence/syncer.py);
 (d) bytes_written_per_step: a 100-step task whose state holds an unchanging 1 MB value,
     on a fresh store: growth of the SQLite file (WAL checkpointed, blobs included) / 100;
     also wal_io_bytes_per_step: what the node process physically wrote (/proc/pid/io);
-(e) synchronous: the SQLite setting used;
+(e) synchronous: the SQLite setting of the figures under the plain keys: ``FULL`` (the
+    default) unless ``--synchronous NORMAL``; with ``--synchronous both`` (the default)
+    (a)-(c) and the commit figures are measured again on a NORMAL node, under ``normal_*``;
 (f) resume_after_kill_s: a 20-step task (50 ms per step), node SIGKILLed right after step
     10 committed, then started again: restart command → task.succeeded;
     restart_to_ready_s: the same kill, restart command → ``serving`` (bench/restart.py);
 (g) first_submit_accept_ms: on a fresh node (its own new store), the first submission of a
     tenant the node has never seen: publish → its ``task.queued`` event at a subscriber;
-    the first new tenant's figure, and the median of five new tenants in a row.
+    the first new tenant's figure, and the median of five new tenants in a row;
+(h) fanout_100_join_ms: the peer benchmark's W3 (100 one-step branches, join "all"),
+    submit → ``task.succeeded``, median on a node of its own (bench/fanout.py).
 
 The node is a real ``ratchet serve`` subprocess joined to a real nats-server (``--nats-url``).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -31,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +47,7 @@ RATCHET_BIN = Path(sys.executable).with_name("ratchet")  # the installed entry p
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.fanout import join_100
 from bench.restart import restart_to_ready
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.ids import new_id, task_id_for
@@ -48,7 +57,9 @@ from ratchet.supervisors.cli import configure_logging
 from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 
-SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "NORMAL")
+#: The setting of the nodes the bench scripts start (``ratchet serve``'s own default unless
+#: RATCHET_BENCH_SYNCHRONOUS says otherwise; steps.py: ``--synchronous``).
+SYNCHRONOUS = os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "FULL")
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -78,7 +89,7 @@ class NodeProc:
     """A ``ratchet serve`` subprocess; ``start`` returns once it says it is serving."""
 
     def __init__(self, state_dir: Path, nats_url: str | None, app: str = "bench.app:app", *,
-                 log_level: str = "warning", synchronous: str = SYNCHRONOUS,
+                 log_level: str = "warning", synchronous: str | None = None,
                  env: dict[str, str] | None = None, args: tuple[str, ...] = (),
                  log_path: Path | None = None) -> None:
         """``args``: extra ``serve`` flags (``--node-id``, ``--writer``, ...); ``log_path``:
@@ -89,7 +100,7 @@ class NodeProc:
         joined = ["--nats-url", nats_url] if nats_url else []
         self.args = [str(RATCHET_BIN), "--state-dir", str(state_dir),
                      "--log-level", log_level, "serve", "--app", app,
-                     *joined, "--synchronous", synchronous, *args]
+                     *joined, "--synchronous", synchronous or SYNCHRONOUS, *args]
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -282,30 +293,72 @@ async def first_submit_accept(nats_url: str, base: Path, tenants: int = 5) -> di
             "first_submit_accept_ms_median": round(statistics.median(waits) * 1000, 1)}
 
 
-async def main() -> None:
+async def node_figures(url: str, base: Path, synchronous: str) -> dict[str, Any]:
+    """(a)-(c) on one node with ``synchronous``, and its closing commit/sync figures."""
+    node = NodeProc(base / f"main-{synchronous.lower()}", url, synchronous=synchronous,
+                    args=tuple(os.environ.get("RATCHET_BENCH_SERVE_ARGS", "").split()))
+    node.start()
+    results: dict[str, Any] = {}
+    client = await ratchet.Client.connect(url, "bench", creds=node.creds)
+    try:
+        results.update(await sequential(client))
+        results.update(await concurrent(client))
+        results["peak_rss_mb"] = round(node.status("VmHWM") / 1024, 1)
+    finally:
+        await client.close()
+        closing = node.stop()
+    results.update({k: v for k, v in closing.items() if k.startswith(("commit_", "sync"))
+                    or k in ("largest_batch", "batches_per_sync")})
+    return results
+
+
+async def fanout_100_join(url: str, base: Path) -> dict[str, Any]:
+    """(h) the peer benchmark's W3 (bench/fanout.py's ``join_100``) on the default setting."""
+    w3 = await join_100(base, SYNCHRONOUS)
+    return {"fanout_100_join_ms": w3["ms"], "fanout_100_node_cpu_ms": w3["cpu_ms"]}
+
+
+#: What one run measures, in order: (name, async fn(url, base) -> figures). Each part runs
+#: on the setting under test (the first of --synchronous); add new figures as a part.
+PARTS: list[tuple[str, Callable[[str, Path], Awaitable[dict[str, Any]]]]] = [
+    ("big_document", big_document),
+    ("resume_after_kill", resume_after_kill),
+    ("restart_to_ready", restart_to_ready),
+    ("first_submit", first_submit_accept),
+    ("fanout_100_join", fanout_100_join),
+]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--synchronous", choices=["FULL", "NORMAL", "both"],
+                    default=os.environ.get("RATCHET_BENCH_SYNCHRONOUS", "both"),
+                    help="both (default): FULL under the plain keys, NORMAL under normal_*")
+    ap.add_argument("--parts", default=",".join(name for name, _ in PARTS),
+                    help="the figures beyond (a)-(c), comma-separated ('' for none)")
+    return ap.parse_args(argv)
+
+
+async def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = ["FULL", "NORMAL"] if args.synchronous == "both" else [args.synchronous]
+    wanted = [part for part in args.parts.split(",") if part]
     configure_logging("warning")
     with tempfile.TemporaryDirectory(prefix="ratchet-bench-") as tmp:
         base = Path(tmp)
         server = EmbeddedNats(base / "nats")
         url = await server.start()
-        results: dict[str, Any] = {"synchronous": SYNCHRONOUS}
+        results: dict[str, Any] = {"synchronous": settings[0]}
         try:
-            node = NodeProc(base / "main", url, args=tuple(os.environ.get("RATCHET_BENCH_SERVE_ARGS", "").split()))
-            node.start()
-            client = await ratchet.Client.connect(url, "bench", creds=node.creds)
-            try:
-                results.update(await sequential(client))
-                results.update(await concurrent(client))
-                results["peak_rss_mb"] = round(node.status("VmHWM") / 1024, 1)
-            finally:
-                await client.close()
-                closing = node.stop()
-            results.update({k: v for k, v in closing.items() if k.startswith("commit_")
-                            or k == "largest_batch"})
-            results.update(await big_document(url, base))
-            results.update(await resume_after_kill(url, base))
-            results.update(await restart_to_ready(url, base))
-            results.update(await first_submit_accept(url, base))
+            results.update(await node_figures(url, base, settings[0]))
+            for other in settings[1:]:
+                figures = await node_figures(url, base, other)
+                results.update({f"{other.lower()}_{k}": v for k, v in figures.items()})
+            global SYNCHRONOUS
+            SYNCHRONOUS = settings[0]  # the default of every NodeProc of the parts below
+            for name, part in PARTS:
+                if name in wanted:
+                    results.update(await part(url, base))
         finally:
             await server.stop()
         print(json.dumps(results))

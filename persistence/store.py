@@ -36,11 +36,13 @@ from ratchet.persistence.leases import (
 from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.metric_rows import MetricRows
 from ratchet.persistence.migrations import migrate
+from ratchet.persistence.pipelined import apply_pipelined
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRows
 from ratchet.persistence.settle_rows import SettleRows
 from ratchet.persistence.store_rows import AdminRows, RowReads
 from ratchet.persistence.sweep_rows import SweepRows
+from ratchet.persistence.task_record import TASK_COLUMNS, task_record
 from ratchet.persistence.txns import (
     AcceptResult,
     ChangeResult,
@@ -53,7 +55,7 @@ from ratchet.persistence.txns import (
 )
 from ratchet.persistence.version_rows import VersionRows
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalStats
-from ratchet.persistence.writer import WriterStats, make_writer
+from ratchet.persistence.writer import LoopWriter, WriterStats, make_writer
 from ratchet.protocol.errors import Fenced, NotFound
 from ratchet.protocol.messages import TaskSnapshot
 from ratchet.protocol.secrets import Sealer
@@ -65,42 +67,21 @@ OutboxListener = Callable[[list[OutboxRow]], None]
 T = TypeVar("T")
 
 
-_TASK_COLUMNS = (
-    "task_id, tenant, workflow, workflow_version, status, version, input, next_step,"
-    " steps_total, last_checkpoint, last_event_seq, deadline_at, created_at, updated_at,"
-    " error, output, step_failures, current_node, visits, budget, spent, control,"
-    " traceparent, idempotency_key, definition_hash, sandbox"
-)
-
-
-def _record(row: tuple[Any, ...], secrets: Sealer) -> TaskRecord:
-    return TaskRecord(
-        task_id=row[0], tenant=row[1], workflow=row[2], workflow_version=row[3],
-        status=row[4], version=row[5], input=secrets.unpack(row[6]), next_step=row[7],
-        steps_total=row[8], last_checkpoint=row[9], last_event_seq=row[10],
-        deadline_at=row[11], created_at=row[12], updated_at=row[13],
-        error=_unpack(row[14]), output=_unpack(row[15]), step_failures=row[16],
-        current_node=row[17], visits=dict(_unpack(row[18]) or {}),
-        budget=dict(_unpack(row[19]) or {}), spent=dict(_unpack(row[20]) or {}),
-        control=dict(_unpack(row[21]) or {}), traceparent=row[22],
-        idempotency_key=row[23], definition_hash=row[24], sandbox=_unpack(row[25]),
-    )
-
-
 class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows,
             SweepRows, SettleRows, MetricRows, DiagnoseRows, DeadLetterRows, VersionRows):
     """Open with :meth:`open`; close with :meth:`close` (idempotent).
 
     Args:
         path: the SQLite file (created, and migrated, if needed).
-        synchronous: ``NORMAL`` (default: an OS crash may lose the last commits) or ``FULL``.
+        synchronous: ``FULL`` (default: a commit is on disk before anything depends on it)
+            or ``NORMAL`` (no sync per commit: an OS crash may lose the last commits).
         writer: ``auto``, ``loop`` or ``thread`` (see persistence/writer.py).
         wal_limit: bytes of WAL at which writers hold while it is reset (persistence/wal.py).
         lease_clock: the store's time for lease expiry (default: the host's boot time).
         audit_seal: the audit chain's key and head (audit_seal.py); None: unkeyed, proves nothing.
     """
 
-    def __init__(self, path: str | Path, synchronous: str = "NORMAL",
+    def __init__(self, path: str | Path, synchronous: str = "FULL",
                  writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
                  fence: Fence | None = None, lease_clock: LeaseClock | None = None,
                  audit_seal: AuditSeal | None = None) -> None:
@@ -111,6 +92,8 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         #: How much the dead_letters table keeps (persistence/dead_letter_rows.py).
         self.dead_letter_limits = DeadLetterLimits()
         self._writer = make_writer(self.path, synchronous, writer, wal_limit)
+        #: The writer that may hand a commit back before it is durable (FULL on the loop).
+        self._syncing = self._writer if isinstance(self._writer, LoopWriter) else None
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False
@@ -126,7 +109,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         self.secrets = Sealer()
 
     @classmethod
-    async def open(cls, path: str | Path, synchronous: str = "NORMAL",
+    async def open(cls, path: str | Path, synchronous: str = "FULL",
                    writer: str = "auto", wal_limit: int = DEFAULT_WAL_LIMIT,
                    fence: Fence | None = None, lease_clock: LeaseClock | None = None,
                    audit_seal: AuditSeal | None = None) -> Store:
@@ -260,6 +243,10 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
             audit = change.audit
             return result, (append_audit_txn(conn, audit, self.audit_seal) if audit else None)
 
+        if change.pipelined and self._syncing is not None and change.audit is None:
+            # The caller goes on at the commit; its events leave once it is durable.
+            return await apply_pipelined(self._syncing, self._fenced(change.task_id, txn),
+                                         self._announce)
         result, head = await self._writer.submit(self._fenced(change.task_id, txn))
         self._announce(result.outbox)
         if head is not None:
@@ -294,7 +281,10 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         gate = self._writer.wal.reads_open
         if not gate.is_set():  # the WAL is being reset: milliseconds (persistence/wal.py)
             await asyncio.to_thread(gate.wait, 5.0)
-        return list(await self._reader.execute_fetchall(sql, args))
+        rows = list(await self._reader.execute_fetchall(sql, args))
+        if self._syncing is not None:  # nothing read is told before it is durable
+            await self._syncing.synced()
+        return rows
 
     async def _row(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> Any:
         """The first row of one read (see :meth:`_rows`), or None."""
@@ -303,11 +293,11 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
 
     async def load_task(self, task_id: str) -> TaskRecord:
         row = await self._row(
-            f"SELECT {_TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)
+            f"SELECT {TASK_COLUMNS} FROM tasks WHERE task_id = ?", (task_id,)
         )
         if row is None:
             raise NotFound("no such task", task_id=task_id)
-        return _record(tuple(row), self.secrets)
+        return task_record(tuple(row), self.secrets)
 
     async def snapshot(self, tenant: str, task_id: str) -> TaskSnapshot:
         """The task as ``status`` shows it. A task of another tenant is NOT_FOUND."""

@@ -8,6 +8,7 @@ touch the event loop. The event, outbox and checkpoint rows they append are writ
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +93,10 @@ class TaskChange:
     #: An audit entry committed with the change (an approval decision): written by
     #: ``Store.apply``, which holds the audit key, not by :func:`apply_change_txn`.
     audit: AuditEntry | None = None
+    #: The caller may go on before the change is durable (a step's commit, with FULL):
+    #: ``Store.apply`` returns at the commit, with :attr:`ChangeResult.durable` to await;
+    #: its events are published only once it is durable. A store that cannot, ignores it.
+    pipelined: bool = False
 
 
 #: The statuses a handoff leaves a task in: leaving them settles its open handoffs.
@@ -105,6 +110,8 @@ class ChangeResult:
     last_event_seq: int
     last_checkpoint: int
     outbox: list[OutboxRow]
+    #: A pipelined change's durability (None: durable already, as configured).
+    durable: asyncio.Future[None] | None = None
 
 
 @dataclass(slots=True)

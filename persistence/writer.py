@@ -3,21 +3,34 @@
 Callers submit a transaction function (``fn(conn) -> T``) and await its result. The writer
 drains whatever has queued up, runs each function (inside its own SAVEPOINT when it has
 neighbours, so one failing compare-and-set does not undo them) and commits the batch once:
-many actors' steps share one WAL append.
+many actors' steps share one WAL append. A result is handed back once its commit is as
+durable as the store is configured to be — except for :meth:`LoopWriter.submit_pipelined`,
+whose caller gets the result at the commit and a future for its durability.
 
-Where the commit runs depends on what it costs:
+Where the work runs depends on what it costs (figures: docs/operations.md, "Where the time
+goes"):
 
-- ``synchronous=NORMAL`` (WAL): a commit is a ``write()`` into the page cache (~60 µs here).
-  Handing it to a thread and back costs more than that (~100 µs of wake-ups measured), so
-  :class:`LoopWriter` runs the batch on the event-loop thread, scheduled with
+- the SQLite work of a batch (~60 µs of ``write()`` into the page cache plus the
+  transaction's own Python) runs on the event loop in :class:`LoopWriter`, scheduled with
   ``call_soon`` so that every commit requested in the same loop iteration joins one batch.
-  WAL checkpoints (which fsync) run off the loop, on the :class:`~persistence.wal.WalGuard`
-  thread; when the WAL reaches its bound the writer holds its batches (the loop runs on)
-  while the guard resets the WAL.
-- ``synchronous=FULL``: each commit fsyncs (~0.15 ms here, milliseconds on real disks), so
-  :class:`ThreadWriter` owns the connection on its own thread, which releases the GIL
-  while it waits on the disk, and hands results back with one ``call_soon_threadsafe`` per
-  batch. At the WAL's bound this thread resets the WAL itself, between two batches.
+  Handing each transaction to a thread and back cost more than that (~100 µs of wake-ups
+  measured) and, with ``FULL``, put the fsync on every step's path;
+- with ``synchronous=FULL`` the fsync is the one thing off the loop: the connection runs
+  SQLite ``NORMAL`` and a :class:`~persistence.syncer.WalSyncer` thread syncs
+  (``fdatasync``) the WAL after the commits (which is all FULL adds in WAL mode). One
+  sync covers every batch committed while the previous one ran, and one ``call_soon_threadsafe`` per sync (not per
+  transaction) hands them all back. A task's step commit is *pipelined*: the actor goes on
+  to its next step while the sync runs; its events and acks wait for it (the store
+  announces outbox rows only once durable, reads answer only once what they saw is durable).
+  Rejected: the whole batch on a thread (:class:`ThreadWriter`, the previous FULL writer):
+  a hand-off per batch and a step that waits for its fsync, 4x slower on one task;
+- WAL checkpoints (which fsync) run on the :class:`~persistence.wal.WalGuard` thread; when
+  the WAL reaches its bound the writer holds its batches (the loop runs on) while the guard
+  resets the WAL.
+
+:class:`ThreadWriter` owns the connection on its own thread (SQLite's own FULL or NORMAL):
+``serve --writer thread``, for several nodes on one file, whose lock waits would otherwise
+block the event loop. It hands results back with one ``call_soon_threadsafe`` per batch.
 
 Why not aiosqlite for writes: every aiosqlite call is a round trip to its thread and it has
 no public way to run a function there, so a six-statement step would cost six round trips.
@@ -26,59 +39,38 @@ no public way to run a function there, so a six-statement step would cost six ro
 from __future__ import annotations
 
 import asyncio
-import bisect
-import collections
-import queue
+import functools
+import os
 import sqlite3
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import structlog
 
 from ratchet.persistence.batch import close_connection, execute_batch
+from ratchet.persistence.commit_stats import (
+    COMMIT_BUCKETS,
+    WriterStats,
+    call_soon_threadsafe,
+    settle,
+)
 from ratchet.persistence.connection import open_connection
+from ratchet.persistence.syncer import WalSyncer
+from ratchet.persistence.thread_writer import ThreadWriter
 from ratchet.persistence.wal import DEFAULT_WAL_LIMIT, WalGuard
+from ratchet.protocol.errors import StoreUnavailable
 from ratchet.protocol.tracing import bind_context
 
-__all__ = ["COMMIT_BUCKETS", "Writer", "LoopWriter", "ThreadWriter", "WriterStats", "make_writer",
-           "open_connection"]
+__all__ = ["COMMIT_BUCKETS", "Writer", "LoopWriter", "Pipelined", "ThreadWriter", "WriterStats",
+           "make_writer", "open_connection"]
 
 T = TypeVar("T")
 Txn = Callable[[sqlite3.Connection], Any]
+#: A pipelined result: the value at the commit, and its durability (None: already durable).
+Pipelined = tuple[Any, "asyncio.Future[None] | None"]
 log = structlog.get_logger("ratchet.store.writer")
 
-_STOP = object()
-_WAKE = object()  # an urgent item is waiting in the urgent lane
-_RESTART = object()  # (urgent lane) reset the WAL before the next batch
-
-
-#: Upper bounds (seconds) of the commit latency histogram's buckets.
-COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
-
-
-@dataclass
-class WriterStats:
-    batches: int = 0
-    transactions: int = 0
-    largest_batch: int = 0
-    commit_seconds: list[float] = field(default_factory=list)  # last 10,000 batch durations
-    #: Every batch's duration since the start, by COMMIT_BUCKETS (the last one: above them),
-    #: and their sum: the commit latency histogram of a metrics scrape.
-    commit_buckets: list[int] = field(default_factory=lambda: [0] * (len(COMMIT_BUCKETS) + 1))
-    commit_sum: float = 0.0
-
-    def record(self, size: int, seconds: float) -> None:
-        self.batches += 1
-        self.transactions += size
-        self.largest_batch = max(self.largest_batch, size)
-        self.commit_buckets[bisect.bisect_left(COMMIT_BUCKETS, seconds)] += 1
-        self.commit_sum += seconds
-        if len(self.commit_seconds) >= 10_000:
-            del self.commit_seconds[:5_000]
-        self.commit_seconds.append(seconds)
 
 
 class Writer(Protocol):
@@ -97,61 +89,68 @@ class Writer(Protocol):
     async def close(self) -> None: ...
 
 
-def _settle(settled: list[tuple[asyncio.Future[Any], tuple[bool, Any]]]) -> None:
-    for fut, (ok, value) in settled:
-        if fut.done():
-            continue
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
-
-
-def _call_soon_threadsafe(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any],
-                          *args: Any) -> None:
-    try:
-        loop.call_soon_threadsafe(fn, *args)
-    except RuntimeError:  # the loop closed meanwhile: nobody is waiting
-        pass
-
-
 class LoopWriter:
-    """Group commit on the event-loop thread (for ``synchronous=NORMAL``).
+    """Group commit on the event-loop thread; with ``FULL``, the WAL synced on a thread.
 
     A batch blocks the loop while it runs; ``stats.commit_seconds`` records how long (the
     bench reports its p99). Checkpoints run on the WAL guard's thread; while it resets the
     WAL the writer holds (requests queue, the loop runs on) — see :mod:`persistence.wal`.
+
+    ``sync``: how the WAL file's descriptor is synced (``FULL`` only; tests inject one).
     """
 
     def __init__(self, path: str, synchronous: str = "NORMAL", max_batch: int = 128,
-                 wal_limit: int = DEFAULT_WAL_LIMIT, wal: WalGuard | None = None) -> None:
+                 wal_limit: int = DEFAULT_WAL_LIMIT, wal: WalGuard | None = None,
+                 sync: Callable[[int], None] = os.fdatasync) -> None:
         self._path = path
         self._synchronous = synchronous
         self._max_batch = max_batch
-        self._pending: list[tuple[Txn, asyncio.Future[Any]]] = []
+        #: (fn, future, pipelined)
+        self._pending: list[tuple[Txn, asyncio.Future[Any], bool]] = []
         self._scheduled = False
         self._held_since: float | None = None  # set while the guard resets the WAL
         self._conn: sqlite3.Connection | None = None
         self.wal = wal or WalGuard(path, synchronous, wal_limit)
         self.stats = WriterStats()
+        #: FULL: SQLite runs NORMAL and this thread adds the WAL's sync (persistence/syncer.py).
+        self.syncer = WalSyncer(path, sync, self.stats) if synchronous == "FULL" else None
         self.rescued: str | None = None
 
     def start(self) -> None:
-        self._conn = open_connection(self._path, self._synchronous)
+        self._conn = open_connection(self._path, "NORMAL" if self.syncer else self._synchronous)
         self.wal.configure(self._conn)
         self.wal.start()
+        if self.syncer is not None:
+            self.syncer.start()
 
     def submit(self, fn: Callable[[sqlite3.Connection], T],
                urgent: bool = False) -> asyncio.Future[T]:
         """``urgent``: ahead of everything queued (lease renewals must not wait behind a
-        flood of step commits)."""
+        flood of step commits). The result comes once the commit is durable."""
+        return self._enqueue(fn, urgent, False)
+
+    def submit_pipelined(self, fn: Txn) -> asyncio.Future[Pipelined]:
+        """``(result, durable)`` as soon as the batch committed; ``durable`` (None when it
+        already is) resolves once the commit is durable, or fails if it never will be.
+        Nothing that depends on the commit may leave the process before then."""
+        return self._enqueue(fn, False, True)
+
+    async def synced(self) -> None:
+        """Return once every commit made so far is durable (at once when it is)."""
+        syncer = self.syncer
+        if syncer is not None and syncer.pending:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            syncer.when_synced(syncer.committed, functools.partial(_resolve, done))
+            await done
+
+    def _enqueue(self, fn: Txn, urgent: bool, pipelined: bool) -> asyncio.Future[Any]:
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
+        fut: asyncio.Future[Any] = loop.create_future()
         fn = bind_context(fn)  # the caller's span, for the events it writes (if tracing)
         if urgent:
-            self._pending.insert(0, (fn, fut))
+            self._pending.insert(0, (fn, fut, pipelined))
         else:
-            self._pending.append((fn, fut))
+            self._pending.append((fn, fut, pipelined))
         self._schedule(loop)
         return fut
 
@@ -168,25 +167,51 @@ class LoopWriter:
         if not batch:
             return
         assert self._conn is not None, "writer not started"
+        syncer = self.syncer
+        refuse = self.wal.lost or (None if syncer is None or syncer.failed is None
+                                   else f"the WAL could not be synced ({syncer.failed!r})")
         started = time.perf_counter()
-        outcomes = execute_batch(self._conn, [fn for fn, _ in batch], self.wal.lost)
+        outcomes = execute_batch(self._conn, [fn for fn, _, _ in batch], refuse)
         self.stats.record(len(batch), time.perf_counter() - started)
         loop = asyncio.get_running_loop()
         todo = self.wal.after_commit()
         if todo == "restart":
-            self.wal.prepare_restart(lambda: _call_soon_threadsafe(loop, self._hold, loop))
+            self.wal.prepare_restart(lambda: call_soon_threadsafe(loop, self._hold, loop))
         elif todo == "hold":  # over the hard cap: no batch until the restart is done
             self._held_since = self._held_since or time.perf_counter()
         if self._pending:
             self._schedule(loop)
-        _settle([(fut, outcome) for (_, fut), outcome in zip(batch, outcomes, strict=True)])
+        if syncer is None or refuse is not None:
+            settle([(fut, (ok, (value, None)) if pipelined and ok else (ok, value))
+                     for (_, fut, pipelined), (ok, value) in zip(batch, outcomes, strict=True)])
+        else:
+            self._settle_when_synced(syncer, batch, outcomes, loop)
+
+    @staticmethod
+    def _settle_when_synced(syncer: WalSyncer, batch: list[tuple[Txn, asyncio.Future[Any], bool]],
+                            outcomes: list[tuple[bool, Any]],
+                            loop: asyncio.AbstractEventLoop) -> None:
+        """Pipelined results now, with a durability future; the others at the sync (a
+        refusal too: it may rest on a commit that is not durable yet)."""
+        number = syncer.committed_batch()
+        later: list[tuple[asyncio.Future[Any], tuple[bool, Any]]] = []
+        for (_, fut, pipelined), (ok, value) in zip(batch, outcomes, strict=True):
+            if pipelined and ok:
+                durable: asyncio.Future[None] = loop.create_future()
+                later.append((durable, (True, None)))
+                settle([(fut, (True, (value, durable)))])
+            elif pipelined:  # not committed: nothing to wait for
+                settle([(fut, (False, value))])
+            else:
+                later.append((fut, (ok, value)))
+        syncer.when_synced(number, functools.partial(_settle_or_fail, later))
 
     def _hold(self, loop: asyncio.AbstractEventLoop) -> None:
         """Between two batches (we run on the loop): hold while the guard resets the WAL."""
         if self._conn is None:
             return  # stopped meanwhile
         self._held_since = self._held_since or time.perf_counter()
-        self.wal.restart_soon(lambda: _call_soon_threadsafe(loop, self._resume, loop))
+        self.wal.restart_soon(lambda: call_soon_threadsafe(loop, self._resume, loop))
 
     def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._held_since is None:
@@ -197,13 +222,15 @@ class LoopWriter:
             self._schedule(loop)
 
     def stop(self) -> None:
-        """Run what is pending, close the connection. Idempotent."""
+        """Run what is pending, sync it, close the connection. Idempotent."""
         if self._conn is None:
             return
         self.wal.stop()  # finishes a restart in progress: nothing holds the writer after
         self._held_since = None
         while self._pending:
             self._flush()
+        if self.syncer is not None:
+            self.syncer.stop()  # the last sync, and every waiter answered
         conn, self._conn = self._conn, None
         self.rescued = close_connection(conn, self.wal, self._path)
 
@@ -211,128 +238,30 @@ class LoopWriter:
         self.stop()
 
 
-class ThreadWriter:
-    """Group commit on a dedicated thread (for ``synchronous=FULL``)."""
-
-    def __init__(self, path: str, synchronous: str = "FULL", max_batch: int = 512,
-                 wal_limit: int = DEFAULT_WAL_LIMIT, wal: WalGuard | None = None) -> None:
-        self._path = path
-        self._synchronous = synchronous
-        self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._urgent: collections.deque[Any] = collections.deque()  # thread-safe appends/pops
-        self._thread = threading.Thread(target=self._run, name="ratchet-store-writer", daemon=True)
-        self._ready = threading.Event()
-        self._open_error: BaseException | None = None
-        self.wal = wal or WalGuard(path, synchronous, wal_limit)
-        self.stats = WriterStats()
-        self.rescued: str | None = None
-
-    def start(self) -> None:
-        self._thread.start()
-        self._ready.wait()
-        if self._open_error is not None:
-            raise self._open_error
-
-    def submit(self, fn: Callable[[sqlite3.Connection], T],
-               urgent: bool = False) -> asyncio.Future[T]:
-        """``urgent``: into the next batch, ahead of everything queued."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-        fn = bind_context(fn)  # the caller's span, for the events it writes (if tracing)
-        if urgent:
-            self._urgent.append((fn, loop, fut))
-            self._queue.put(_WAKE)
+def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
+    if not fut.done():
+        if error is None:
+            fut.set_result(None)
         else:
-            self._queue.put((fn, loop, fut))
-        return fut
+            fut.set_exception(error)
 
-    def stop(self) -> None:
-        """Finish what is queued, close the connection, join the thread. Idempotent."""
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join()
 
-    async def close(self) -> None:
-        await asyncio.to_thread(self.stop)
-
-    def _run(self) -> None:
-        try:
-            conn = open_connection(self._path, self._synchronous)
-            self.wal.configure(conn)
-            self.wal.start()
-        except BaseException as exc:  # reported to start()'s caller
-            self._open_error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        try:
-            stopping = False
-            while not stopping:
-                first = self._queue.get()
-                if first is _STOP:
-                    break
-                batch = []
-                while self._urgent:
-                    item = self._urgent.popleft()
-                    if item is _RESTART:
-                        self._restart_wal(conn)
-                    else:
-                        batch.append(item)
-                if first is not _WAKE:
-                    batch.append(first)
-                while len(batch) < self._max_batch:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stopping = True
-                        break
-                    if item is not _WAKE:
-                        batch.append(item)
-                if not batch:
-                    continue  # the urgent items of this wake-up went in an earlier batch
-                started = time.perf_counter()
-                outcomes = execute_batch(conn, [fn for fn, _, _ in batch], self.wal.lost)
-                self.stats.record(len(batch), time.perf_counter() - started)
-                self._hand_back(batch, outcomes)
-                todo = self.wal.after_commit()
-                if todo == "restart":
-                    self.wal.prepare_restart(self._ask_restart)
-                elif todo == "hold":  # over the hard cap: restart before the next batch
-                    self._restart_wal(conn)
-        finally:
-            self.wal.stop()
-            self.rescued = close_connection(conn, self.wal, self._path)
-
-    def _ask_restart(self) -> None:
-        self._urgent.append(_RESTART)
-        self._queue.put(_WAKE)
-
-    def _restart_wal(self, conn: sqlite3.Connection) -> None:
-        if self.wal.wal_used() < self.wal.limit_bytes and not self.wal.restarting:
-            return  # already done (the hard cap came first)
-        held = time.perf_counter()  # the queue waits meanwhile: that is the hold
-        self.wal.restart(conn)
-        self.wal.stats.record_hold(time.perf_counter() - held)
-
-    @staticmethod
-    def _hand_back(batch: list[Any], outcomes: list[tuple[bool, Any]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Any], tuple[bool, Any]]]] = {}
-        for (_, loop, fut), outcome in zip(batch, outcomes, strict=True):
-            by_loop.setdefault(loop, []).append((fut, outcome))
-        for loop, settled in by_loop.items():
-            _call_soon_threadsafe(loop, _settle, settled)
+def _settle_or_fail(settled: list[tuple[asyncio.Future[Any], tuple[bool, Any]]],
+                    error: BaseException | None) -> None:
+    """Settle at the sync; a sync that failed fails them all (StoreUnavailable)."""
+    if error is not None:
+        failure = StoreUnavailable(f"the WAL could not be synced: {error!r}")
+        settled = [(fut, (False, failure)) for fut, _ in settled]
+    settle(settled)
 
 
 def make_writer(path: str, synchronous: str, kind: str = "auto",
                 wal_limit: int = DEFAULT_WAL_LIMIT) -> Writer:
-    """The writer that suits the durability setting (see the module doc), or the ``kind``
-    asked for: ``thread`` also suits several processes sharing the file, whose write locks
-    would otherwise be waited for on the event loop."""
+    """The writer ``kind`` asked for: ``auto`` and ``loop`` are the :class:`LoopWriter`
+    (see the module doc), ``thread`` the :class:`ThreadWriter` (several processes sharing
+    the file, whose write locks would otherwise be waited for on the event loop)."""
     if kind not in ("auto", "loop", "thread"):
         raise ValueError("writer must be auto, loop or thread")
-    if kind == "thread" or (kind == "auto" and synchronous == "FULL"):
+    if kind == "thread":
         return ThreadWriter(path, synchronous, wal_limit=wal_limit)
     return LoopWriter(path, synchronous, wal_limit=wal_limit)

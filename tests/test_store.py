@@ -33,14 +33,16 @@ def _new_task(task_id: str = "t1", key: str = "k1", digest: str = "sha256:aa") -
                    start_mail=("ratchet.mail.0.t1.task", f"start-{task_id}", b"\x80"))
 
 
-@pytest.fixture(params=["NORMAL", "FULL", "postgres"])
+@pytest.fixture(params=["NORMAL", "FULL", "FULL-thread", "postgres"])
 async def store(tmp_path: Path, request: pytest.FixtureRequest) -> Store:
-    # NORMAL commits on the event loop, FULL on a writer thread, "postgres" on PostgreSQL
+    # NORMAL commits on the event loop, FULL too with the WAL synced on a thread of its own,
+    # FULL-thread on a writer thread (serve --writer thread), "postgres" on PostgreSQL
     # (persistence/postgres/): all must behave alike.
     if request.param == "postgres":
         s = await open_store(request.getfixturevalue("pg_url"))
     else:
-        s = await Store.open(tmp_path / "r.db", request.param)
+        synchronous, _, writer = request.param.partition("-")
+        s = await Store.open(tmp_path / "r.db", synchronous, writer or "auto")
     yield s  # type: ignore[misc]
     await s.close()
 

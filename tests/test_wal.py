@@ -44,13 +44,14 @@ async def _reads_until(store: Store, stop: asyncio.Event) -> int:
     return reads
 
 
-@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])  # loop writer, thread writer
+@pytest.mark.parametrize(("synchronous", "writer"), [
+    ("NORMAL", "auto"), ("FULL", "auto"), ("FULL", "thread")])  # loop (+ syncer), thread
 async def test_the_wal_stays_under_its_limit_while_reads_and_writes_never_pause(
-    tmp_path: Path, synchronous: str
+    tmp_path: Path, synchronous: str, writer: str
 ) -> None:
     path = str(tmp_path / "wal.db")
     _create_table(path)
-    store = await Store.open(path, synchronous, wal_limit=LIMIT)
+    store = await Store.open(path, synchronous, writer, wal_limit=LIMIT)
     stop = asyncio.Event()
     readers = [asyncio.create_task(_reads_until(store, stop)) for _ in range(3)]
     largest = 0

@@ -27,6 +27,7 @@ from ratchet.actors.task import control as task_control
 from ratchet.actors.task import (
     crash_loop,
     definition_guard,
+    durability,
     exhausted,
     graph_runtime,
     loop_runtime,
@@ -98,6 +99,7 @@ class TaskActor(Actor):
         self.pause_requested = False
         self.revalidation: str | None = None  # why it stood still (actors/task/revalidate.py)
         self.node_guard = NodeGuard()  # node loop detection, hooked into move
+        self.undurable: asyncio.Future[None] | None = None  # actors/task/durability.py
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -184,6 +186,7 @@ class TaskActor(Actor):
 
     async def _deliver(self, env: Envelope) -> str:
         outcome = await self._deliver_one(env)
+        await durability.settled(self)  # no answer rests on a change not yet on disk
         if self.status not in (TaskStatus.QUEUED, TaskStatus.RUNNING) and self.ref.is_alive:
             self.ref.stop()  # still parked (late, repeated or refused mail): stay passivated
         return outcome
@@ -219,6 +222,7 @@ class TaskActor(Actor):
 
     async def _commit(self, change: TaskChange) -> None:
         result = await self.deps.store.apply(change)
+        durability.note(self, result.durable)  # pipelined: what mail answers wait for
         self.version, self.status = result.version, result.status
         self.checkpoint_seq = result.last_checkpoint
 
@@ -374,15 +378,11 @@ class TaskActor(Actor):
         duration_ms = round((asyncio.get_running_loop().time() - started) * 1000, 3)
         await self.move(step.name, step.next, [(EventType.STEP_COMPLETED, {
             "step": step.name, "index": index, "duration_ms": duration_ms, "changed": None,
-            "next": step.next})], delta=delta)
+            "next": step.next})], delta=delta, pipelined=True)  # the next step need not wait
         return True
 
     async def _record_step_failure(self, name: str, index: int, exc: BaseException) -> None:
-        error = {"type": type(exc).__name__, "message": "step timed out" if isinstance(
-            exc, TimeoutError) else str(exc)[:2000],
-                 **({"code": exc.code.value} if isinstance(exc, RatchetError) else {})}
-        await self._commit(self._change(step_failed=True, events=[(EventType.STEP_FAILED, {
-            "step": name, "index": index, "attempt": self._attempt, "error": error})]))
+        await durability.record_step_failure(self, name, index, self._attempt, exc)
         self.log.warning("step failed", step=name, attempt=self._attempt, error=repr(exc))
 
     async def _succeed(self) -> None:

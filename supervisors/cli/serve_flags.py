@@ -83,7 +83,9 @@ def store_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--store", default=None, metavar="URL",
                    help="the store: a postgresql:// URL (default: $RATCHET_STORE, else the"
                    " SQLite file in --state-dir)")
-    s.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
+    s.add_argument("--synchronous", default="FULL", choices=["NORMAL", "FULL"],
+                   help="SQLite durability: FULL (default) syncs every commit before anything"
+                   " depends on it; NORMAL does not (an OS crash may lose the last commits)")
 
 
 def serve_flags(s: argparse.ArgumentParser) -> None:

@@ -33,7 +33,8 @@ class NodeConfig:
         nats_creds: the node's credentials for ``nats_url`` (an nkey seed or a ``.creds``
             file; supervisors/node/nats_auth.py). The embedded server needs none: the node
             uses its own ``keys/node.nk``.
-        synchronous: SQLite ``NORMAL`` (default) or ``FULL`` — see docs/operations.md.
+        synchronous: SQLite ``FULL`` (default: durable at each commit) or ``NORMAL`` (an
+            OS crash may lose the last commits) — see docs/operations.md, "Durability".
         store: a ``postgresql://`` URL: the store is that PostgreSQL database (None: the
             SQLite file in ``state_dir``; docs/operations.md, "PostgreSQL").
         nats_port: the embedded server's port (None: the one kept for the state dir, else
@@ -51,7 +52,7 @@ class NodeConfig:
     nats_connect_timeout: float = 10.0
     nats_replicas: int = 1
     partitions: int = DEFAULT_PARTITIONS
-    synchronous: str = "NORMAL"
+    synchronous: str = "FULL"
     store: str | None = None
     node_id: str = field(default_factory=_default_node_id)
     task_max_restarts: int = 3
@@ -111,7 +112,8 @@ class NodeConfig:
     #: tasks with no live actor (a cancel's detached calls, mostly).
     settle_interval: float = 60.0
     settle_after: float = 300.0
-    #: ``loop``/``thread``/``auto`` (loop for NORMAL, thread for FULL): where commits run.
+    #: ``loop``/``thread``/``auto`` (= loop; with FULL the WAL is synced on a thread of
+    #: its own, persistence/syncer.py): where commits run.
     #: Several nodes on one file wait on each other's write lock: ``thread`` keeps that
     #: wait off the event loop.
     writer: str = "auto"

@@ -11,7 +11,8 @@ __all__ = ["store_figures"]
 
 
 def store_figures(store: StorePort) -> dict[str, Any]:
-    """Group-commit figures (batches, transactions, how long batches took) and the WAL's."""
+    """Group-commit figures (batches, transactions, how long batches took), the WAL's, and
+    (FULL on the loop writer) its syncs: how many, batches per sync, how long."""
     stats = store.writer_stats
     durations = sorted(stats.commit_seconds)
 
@@ -24,4 +25,4 @@ def store_figures(store: StorePort) -> dict[str, Any]:
             "commit_p99_ms": pct(0.99), "commit_max_ms": pct(1.0),
             "wal_peak_mb": round(wal.wal_peak_bytes / 1e6, 2), "wal_restarts": wal.restarts,
             "wal_restart_failures": wal.restart_failures,
-            "wal_hold_max_ms": round(wal.hold_max_seconds * 1000, 2)}
+            "wal_hold_max_ms": round(wal.hold_max_seconds * 1000, 2), **stats.sync_summary()}

@@ -1,0 +1,44 @@
+"""A task change whose caller goes on before it is durable (``TaskChange.pipelined``).
+
+With ``synchronous=FULL`` a step's commit is written on the loop and synced by the WAL
+syncer a little later (persistence/syncer.py). The task actor starts its next step at
+the commit; what others may see of the change waits for the sync: its outbox rows (events,
+mail) are announced to the relay only then, reads of the store answer only once what they
+read is durable (``Store._rows``), and the actor holds back the answer to any mail until
+its last change is durable (actors/task/durability.py). A change that is never durable
+(the sync failed) is never announced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import sqlite3
+from collections.abc import Callable
+
+from ratchet.persistence.txns import ChangeResult, OutboxRow
+from ratchet.persistence.writer import LoopWriter
+
+__all__ = ["apply_pipelined"]
+
+
+async def apply_pipelined(writer: LoopWriter,
+                          txn: Callable[[sqlite3.Connection], tuple[ChangeResult, object]],
+                          announce: Callable[[list[OutboxRow]], None]) -> ChangeResult:
+    """Run ``txn`` (the store's change transaction, returning ``(result, audit head)``)
+    in the next batch; return at its commit with ``durable`` set when it is not yet."""
+    (result, _), durable = await writer.submit_pipelined(txn)
+    assert isinstance(result, ChangeResult)
+    if durable is None:  # durable already (NORMAL: as durable as configured)
+        announce(result.outbox)
+        return result
+    if result.outbox:
+        durable.add_done_callback(functools.partial(_announce_durable, announce, result.outbox))
+    return dataclasses.replace(result, durable=durable)
+
+
+def _announce_durable(announce: Callable[[list[OutboxRow]], None], rows: list[OutboxRow],
+                      durable: asyncio.Future[None]) -> None:
+    if not durable.cancelled() and durable.exception() is None:
+        announce(rows)  # else never durable: never published
