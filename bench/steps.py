@@ -47,7 +47,6 @@ RATCHET_BIN = Path(sys.executable).with_name("ratchet")  # the installed entry p
 sys.path.insert(0, str(ROOT))
 
 import ratchet
-from bench.fanout import join_100
 from bench.restart import restart_to_ready
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.ids import new_id, task_id_for
@@ -314,6 +313,8 @@ async def node_figures(url: str, base: Path, synchronous: str) -> dict[str, Any]
 
 async def fanout_100_join(url: str, base: Path) -> dict[str, Any]:
     """(h) the peer benchmark's W3 (bench/fanout.py's ``join_100``) on the default setting."""
+    from bench.fanout import join_100  # bench/fanout.py imports this module's NodeProc
+
     w3 = await join_100(base, SYNCHRONOUS)
     return {"fanout_100_join_ms": w3["ms"], "fanout_100_node_cpu_ms": w3["cpu_ms"]}
 
