@@ -7,6 +7,7 @@ back (integers, floats, bytes), and a key already taken as ``sqlite3.IntegrityEr
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
@@ -18,7 +19,7 @@ from psycopg.pq import Format
 
 from ratchet.persistence.postgres.dialect import Statement, translate
 
-__all__ = ["IDLE_IN_TRANSACTION_TIMEOUT_MS", "PgConnection", "PgCursor", "connect",
+__all__ = ["IDLE_IN_TRANSACTION_TIMEOUT_MS", "RECONNECT_WINDOW_S", "PgConnection", "PgCursor", "connect",
            "configure", "connect_kwargs", "session_setup"]
 
 #: A session idle inside a transaction this long is ended by the server, its locks freed.
@@ -80,9 +81,26 @@ def session_setup(dsn: str) -> str | None:
     return f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}"
 
 
-def connect(dsn: str) -> psycopg.Connection[Any]:
-    """A sync connection in autocommit mode: transactions are the caller's BEGIN/COMMIT."""
-    conn = psycopg.connect(dsn, autocommit=True, **connect_kwargs(dsn))
+#: Seconds a (re)connection keeps trying before the error reaches the callers: a server
+#: restarting (``the database system is starting up``) is back within it, and the writes
+#: and reads queued meanwhile wait instead of failing (and crashing their tasks).
+RECONNECT_WINDOW_S = 10.0
+
+
+def connect(dsn: str, window: float = 0.0) -> psycopg.Connection[Any]:
+    """A sync connection in autocommit mode: transactions are the caller's BEGIN/COMMIT.
+    ``window``: keep trying that many seconds (backing off up to 0.5 s) before raising."""
+    deadline = time.monotonic() + window
+    delay = 0.05
+    while True:
+        try:
+            conn = psycopg.connect(dsn, autocommit=True, **connect_kwargs(dsn))
+            break
+        except psycopg.OperationalError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)  # on the writer's thread: its queue waits, not the loop
+            delay = min(0.5, delay * 2)
     setup = session_setup(dsn)
     if setup is not None:
         conn.execute(setup)

@@ -21,6 +21,7 @@ import psycopg
 from ratchet.persistence.audit_seal import AuditSeal
 from ratchet.persistence.leases import LeaseClock, sync_lease_epoch_txn
 from ratchet.persistence.postgres.connection import (
+    RECONNECT_WINDOW_S,
     PgConnection,
     configure,
     connect,
@@ -216,8 +217,18 @@ class PostgresStore(Store):
     async def _reconnect(self, lost: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
         """A new read connection in place of ``lost`` (raises if the server is unreachable:
         ``lost`` then stays in the pool, and the next read tries again)."""
-        reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                       **connect_kwargs(self.dsn))
+        deadline = time.monotonic() + RECONNECT_WINDOW_S
+        delay = 0.05
+        while True:
+            try:
+                reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                               **connect_kwargs(self.dsn))
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)  # a server restarting: back within the window
+                delay = min(0.5, delay * 2)
         configure(reader)
         self._all_readers[self._all_readers.index(lost)] = reader
         await lost.close()
