@@ -83,9 +83,6 @@ class PgServer:
         self.pg_ctl("-w", "-m", mode, "-l", str(self.pgdata / "log"), "restart")
         return time.monotonic() - t0
 
-    def postmaster_pid(self) -> int:
-        return int((self.pgdata / "postmaster.pid").read_text().split()[0])
-
     def close(self) -> None:
         if self._server is None:
             return

@@ -25,6 +25,7 @@ import structlog
 
 from ratchet.persistence.ports import KeyringStore
 from ratchet.persistence.store import Store  # nats-config reads the keyring itself
+from ratchet.persistence.store_select import open_store
 from ratchet.protocol.auth import Signer, read_key_file
 from ratchet.protocol.clock import SystemClock
 from ratchet.protocol.nats_permissions import authorization_block
@@ -101,8 +102,6 @@ async def keyring_config(state_dir: Path, store_url: str | None = None) -> str:
     already admits the node and the local CLI. ``store_url``: a ``postgresql://`` store
     (``RATCHET_STORE``), else the state dir's SQLite file."""
     if store_url:
-        from ratchet.persistence.store_select import open_store
-
         Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         store = await open_store(store_url)
     else:
