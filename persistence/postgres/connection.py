@@ -7,17 +7,34 @@ back (integers, floats, bytes), and a key already taken as ``sqlite3.IntegrityEr
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 from psycopg.adapt import Dumper, Loader
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.pq import Format
 
 from ratchet.persistence.postgres.dialect import Statement, translate
 
-__all__ = ["PgConnection", "PgCursor", "connect", "configure"]
+__all__ = ["IDLE_IN_TRANSACTION_TIMEOUT_MS", "RECONNECT_WINDOW_S", "PgConnection", "PgCursor", "connect",
+           "configure", "connect_kwargs", "session_setup"]
+
+#: A session idle inside a transaction this long is ended by the server, its locks freed.
+#: A node frozen mid-transaction (SIGSTOP, a VM paused, a partition the server does not
+#: see) holds the row locks of its lease and task rows; without this the survivors' takeover
+#: (``SELECT … FOR UPDATE`` on the same lease row) would wait for it for ever — their
+#: writer, renewals included, stalled behind it. Below the lease TTL (5 s), so a takeover
+#: finds the locks gone (docs/operations.md, "A node frozen holding row locks"). A DSN whose
+#: ``options`` sets ``idle_in_transaction_session_timeout`` keeps its own.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 2000
+
+#: libpq's TCP settings when the DSN gives none: a server gone silent (a partition, a host
+#: lost) fails the connection within ~10 s instead of TCP's ~15 min of retransmissions.
+_TCP = {"keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2",
+        "keepalives_count": "3", "tcp_user_timeout": "10000"}
 
 _INT8_OID = 20
 _NUMERIC_OID = 1700
@@ -51,9 +68,42 @@ def configure(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]) -> N
     conn.adapters.register_loader(_NUMERIC_OID, _NumericAsNumber)
 
 
-def connect(dsn: str) -> psycopg.Connection[Any]:
-    """A sync connection in autocommit mode: transactions are the caller's BEGIN/COMMIT."""
-    conn = psycopg.connect(dsn, autocommit=True)
+def connect_kwargs(dsn: str) -> dict[str, Any]:
+    """libpq parameters to add to ``dsn``: the TCP timeouts it does not set itself."""
+    given = conninfo_to_dict(dsn)
+    return {k: v for k, v in _TCP.items() if k not in given}
+
+
+def session_setup(dsn: str) -> str | None:
+    """The statement each session runs first (None: the DSN's ``options`` set it)."""
+    if "idle_in_transaction_session_timeout" in str(conninfo_to_dict(dsn).get("options", "")):
+        return None
+    return f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+
+
+#: Seconds a (re)connection keeps trying before the error reaches the callers: a server
+#: restarting (``the database system is starting up``) is back within it, and the writes
+#: and reads queued meanwhile wait instead of failing (and crashing their tasks).
+RECONNECT_WINDOW_S = 10.0
+
+
+def connect(dsn: str, window: float = 0.0) -> psycopg.Connection[Any]:
+    """A sync connection in autocommit mode: transactions are the caller's BEGIN/COMMIT.
+    ``window``: keep trying that many seconds (backing off up to 0.5 s) before raising."""
+    deadline = time.monotonic() + window
+    delay = 0.05
+    while True:
+        try:
+            conn = psycopg.connect(dsn, autocommit=True, **connect_kwargs(dsn))
+            break
+        except psycopg.OperationalError:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)  # on the writer's thread: its queue waits, not the loop
+            delay = min(0.5, delay * 2)
+    setup = session_setup(dsn)
+    if setup is not None:
+        conn.execute(setup)
     configure(conn)
     return conn
 

@@ -21,9 +21,11 @@ import psycopg
 from ratchet.persistence.audit_seal import AuditSeal
 from ratchet.persistence.leases import LeaseClock, sync_lease_epoch_txn
 from ratchet.persistence.postgres.connection import (
+    RECONNECT_WINDOW_S,
     PgConnection,
     configure,
     connect,
+    connect_kwargs,
 )
 from ratchet.persistence.postgres.dialect import pg_migrations, translate
 from ratchet.persistence.postgres.writer import PgWriter
@@ -31,7 +33,7 @@ from ratchet.persistence.records import Fence
 from ratchet.persistence.store import Store
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.error_codes import ErrorCode
-from ratchet.protocol.errors import StartRefused
+from ratchet.protocol.errors import StartRefused, StoreUnavailable
 
 __all__ = ["PgLeaseClock", "PostgresStore", "migrate_pg", "pg_schema_version"]
 
@@ -181,7 +183,8 @@ class PostgresStore(Store):
         await asyncio.to_thread(_migrate)
         self._writer.start()
         for _ in range(self.READERS):
-            reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
+            reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                           **connect_kwargs(self.dsn))
             configure(reader)
             self._all_readers.append(reader)
             self._readers.put_nowait(reader)
@@ -201,7 +204,32 @@ class PostgresStore(Store):
         stmt = translate(sql)
         reader = await self._readers.get()
         try:
+            if reader.closed or reader.broken:  # lost (a server restart, a partition)
+                reader = await self._reconnect(reader)
             cur = await reader.execute(stmt.sql, tuple(args) if args else None)
             return await cur.fetchall() if cur.description is not None else []
+        except psycopg.OperationalError as exc:  # retryable: the next read reconnects
+            raise StoreUnavailable(f"the store cannot read: {exc}",
+                                   postgres_error=str(exc)) from exc
         finally:
             self._readers.put_nowait(reader)
+
+    async def _reconnect(self, lost: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
+        """A new read connection in place of ``lost`` (raises if the server is unreachable:
+        ``lost`` then stays in the pool, and the next read tries again)."""
+        deadline = time.monotonic() + RECONNECT_WINDOW_S
+        delay = 0.05
+        while True:
+            try:
+                reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
+                                                               **connect_kwargs(self.dsn))
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)  # a server restarting: back within the window
+                delay = min(0.5, delay * 2)
+        configure(reader)
+        self._all_readers[self._all_readers.index(lost)] = reader
+        await lost.close()
+        return reader

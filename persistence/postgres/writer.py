@@ -29,7 +29,11 @@ from typing import Any, TypeVar
 import psycopg
 import structlog
 
-from ratchet.persistence.postgres.connection import PgConnection, connect
+from ratchet.persistence.postgres.connection import (
+    RECONNECT_WINDOW_S,
+    PgConnection,
+    connect,
+)
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
 from ratchet.protocol.errors import StoreUnavailable
@@ -169,7 +173,7 @@ class PgWriter:
 
     def _connection(self) -> PgConnection:
         if self._conn is None or self._conn.raw.closed:
-            self._conn = PgConnection(connect(self._dsn))
+            self._conn = PgConnection(connect(self._dsn, RECONNECT_WINDOW_S))
         return self._conn
 
     def _reset(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,9 @@ async def issue(args: argparse.Namespace) -> int:
 
 
 async def nats_config(args: argparse.Namespace) -> int:
-    print(await keyring_config(Path(args.state_dir)), end="", flush=True)
+    # The store nodes of this state dir use: RATCHET_STORE (postgresql://…), else SQLite.
+    store = getattr(args, "store", None) or os.environ.get("RATCHET_STORE") or None
+    print(await keyring_config(Path(args.state_dir), store), end="", flush=True)
     return 0
 
 

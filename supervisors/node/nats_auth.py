@@ -25,6 +25,7 @@ import structlog
 
 from ratchet.persistence.ports import KeyringStore
 from ratchet.persistence.store import Store  # nats-config reads the keyring itself
+from ratchet.persistence.store_select import open_store
 from ratchet.protocol.auth import Signer, read_key_file
 from ratchet.protocol.clock import SystemClock
 from ratchet.protocol.nats_permissions import authorization_block
@@ -94,14 +95,19 @@ class NatsAuthorization:
                 log.info("nats users reloaded from the keyring", config=str(self.path))
 
 
-async def keyring_config(state_dir: Path) -> str:
-    """``ratchet nats-config``: the authorization block of the state dir's keyring, for an
+async def keyring_config(state_dir: Path, store_url: str | None = None) -> str:
+    """``ratchet nats-config``: the authorization block of the store's keyring, for an
     external nats-server. Read from the store directly (no node or NATS needed), after the
     bootstrap a node's first start does (its key, the local admin's), so that the block
-    already admits the node and the local CLI."""
-    db_path = Path(state_dir) / "ratchet.db"
-    secure_state_dir(Path(state_dir), db_path)
-    store = await Store.open(db_path)
+    already admits the node and the local CLI. ``store_url``: a ``postgresql://`` store
+    (``RATCHET_STORE``), else the state dir's SQLite file."""
+    if store_url:
+        Path(state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
+        store = await open_store(store_url)
+    else:
+        db_path = Path(state_dir) / "ratchet.db"
+        secure_state_dir(Path(state_dir), db_path)
+        store = await Store.open(db_path)
     try:
         await bootstrap_admin(store, Path(state_dir), SystemClock(), "nats-config")
         return await render_authorization(store, ensure_key(node_key_path(state_dir)).public_key)
