@@ -19,7 +19,8 @@ FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"
 #: checked below all the same): ``ratchet demo`` loads the test components (simulators,
 #: the demo app), which a serving node must not carry; and what a start does not need is
 #: loaded at its first use — each CLI command its own module, the OpenTelemetry SDK when
-#: traces are on, the metrics port's and the console's HTTP server when asked for
+#: traces are on, an agent node's modules at the first agent node a task runs, the metrics
+#: port's and the console's HTTP server when asked for
 #: (docs/operations.md, "Restart (W4)").
 LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
         *(("supervisors/cli/__init__.py", f"ratchet.supervisors.cli.{command}")
@@ -28,7 +29,8 @@ LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
         ("supervisors/cli/serve.py", "ratchet.supervisors.node.otel"),
         ("supervisors/cli/serve.py", "ratchet.supervisors.console"),
         ("supervisors/cli/serve_health.py", "ratchet.supervisors.observability.http"),
-        ("protocol/tracing.py", "ratchet.protocol.spans")}
+        ("protocol/tracing.py", "ratchet.protocol.spans"),
+        ("actors/task/graph_runtime.py", "ratchet.actors.task.agent_node")}
 
 #: The rooms of each layer by tier, lowest first (docs/architecture.md, "Floor plan").
 ROOMS = {

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from ratchet.actors.task.agent_node import run_agent
 from ratchet.actors.task.fanout import BranchDone, JoinDone
 from ratchet.actors.task.fanout_run import Joined, Visit, apply_verdict, fanout_key, start_visit
 from ratchet.actors.task.graph_waits import (
@@ -103,7 +102,9 @@ async def _run_node(actor: TaskKernel, node: Node) -> bool:
     if isinstance(node, WaitNode):
         await wait_external(actor, node)
         return False
-    if isinstance(node, AgentNode):
+    if isinstance(node, AgentNode):  # the agent's modules: loaded by the first agent node
+        from ratchet.actors.task.agent_node import run_agent
+
         return await run_agent(actor, node)
     if isinstance(node, SleepNode):
         return await enter_sleep(actor, node)

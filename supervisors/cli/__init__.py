@@ -30,6 +30,7 @@ from ratchet.protocol.errors import (
 from ratchet.supervisors.cli.common import ExitCode, load_app
 from ratchet.supervisors.cli.output import set_output, show_error, show_usage_error
 from ratchet.supervisors.cli.parser import parser
+from ratchet.supervisors.cli.startup_gc import release as release_gc
 from ratchet.supervisors.node.log_output import configure_logging
 
 __all__ = ["ExitCode", "configure_logging", "main", "load_app"]
@@ -68,6 +69,8 @@ def _async_command(name: str) -> Command:
 
 def run(args: argparse.Namespace) -> int:
     """Run the parsed command; its exit status."""
+    if args.command != "serve":
+        release_gc()  # held by the command's entry point until a node serves
     if args.command == "graph":
         from ratchet.supervisors.cli.tasks import graph
 

@@ -24,7 +24,7 @@ from ratchet.protocol.admin_verbs import VERB_ROLES
 from ratchet.protocol.auth import ROLES
 from ratchet.supervisors.cli.common import DEFAULT_STATE_DIR, ExitCode
 from ratchet.supervisors.cli.output import OutputMode
-from ratchet.supervisors.cli.replay import export_flags, replay_flags
+from ratchet.supervisors.cli.replay_flags import export_flags, replay_flags
 from ratchet.supervisors.cli.schedule import schedule_flags
 from ratchet.supervisors.cli.serve_flags import serve_flags
 from ratchet.supervisors.cli.tasks import submit_flags, watch_flags

@@ -38,6 +38,7 @@ from ratchet.supervisors.cli.serve_health import (
     observability_for,
     until_ready,
 )
+from ratchet.supervisors.cli.startup_gc import release as release_gc
 from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.supervisors.node.log_output import log_write_failures
 from ratchet.supervisors.node.node import Node, NodeConfig
@@ -62,6 +63,13 @@ REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
 async def serve(args: argparse.Namespace) -> int:
     startup = StartupPhases()
     startup.mark("imports")
+    try:
+        return await _observed(args, startup)
+    finally:
+        release_gc()  # started, refused or interrupted: collect as usual again
+
+
+async def _observed(args: argparse.Namespace, startup: StartupPhases) -> int:
     registry = load_app(args.app)
     node = Node(node_config(args), registry, startup=startup)
     startup.mark("app")
@@ -121,6 +129,7 @@ async def _serve(node: Node, observed: Observability | None) -> int:
             return _not_ready(config.node_id, config.ready_timeout, why)
         if not stop.is_set():
             node.startup.mark("ready")
+            release_gc()
             node.startup.log(config.node_id)
             console = await _start_console(node, config)
             _register_local(node, config)
