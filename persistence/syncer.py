@@ -152,7 +152,10 @@ class WalSyncer:
         try:
             ino = os.stat(self.wal_path).st_ino
         except FileNotFoundError:
-            ino = None
+            # Deleted under us: SQLite goes on writing into the inode it holds open, so that
+            # is what to sync; what a vanished file means is file_watch.py's to decide (it
+            # rescues the data at close), not a reason to fail every commit now.
+            ino = self._ino if self._fd is not None else None
         if self._fd is None or ino != self._ino:
             if self._fd is not None:
                 os.close(self._fd)
