@@ -149,6 +149,7 @@ class WalSyncer:
         """The WAL file's descriptor, opened once (and the directory synced then: the
         file's name must survive a crash too); opened again should the file at the path
         ever be a different one."""
+        ino: int | None
         try:
             ino = os.stat(self.wal_path).st_ino
         except FileNotFoundError:
