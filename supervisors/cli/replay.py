@@ -2,8 +2,9 @@
 in process against its history (actors/replay/), and recorded tasks written to a file that
 ``replay --corpus`` reads.
 
-Both read the store's SQLite file opened read-only (``<state-dir>/ratchet.db``, or
-``--store``): neither can write to it, and neither talks to NATS. The secret key is read
+Both read the store the node uses, opened read-only (``--store``: a SQLite file or a
+``postgresql://`` URL; else ``$RATCHET_STORE``; else ``<state-dir>/ratchet.db``:
+supervisors/cli/replay_store.py): neither can write to it, and neither talks to NATS. The secret key is read
 (never created) from ``$RATCHET_SECRET_KEY`` or ``<state-dir>/keys/secrets.key``; without
 it, secrets stay sealed and a step that opens one diverges.
 """
@@ -21,8 +22,6 @@ from typing import Any
 from ratchet.actors.replay import (
     CorpusReport,
     Recording,
-    export_tasks,
-    open_read_only,
     read_recordings,
     read_task,
     replay_corpus,
@@ -32,6 +31,7 @@ from ratchet.actors.replay import (
 from ratchet.protocol.errors import UsageError
 from ratchet.protocol.secrets import Sealer
 from ratchet.supervisors.cli.common import ExitCode, emit, load_app
+from ratchet.supervisors.cli.replay_store import export_from, history_store, open_history
 from ratchet.supervisors.node.secret_key import KEY_ENV, KEY_FILE, parse_key
 
 __all__ = ["export_command", "export_flags", "parse_since", "replay_command", "replay_flags",
@@ -55,8 +55,13 @@ def replay_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--corpus", default=None, metavar="FILE|DIR|QUERY",
                     help="replay many tasks: an export file, a directory of them, or a query"
                     " of the store, e.g. workflow=expense,status=SUCCEEDED,since=1d")
-    sp.add_argument("--store", default=None, metavar="FILE",
-                    help="the SQLite file (default: <state-dir>/ratchet.db)")
+    store_flag(sp)
+
+
+def store_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--store", default=None, metavar="FILE|URL",
+                    help="the store, read-only: a SQLite file or a postgresql:// URL (default:"
+                    " $RATCHET_STORE, else <state-dir>/ratchet.db)")
 
 
 def export_flags(sp: argparse.ArgumentParser) -> None:
@@ -69,8 +74,7 @@ def export_flags(sp: argparse.ArgumentParser) -> None:
                     help="created within AGE: seconds, or 30m, 12h, 1d")
     sp.add_argument("--tenant", default=None)
     sp.add_argument("--limit", type=int, default=10_000)
-    sp.add_argument("--store", default=None, metavar="FILE",
-                    help="the SQLite file (default: <state-dir>/ratchet.db)")
+    store_flag(sp)
 
 
 def parse_since(text: str) -> float:
@@ -81,8 +85,9 @@ def parse_since(text: str) -> float:
     return time.time() - float(m.group(1)) * _UNITS[m.group(2)]
 
 
-def store_path(args: argparse.Namespace) -> Path:
-    return Path(args.store) if args.store else Path(args.state_dir) / "ratchet.db"
+def store_path(args: argparse.Namespace) -> str | Path:
+    """The store the command reads: a SQLite file or a PostgreSQL URL (replay_store.py)."""
+    return history_store(args.store, args.state_dir)
 
 
 def replay_sealer(state_dir: str | Path) -> Sealer:
@@ -97,7 +102,7 @@ def replay_sealer(state_dir: str | Path) -> Sealer:
         raise UsageError(f"the secret key cannot be read: {exc}") from None
 
 
-def corpus_recordings(corpus: str, store: Path) -> Iterator[Recording]:
+def corpus_recordings(corpus: str, store: str | Path) -> Iterator[Recording]:
     """The recordings ``--corpus`` names: an export file, a directory of them (``*.rtc``
     and any other file, in name order), or a query of the store (``key=value,...``)."""
     path = Path(corpus)
@@ -110,12 +115,9 @@ def corpus_recordings(corpus: str, store: Path) -> Iterator[Recording]:
             raise UsageError(f"--corpus: {exc}") from None
         return
     filters = _query(corpus)
-    conn = open_read_only(store)
-    try:
+    with open_history(store) as conn:
         for task_id in select_tasks(conn, **filters):
             yield read_task(conn, task_id)
-    finally:
-        conn.close()
 
 
 def _query(text: str) -> dict[str, Any]:
@@ -144,11 +146,8 @@ async def replay_command(args: argparse.Namespace) -> int:
             version=args.version, live_reads=args.live_reads, sealer=sealer)
         emit(report.to_dict())
         return ExitCode.OK if report.ok else ExitCode.FAILED
-    conn = open_read_only(store_path(args))
-    try:
+    with open_history(store_path(args)) as conn:
         recording = read_task(conn, args.task_id)
-    finally:
-        conn.close()
     one = await replay_recording(recording, registry, version=args.version, until=args.until,
                                  live_reads=args.live_reads, sealer=sealer)
     emit(one.to_dict())
@@ -156,7 +155,7 @@ async def replay_command(args: argparse.Namespace) -> int:
 
 
 async def export_command(args: argparse.Namespace) -> int:
-    count = export_tasks(store_path(args), args.out, task_ids=args.task or None,
+    count = export_from(store_path(args), args.out, task_ids=args.task or None,
                          workflow=args.workflow, status=args.status, since=args.since,
                          tenant=args.tenant, limit=args.limit)
     emit({"exported": count, "out": str(args.out), "secrets": "sealed"})
