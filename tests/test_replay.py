@@ -158,6 +158,12 @@ def _cli(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Complete
         cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
 
 
+def _export_cli(state: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(RATCHET_BIN), "--state-dir", str(state), "--output", "json", "export",
+         "--out", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+
 async def test_replay_never_writes_the_store_and_never_publishes(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,
     stub: ModelStubProcess, tmp_path: Path, nats_url: str
@@ -199,7 +205,7 @@ async def test_replay_and_export_read_a_postgresql_store_read_only(
     async def on_pg(registry: ratchet.Registry, **config: Any) -> ratchet.Node:
         return await start_node(registry, store=pg_url, **config)
 
-    task_id, model, node = await _record(on_pg, client, finance, stub)  # type: ignore[arg-type]
+    task_id, model, node = await _record(on_pg, client, finance, stub)
     await node.stop()
     app = registry(model, finance.base_url)
     report = await replay(task_id, app, state_dir=tmp_path / "node", store=pg_url)
@@ -214,10 +220,8 @@ async def test_replay_and_export_read_a_postgresql_store_read_only(
     same = _cli(tmp_path, env, task_id)
     assert same.returncode == 0, same.stderr
     out = tmp_path / "claims.rtc"
-    exported = subprocess.run(
-        [str(RATCHET_BIN), "--state-dir", str(tmp_path / "elsewhere"), "--output", "json",
-         "export", "--out", str(out), "--workflow", "replay.claim", "--store", pg_url],
-        cwd=ROOT, capture_output=True, text=True, timeout=60)
+    exported = _export_cli(tmp_path / "elsewhere", out, "--workflow", "replay.claim",
+                           "--store", pg_url)
     assert exported.returncode == 0, exported.stderr
     assert json.loads(exported.stdout.splitlines()[-1])["exported"] == 1
     assert [r.task[0] for r in read_recordings(out)] == [task_id]
