@@ -5,8 +5,9 @@ nothing to someone who can write the database file: they can edit an entry and r
 every hash after it, or delete the newest entries. Two things outside the table close
 that:
 
-- **The key**, ``<state_dir>/keys/audit.key`` (32 random bytes, hex, mode 0600, created on
-  the first start): every entry's hash is an HMAC-SHA256 under it, over the entry, its
+- **The key**, given to the node (``RATCHET_AUDIT_KEY`` or ``--audit-key-file``: what nodes
+  on several machines share), else ``<state_dir>/keys/audit.key`` (32 random bytes, hex,
+  mode 0600, created on the first start): every entry's hash is an HMAC-SHA256 under it, over the entry, its
   sequence number and the previous entry's hash. Without the key nobody can produce a
   valid entry, so an edit, a deleted middle entry or a recomputed chain shows.
 - **The head**, ``<state_dir>/audit.head`` (JSON, mode 0600, replaced atomically after every
@@ -16,8 +17,11 @@ that:
 The head only moves forward (a lock file serialises the processes of one state directory)
 and is written *after* the entry's commit: a crash in between leaves it one write behind,
 which verification accepts (entries after the head must chain and carry valid MACs), never
-ahead of the table. Several nodes on one store share its state directory, hence the key and
-the head. Nothing here is fsynced but the key: a head lost in an OS crash is an old head,
+ahead of the table. Several nodes on one machine share its state directory, hence the key and
+the head; nodes on several machines share the key (given) and each keeps its own head, which
+tolerates the entries other nodes append after it. The database holds a check value of the
+key (:meth:`AuditSeal.key_check`, persistence/audit_key.py), never the key: a node started
+with another key is refused before it writes or judges anything. Nothing here is fsynced but the key: a head lost in an OS crash is an old head,
 and an old head is tolerated the same way.
 
 What the seal cannot show: entries written after the head was last replaced and then
@@ -53,6 +57,8 @@ _KEY_BYTES = 32
 #: What the head's MAC covers before its fields: a head can never pass for an entry.
 _HEAD_TAG = "audit-head"
 _ENTRY_TAG = "audit-entry"
+#: What the key's check value is the MAC of (distinct from every entry and head).
+_CHECK_TAG = b"ratchet audit key check v1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +92,8 @@ class AuditSeal:
         #: an append reads it for every entry, and re-reading and re-MACing the file each
         #: time cost ~0.2 ms per entry. Checks of the chain always read the file itself.
         self._cached: tuple[tuple[int, int, int], HeadState] | None = None
+        #: The files :meth:`open` created (the head, the key): :meth:`discard` removes them.
+        self._made: list[Path] = []
 
     @property
     def head_path(self) -> Path:
@@ -96,14 +104,25 @@ class AuditSeal:
         return self.state_dir / "audit.head.lock"
 
     @classmethod
-    def open(cls, state_dir: Path) -> AuditSeal:
+    def open(cls, state_dir: Path, key: bytes | None = None) -> AuditSeal:
         """The state directory's seal; creates the key (and a head at the empty chain) on
         the first start. Raises ``ValueError`` for a key file that is not a key: a new key
-        would make every entry already written unverifiable, so none is made silently."""
+        would make every entry already written unverifiable, so none is made silently.
+
+        ``key``: the key given to the node (32 bytes; no key file is read or written); the
+        head is created at the empty chain if this state directory has none yet."""
         state_dir = Path(state_dir)
         key_path = state_dir / "keys" / "audit.key"
         state_dir.mkdir(parents=True, exist_ok=True)
+        if key is not None and len(key) != _KEY_BYTES:
+            raise ValueError(f"an audit key is {_KEY_BYTES} bytes, this one {len(key)}")
         with _locked(state_dir / "audit.head.lock"):
+            if key is not None:
+                seal = cls(state_dir, key, fresh=not (state_dir / "audit.head").exists())
+                if seal.fresh:
+                    seal._write_head(AuditHead(0, GENESIS, 0))
+                    seal._made = [seal.head_path]
+                return seal
             if key_path.exists():
                 return cls(state_dir, _read_key(key_path), fresh=False)
             key = secrets.token_bytes(_KEY_BYTES)
@@ -112,12 +131,29 @@ class AuditSeal:
             # start makes a new one and a new head (never a key without its head).
             seal._write_head(AuditHead(0, GENESIS, 0))
             _write_key(key_path, key)
+            seal._made = [seal.head_path, key_path]
             return seal
+
+    def discard(self) -> None:
+        """Remove the head (and key) files this process created: a start refused because
+        the store's chain is under another key leaves nothing under this one behind (a
+        head that a later start with the right key would report as forged). Files it found
+        are never removed: they are the evidence."""
+        with _locked(self._lock_path):
+            for path in self._made:
+                path.unlink(missing_ok=True)
+            self._made = []
 
     def entry_mac(self, seq: int, body: list[object]) -> str:
         """The hash of the entry ``seq`` whose fields (previous hash first) are ``body``."""
         data = canonical([_ENTRY_TAG, seq, *body])
         return KEYED_PREFIX + hmac.new(self._key, data, hashlib.sha256).hexdigest()
+
+    def key_check(self) -> str:
+        """The key's check value: a MAC of a fixed string under it. Stored in the database,
+        it tells a node started with another key from a tampered chain; it reveals nothing
+        of the key (HMAC-SHA256 is a PRF)."""
+        return KEYED_PREFIX + hmac.new(self._key, _CHECK_TAG, hashlib.sha256).hexdigest()
 
     def _head_mac(self, head: AuditHead) -> str:
         data = canonical([_HEAD_TAG, head.seq, head.hash, head.count, head.keyed_from])

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ratchet.persistence.admin_rows import AuditEntry, append_audit_txn
+from ratchet.persistence.audit_key import claim_audit_key_txn
 from ratchet.persistence.audit_seal import AuditHead, AuditSeal
 from ratchet.persistence.store_rows import _StoreParts
 from ratchet.protocol.auth import Principal
@@ -87,6 +88,19 @@ class KeyringRows(_StoreParts):
         """A random 32-byte secret shared by every node of this store (created once)."""
         value: bytes = await self._writer.submit(lambda c: _secret_txn(c, name))
         return value
+
+    async def claim_audit_key(self) -> bool:
+        """Check the audit seal's key against the store's (persistence/audit_key.py),
+        recording it on the first start; True when recorded now, False without a seal.
+
+        Raises:
+            StartRefused: AUDIT_KEY_MISMATCH, the chain is sealed under another key.
+        """
+        seal = self.audit_seal
+        if seal is None:
+            return False
+        recorded: bool = await self._writer.submit(lambda c: claim_audit_key_txn(c, seal))
+        return recorded
 
     async def use_secrets(self, sealer: Sealer) -> None:
         """Seal and open secrets with ``sealer`` from now on. The first key a store is used

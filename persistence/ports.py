@@ -344,6 +344,10 @@ class KeyringStore(Protocol):
         """A random 32-byte secret shared by every node of this store (created once)."""
         ...
 
+    async def claim_audit_key(self) -> bool:
+        """Refuse (AUDIT_KEY_MISMATCH) an audit key not the chain's; record the first."""
+        ...
+
 
 @runtime_checkable
 class StorePort(TaskStore, OutboxStore, AdminStore, LeaseStore, KeyringStore, ScheduleStore,

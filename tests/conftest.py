@@ -50,6 +50,14 @@ async def nats_url(tmp_path: Path) -> AsyncIterator[str]:
 
 NodeFactory = Callable[..., Awaitable[ratchet.Node]]
 
+#: For a test of an in-process node that reads or edits the SQLite file itself: skipped
+#: when RATCHET_TEST_STORE=postgres puts that node's store in PostgreSQL (the reason says
+#: what it checks of SQLite).
+def sqlite_only(reason: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(os.environ.get("RATCHET_TEST_STORE") == "postgres",
+                              reason=f"SQLite only: {reason}")
+
+
 
 @pytest.fixture
 async def start_node(tmp_path: Path, nats_url: str,

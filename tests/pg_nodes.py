@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,6 +57,9 @@ CREATE CONSTRAINT TRIGGER leases_changed AFTER UPDATE ON leases
 #: The cluster's secret key (docs/security-secrets.md): one for every node, as a deployment
 #: hands it to each machine (RATCHET_SECRET_KEY), not a file any node could read.
 SECRET_KEY = os.urandom(32).hex()
+#: The audit chain's key (docs/security.md, "The audit key"): the same for every node, handed
+#: to each machine the same way (RATCHET_AUDIT_KEY); the store refuses a node with another.
+AUDIT_KEY = os.urandom(32).hex()
 
 #: Events only the task's owner writes, through the fence (intake's ``task.queued`` is
 #: written by whichever node accepted the submit).
@@ -128,26 +130,14 @@ def machine(base: Path, name: str, dsn: str, nats_url: str, app: str, *,
     """A node as if on its own machine: its own state dir and log, the store by DSN."""
     return NodeProc(base / name, nats_url, app=app, log_level="warning",
                     env={"RATCHET_STORE": node_dsn(dsn, name), "RATCHET_SECRET_KEY": SECRET_KEY,
-                         **(env or {})},
+                         "RATCHET_AUDIT_KEY": AUDIT_KEY, **(env or {})},
                     args=("--node-id", name, *args), log_path=base / f"{name}.log")
 
 
-def share_audit_key(first: Path, others: list[Path]) -> None:
-    """Provision the audit chain's key (and head) of ``first``'s state dir on the others'
-    machines, as a deployment does once: the chain lives in the shared database, so every
-    node must seal and verify it under one key (persistence/audit_seal.py)."""
-    for state_dir in others:
-        (state_dir / "keys").mkdir(parents=True, exist_ok=True, mode=0o700)
-        for name in ("keys/audit.key", "audit.head"):
-            shutil.copy2(first / name, state_dir / name)
-
-
 async def start_machines(nodes: list[NodeProc]) -> None:
-    """Start the first node (it makes the audit key), provision the key on the others'
-    state dirs, then start them."""
-    await asyncio.to_thread(nodes[0].start)
-    share_audit_key(nodes[0].state_dir, [n.state_dir for n in nodes[1:]])
-    for node in nodes[1:]:
+    """Start the nodes one after the other (each has the audit key from its environment:
+    nothing is copied between their state dirs)."""
+    for node in nodes:
         await asyncio.to_thread(node.start)
 
 

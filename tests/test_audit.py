@@ -38,7 +38,7 @@ from ratchet.protocol.codec import canonical, encode
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.subjects import decision_subject, dlq_subject
 from tests.apps import three
-from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, wait_terminal
+from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, sqlite_only, wait_terminal
 from tests.graph_apps import approve
 from tests.keys import client_as
 from tests.test_admin import APPROVER, admin
@@ -333,6 +333,7 @@ async def test_decisions_handoff_resolutions_and_credential_changes_are_in_a_cha
 
 
 @pytest.mark.parametrize("name", list(TAMPERING))
+@sqlite_only("it tampers the audit rows through the SQLite file")
 async def test_tampering_is_reported_at_start_and_by_verify_audit_and_the_node_serves_on(
     start_node: NodeFactory, client: ratchet.Client, nats_url: str, tmp_path: Path, name: str
 ) -> None:

@@ -32,7 +32,7 @@ from ratchet.protocol.redaction import LIVE, redact_log_event
 from ratchet.protocol.secrets import Sealer
 from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, dlq_subject, external_subject
 from tests import secret_apps
-from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, wait_terminal
+from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, sqlite_only, wait_terminal
 from tests.secret_apps import SEEN, SignupInput
 
 REDACTED = ratchet.REDACTED.encode()
@@ -115,6 +115,7 @@ def signup_input(secret: str, customer: str = "c1") -> SignupInput:
     return SignupInput(customer=customer, api_key=ratchet.SecretStr(secret))
 
 
+@sqlite_only("it scans the SQLite file and its WAL for the secret bytes")
 async def test_a_secret_input_reaches_the_tool_in_clear_and_no_stored_or_shown_bytes(
     start_node: NodeFactory, client: ratchet.Client, tmp_path: Path, log_file: Path,
 ) -> None:

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import nats
+import psycopg
 import pytest
 
 import ratchet
 from ratchet.actors.agents.openai_model import OpenAICompatibleModel
-from ratchet.actors.replay import open_read_only, read_task, replay_recording
+from ratchet.actors.replay import read_recordings, read_task, replay_recording
+from ratchet.supervisors.cli.replay_store import open_history
 from ratchet.testing import FinanceClient, replay
 from ratchet.testing.model_stub_process import ModelStubProcess
 from tests.conftest import RATCHET_BIN, ROOT, NodeFactory, wait_terminal
@@ -58,6 +60,12 @@ async def _record(start_node: NodeFactory, client: ratchet.Client, finance: Fina
     return task_id, model, node
 
 
+def _store(node: ratchet.Node) -> str | Path:
+    """The store the node used: its PostgreSQL URL (RATCHET_TEST_STORE=postgres), else its
+    SQLite file; replay and export read either."""
+    return node.config.store or node.config.db_path
+
+
 def _digest(state_dir: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(state_dir.glob("ratchet.db*")) if p.is_file()}
@@ -67,11 +75,12 @@ async def test_a_recorded_task_replays_with_no_divergence_and_no_provider_call(
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,
     stub: ModelStubProcess, tmp_path: Path
 ) -> None:
-    task_id, model, _ = await _record(start_node, client, finance, stub)
+    task_id, model, node = await _record(start_node, client, finance, stub)
     calls, effects, asked = dict(CALLS), finance.effects(), len(stub.requests())
     assert calls["submit_claim"] == 2 and calls["lookup_claim"] == 1 and asked == 2
 
-    report = await replay(task_id, registry(model, finance.base_url), state_dir=tmp_path / "node")
+    report = await replay(task_id, registry(model, finance.base_url), state_dir=tmp_path / "node",
+                          store=_store(node))
 
     assert report.ok, json.dumps(report.to_dict()["divergences"], default=str)
     assert [(s.step, s.kind, s.outcome) for s in report.steps] == [
@@ -86,9 +95,8 @@ async def test_a_recorded_task_replays_with_no_divergence_and_no_provider_call(
     # --until stops after a checkpoint; a read with no recorded answer diverges, and goes
     # live only when asked (writes and the model are still answered by the recording).
     app = registry(model, finance.base_url)
-    conn = open_read_only(tmp_path / "node" / "ratchet.db")
-    recording = read_task(conn, task_id)
-    conn.close()
+    with open_history(_store(node)) as conn:
+        recording = read_task(conn, task_id)
     assert len((await replay_recording(recording, app, until=3)).steps) == 3
     recording.reads.clear()
     blind = await replay_recording(recording, app)
@@ -107,12 +115,13 @@ async def test_a_changed_workflow_reports_each_divergence_with_its_step_and_diff
     start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,
     stub: ModelStubProcess, tmp_path: Path
 ) -> None:
-    task_id, model, _ = await _record(start_node, client, finance, stub)
+    task_id, model, node = await _record(start_node, client, finance, stub)
     calls, asked = dict(CALLS), len(stub.requests())
     candidate = registry(model, finance.base_url, claim_workflow(model), claim_workflow(
         model, 2, factor=2.0, route="done", prompt="What is the meals limit?"))
 
-    report = await replay(task_id, candidate, state_dir=tmp_path / "node", version=2)
+    report = await replay(task_id, candidate, state_dir=tmp_path / "node", version=2,
+                          store=_store(node))
 
     assert not report.ok and report.replayed_version == 2
     found = {(d.kind, d.step): d.to_dict() for d in report.divergences}
@@ -133,9 +142,10 @@ async def test_a_changed_workflow_reports_each_divergence_with_its_step_and_diff
 
     # The command line says the same, and exits 1 (0 only when nothing diverged).
     env = {"RATCHET_TEST_STUB_URL": stub.url, "RATCHET_FINANCE_URL": finance.base_url}
-    same = _cli(tmp_path, env, task_id)
+    store = ("--store", str(_store(node)))
+    same = _cli(tmp_path, env, task_id, *store)
     assert same.returncode == 0, same.stderr
-    changed = _cli(tmp_path, env, task_id, "--version", "2")
+    changed = _cli(tmp_path, env, task_id, "--version", "2", *store)
     assert changed.returncode == 1
     answer = json.loads(changed.stdout.splitlines()[-1])
     assert answer["replay"] is True and len(answer["divergences"]) == 3
@@ -146,6 +156,12 @@ def _cli(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Complete
         [str(RATCHET_BIN), "--state-dir", str(tmp_path / "node"), "--output", "json",
          "--log-level", "warning", "replay", *args, "--app", "tests.replay_cli_app:app"],
         cwd=ROOT, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+
+
+def _export_cli(state: Path, out: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(RATCHET_BIN), "--state-dir", str(state), "--output", "json", "export",
+         "--out", str(out), *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
 
 
 async def test_replay_never_writes_the_store_and_never_publishes(
@@ -160,11 +176,11 @@ async def test_replay_never_writes_the_store_and_never_publishes(
         seen.append(msg.subject)
 
     state_dir = tmp_path / "node"
-    conn = open_read_only(state_dir / "ratchet.db")
-    with pytest.raises(sqlite3.OperationalError, match=r"readonly|read-only|query_only"):
-        conn.execute("DELETE FROM tasks")
-    recording = read_task(conn, task_id)
-    conn.close()
+    with open_history(_store(node)) as conn:
+        with pytest.raises((sqlite3.OperationalError, psycopg.errors.ReadOnlySqlTransaction),
+                           match=r"readonly|read-only|query_only"):
+            conn.execute("DELETE FROM tasks")
+        recording = read_task(conn, task_id)
     await node.stop()  # the store closed: its files stay as they are unless written
     before = _digest(state_dir)
     sub = await nc.subscribe(">", cb=heard)
@@ -173,9 +189,42 @@ async def test_replay_never_writes_the_store_and_never_publishes(
         model, 2, factor=2.0))
     for version in (1, 2):
         await replay_recording(recording, candidate, version=version)
-        await replay(task_id, candidate, state_dir=state_dir, version=version)
+        await replay(task_id, candidate, state_dir=state_dir, version=version,
+                     store=_store(node))
     await nc.flush()  # anything published before it has reached ``heard`` by now
     assert seen == [] and _digest(state_dir) == before
     await sub.unsubscribe()
     await nc.close()
 
+
+
+async def test_replay_and_export_read_a_postgresql_store_read_only(
+    start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,
+    stub: ModelStubProcess, tmp_path: Path, pg_url: str
+) -> None:
+    async def on_pg(registry: ratchet.Registry, **config: Any) -> ratchet.Node:
+        return await start_node(registry, store=pg_url, **config)
+
+    task_id, model, node = await _record(on_pg, client, finance, stub)
+    await node.stop()
+    app = registry(model, finance.base_url)
+    report = await replay(task_id, app, state_dir=tmp_path / "node", store=pg_url)
+    assert report.ok and report.answered == 6, report.to_dict()["divergences"]
+    with open_history(pg_url) as conn:
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction, match="read-only"):
+            conn.execute("DELETE FROM tasks")
+
+    # The command line finds the same store in $RATCHET_STORE, as `serve` does.
+    env = {"RATCHET_TEST_STUB_URL": stub.url, "RATCHET_FINANCE_URL": finance.base_url,
+           "RATCHET_STORE": pg_url}
+    same = _cli(tmp_path, env, task_id)
+    assert same.returncode == 0, same.stderr
+    out = tmp_path / "claims.rtc"
+    exported = _export_cli(tmp_path / "elsewhere", out, "--workflow", "replay.claim",
+                           "--store", pg_url)
+    assert exported.returncode == 0, exported.stderr
+    assert json.loads(exported.stdout.splitlines()[-1])["exported"] == 1
+    assert [r.task[0] for r in read_recordings(out)] == [task_id]
+    corpus = _cli(tmp_path, env, "--corpus", str(out))
+    assert corpus.returncode == 0, corpus.stderr
+    assert json.loads(corpus.stdout.splitlines()[-1])["tasks"] == 1

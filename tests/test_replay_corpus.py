@@ -35,7 +35,18 @@ def _ratchet(state: Path, *args: str, env: dict[str, str] | None = None
              ) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(RATCHET_BIN), "--state-dir", str(state), "--output", "json",
                            "--log-level", "warning", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, **(env or {})})
+                          text=True, timeout=120, env={**os.environ, **_STORE, **(env or {})})
+
+
+#: The store the commands read: the node's PostgreSQL database under
+#: RATCHET_TEST_STORE=postgres (as ``serve`` finds it, $RATCHET_STORE), else the state dir's.
+_STORE: dict[str, str] = {}
+
+
+def _uses_store_of(node: ratchet.Node) -> None:
+    _STORE.clear()
+    if node.config.store:
+        _STORE["RATCHET_STORE"] = node.config.store
 
 
 async def test_a_corpus_replays_against_a_candidate_and_sums_up_its_divergences(
@@ -54,6 +65,7 @@ async def test_a_corpus_replays_against_a_candidate_and_sums_up_its_divergences(
                                        key=f"c-{n}")).task_id
         assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
     await node.stop()
+    _uses_store_of(node)
     state, corpus = tmp_path / "node", tmp_path / "claims.rtc"
     exported = _ratchet(state, "export", "--out", str(corpus), "--workflow", "replay.claim",
                         "--status", "SUCCEEDED", "--since", "1d")
@@ -100,6 +112,7 @@ async def test_an_export_keeps_secrets_sealed_and_replays_with_the_stores_key(
         customer="c1", api_key=ratchet.SecretStr(secret)), key="s-1")).task_id
     assert (await wait_terminal(client, task_id))[-1].type == "task.succeeded"
     await node.stop()
+    _uses_store_of(node)
     seen = len(secret_apps.SEEN)
     state, corpus = tmp_path / "node", tmp_path / "signup.rtc"
     exported = _ratchet(state, "export", "--out", str(corpus), "--task", task_id)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
+import psycopg
 import pytest
 from pydantic import BaseModel
 
@@ -119,10 +120,20 @@ async def _moved_past(client: ratchet.Client, name: str, when: float,
     raise AssertionError(f"schedule {name} never moved past {when}")
 
 
-def _scheduled_tasks(node: ratchet.Node, name: str) -> list[str]:
+def _sql(node: ratchet.Node, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Run ``sql`` on the node's store as it is (behind its back): its SQLite file, or its
+    PostgreSQL database under RATCHET_TEST_STORE=postgres."""
+    if node.config.store:
+        with psycopg.connect(node.config.store, autocommit=True) as pg:
+            cur = pg.execute(sql.replace("?", "%s"), args)
+            return cur.fetchall() if cur.description else []
     with sqlite3.connect(node.config.db_path) as db:
-        rows = db.execute("SELECT idempotency_key FROM requests WHERE idempotency_key LIKE ?"
-                          " ORDER BY idempotency_key", (f"{name}:%",)).fetchall()
+        return db.execute(sql, args).fetchall()
+
+
+def _scheduled_tasks(node: ratchet.Node, name: str) -> list[str]:
+    rows = _sql(node, "SELECT idempotency_key FROM requests WHERE idempotency_key LIKE ?"
+                " ORDER BY idempotency_key", (f"{name}:%",))
     return [r[0] for r in rows]
 
 
@@ -153,8 +164,7 @@ async def test_a_tick_fired_again_after_a_restart_finds_its_task_and_makes_no_se
     await _moved_past(client, "once", T0 + 60)
     await node.stop()
     # As if the node had died after submitting the tick and before moving the schedule on.
-    with sqlite3.connect(node.config.db_path) as db:
-        db.execute("UPDATE schedules SET next_at = ? WHERE name = 'once'", (T0 + 60,))
+    _sql(node, "UPDATE schedules SET next_at = ? WHERE name = 'once'", (T0 + 60,))
     node = await start_node(clock=clock)
     row = await _moved_past(client, "once", T0 + 60, nudge=clock)
     assert row["last_task_id"] == _tick_task("once", T0 + 60)
@@ -262,9 +272,8 @@ async def test_a_schedules_secret_input_is_sealed_in_its_row_and_clear_to_its_ta
     created = await _create(client, "keyed-poll", workflow="keyed", every=60,
                             input={"customer": "c-1", "api_key": "sk_live_4242"})
     assert created["schedule"]["input"]["api_key"] == ratchet.REDACTED
-    with sqlite3.connect(node.config.db_path) as db:
-        [(blob,)] = db.execute("SELECT input FROM schedules").fetchall()
-    assert b"sk_live_4242" not in blob
+    [(blob,)] = _sql(node, "SELECT input FROM schedules")
+    assert b"sk_live_4242" not in bytes(blob)
     with pytest.raises(ratchet.RemoteError) as invalid:
         await _create(client, "keyed-bad", workflow="keyed", every=60, input={"customer": 1})
     assert invalid.value.wire_code == "INVALID_ARGUMENT"

@@ -59,6 +59,9 @@ class ExitCode(IntEnum):
     SCHEMA_VERSION_MISMATCH = 16
     #: ``serve --store postgresql://…`` refused to start: the database cannot be reached.
     STORE_UNREACHABLE = 17
+    #: ``serve`` refused to start: its audit key is not the one the store's audit chain is
+    #: sealed under (docs/security.md, "The audit key").
+    AUDIT_KEY_MISMATCH = 18
     #: Stopped by Ctrl-C before it was done (128 + SIGINT).
     INTERRUPTED = 130
 

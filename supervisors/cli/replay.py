@@ -2,8 +2,9 @@
 in process against its history (actors/replay/), and recorded tasks written to a file that
 ``replay --corpus`` reads.
 
-Both read the store's SQLite file opened read-only (``<state-dir>/ratchet.db``, or
-``--store``): neither can write to it, and neither talks to NATS. The secret key is read
+Both read the store the node uses, opened read-only (``--store``: a SQLite file or a
+``postgresql://`` URL; else ``$RATCHET_STORE``; else ``<state-dir>/ratchet.db``:
+supervisors/cli/replay_store.py): neither can write to it, and neither talks to NATS. The secret key is read
 (never created) from ``$RATCHET_SECRET_KEY`` or ``<state-dir>/keys/secrets.key``; without
 it, secrets stay sealed and a step that opens one diverges.
 """
@@ -19,8 +20,6 @@ from typing import Any
 from ratchet.actors.replay import (
     CorpusReport,
     Recording,
-    export_tasks,
-    open_read_only,
     read_recordings,
     read_task,
     replay_corpus,
@@ -31,6 +30,7 @@ from ratchet.protocol.errors import UsageError
 from ratchet.protocol.secrets import Sealer
 from ratchet.supervisors.cli.common import ExitCode, emit, load_app
 from ratchet.supervisors.cli.replay_flags import export_flags, parse_since, replay_flags
+from ratchet.supervisors.cli.replay_store import export_from, history_store, open_history
 from ratchet.supervisors.node.secret_key import KEY_ENV, KEY_FILE, parse_key
 
 __all__ = ["export_command", "export_flags", "parse_since", "replay_command", "replay_flags",
@@ -39,8 +39,9 @@ __all__ = ["export_command", "export_flags", "parse_since", "replay_command", "r
 _QUERY_KEYS = ("workflow", "status", "since", "tenant", "limit")
 
 
-def store_path(args: argparse.Namespace) -> Path:
-    return Path(args.store) if args.store else Path(args.state_dir) / "ratchet.db"
+def store_path(args: argparse.Namespace) -> str | Path:
+    """The store the command reads: a SQLite file or a PostgreSQL URL (replay_store.py)."""
+    return history_store(args.store, args.state_dir)
 
 
 def replay_sealer(state_dir: str | Path) -> Sealer:
@@ -55,7 +56,7 @@ def replay_sealer(state_dir: str | Path) -> Sealer:
         raise UsageError(f"the secret key cannot be read: {exc}") from None
 
 
-def corpus_recordings(corpus: str, store: Path) -> Iterator[Recording]:
+def corpus_recordings(corpus: str, store: str | Path) -> Iterator[Recording]:
     """The recordings ``--corpus`` names: an export file, a directory of them (``*.rtc``
     and any other file, in name order), or a query of the store (``key=value,...``)."""
     path = Path(corpus)
@@ -68,12 +69,9 @@ def corpus_recordings(corpus: str, store: Path) -> Iterator[Recording]:
             raise UsageError(f"--corpus: {exc}") from None
         return
     filters = _query(corpus)
-    conn = open_read_only(store)
-    try:
+    with open_history(store) as conn:
         for task_id in select_tasks(conn, **filters):
             yield read_task(conn, task_id)
-    finally:
-        conn.close()
 
 
 def _query(text: str) -> dict[str, Any]:
@@ -102,11 +100,8 @@ async def replay_command(args: argparse.Namespace) -> int:
             version=args.version, live_reads=args.live_reads, sealer=sealer)
         emit(report.to_dict())
         return ExitCode.OK if report.ok else ExitCode.FAILED
-    conn = open_read_only(store_path(args))
-    try:
+    with open_history(store_path(args)) as conn:
         recording = read_task(conn, args.task_id)
-    finally:
-        conn.close()
     one = await replay_recording(recording, registry, version=args.version, until=args.until,
                                  live_reads=args.live_reads, sealer=sealer)
     emit(one.to_dict())
@@ -114,7 +109,7 @@ async def replay_command(args: argparse.Namespace) -> int:
 
 
 async def export_command(args: argparse.Namespace) -> int:
-    count = export_tasks(store_path(args), args.out, task_ids=args.task or None,
+    count = export_from(store_path(args), args.out, task_ids=args.task or None,
                          workflow=args.workflow, status=args.status, since=args.since,
                          tenant=args.tenant, limit=args.limit)
     emit({"exported": count, "out": str(args.out), "secrets": "sealed"})

@@ -9,7 +9,7 @@ import os
 import re
 import time
 
-__all__ = ["export_flags", "parse_since", "replay_flags"]
+__all__ = ["export_flags", "parse_since", "replay_flags", "store_flag"]
 
 _SINCE = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -28,8 +28,7 @@ def replay_flags(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--corpus", default=None, metavar="FILE|DIR|QUERY",
                     help="replay many tasks: an export file, a directory of them, or a query"
                     " of the store, e.g. workflow=expense,status=SUCCEEDED,since=1d")
-    sp.add_argument("--store", default=None, metavar="FILE",
-                    help="the SQLite file (default: <state-dir>/ratchet.db)")
+    store_flag(sp)
 
 
 def export_flags(sp: argparse.ArgumentParser) -> None:
@@ -42,8 +41,13 @@ def export_flags(sp: argparse.ArgumentParser) -> None:
                     help="created within AGE: seconds, or 30m, 12h, 1d")
     sp.add_argument("--tenant", default=None)
     sp.add_argument("--limit", type=int, default=10_000)
-    sp.add_argument("--store", default=None, metavar="FILE",
-                    help="the SQLite file (default: <state-dir>/ratchet.db)")
+    store_flag(sp)
+
+
+def store_flag(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--store", default=None, metavar="FILE|URL",
+                    help="the store, read-only: a SQLite file or a postgresql:// URL (default:"
+                    " $RATCHET_STORE, else <state-dir>/ratchet.db)")
 
 
 def parse_since(text: str) -> float:

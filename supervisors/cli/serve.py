@@ -57,7 +57,8 @@ log = structlog.get_logger("ratchet.serve")
 REFUSED_START_EXIT = {code: ExitCode[code.value] for code in (
     ErrorCode.NODE_ID_IN_USE, ErrorCode.PARTITION_COUNT_MISMATCH, ErrorCode.STORE_READ_ONLY,
     ErrorCode.NATS_UNREACHABLE, ErrorCode.NATS_PORT_TAKEN,
-    ErrorCode.SCHEMA_VERSION_MISMATCH, ErrorCode.STORE_UNREACHABLE)}
+    ErrorCode.SCHEMA_VERSION_MISMATCH, ErrorCode.STORE_UNREACHABLE,
+    ErrorCode.AUDIT_KEY_MISMATCH)}
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -251,6 +252,7 @@ def node_config(args: argparse.Namespace) -> NodeConfig:
         drain_timeout=args.drain_timeout,
         synchronous=args.synchronous,
         store=store_location(args.store),
+        audit_key_file=Path(args.audit_key_file) if args.audit_key_file else None,
         partitions=args.partitions,
         retention=pairs(args.retention, float),
         lease_ttl=args.lease_ttl,

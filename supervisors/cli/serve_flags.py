@@ -83,6 +83,10 @@ def store_flags(s: argparse.ArgumentParser) -> None:
     s.add_argument("--store", default=None, metavar="URL",
                    help="the store: a postgresql:// URL (default: $RATCHET_STORE, else the"
                    " SQLite file in --state-dir)")
+    s.add_argument("--audit-key-file", default=None, metavar="FILE",
+                   help="the audit chain's key (64 hex digits or base64 of 32 bytes), the"
+                   " same on every node of the store (default: $RATCHET_AUDIT_KEY, else"
+                   " <state-dir>/keys/audit.key)")
     s.add_argument("--synchronous", default="FULL", choices=["NORMAL", "FULL"],
                    help="SQLite durability: FULL (default) syncs every commit before anything"
                    " depends on it; NORMAL does not (an OS crash may lose the last commits)")

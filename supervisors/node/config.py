@@ -43,6 +43,9 @@ class NodeConfig:
             start is refused (``StartRefused``, NATS_UNREACHABLE).
         nats_replicas: copies JetStream keeps of each of Ratchet's streams (3 on a
             three-server cluster; at most its size, else the start is a usage error).
+        audit_key_file: the audit chain's key (supervisors/node/audit_key.py), shared by
+            the nodes on several machines; ``RATCHET_AUDIT_KEY`` wins; None and no variable:
+            ``<state_dir>/keys/audit.key``.
     """
 
     state_dir: Path
@@ -54,6 +57,7 @@ class NodeConfig:
     partitions: int = DEFAULT_PARTITIONS
     synchronous: str = "FULL"
     store: str | None = None
+    audit_key_file: Path | None = None
     node_id: str = field(default_factory=_default_node_id)
     task_max_restarts: int = 3
     task_restart_period: float = 60.0

@@ -21,6 +21,7 @@ from ratchet.protocol.clock_guard import ClockGuard
 from ratchet.protocol.errors import ErrorCode, StartRefused
 from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.secrets import Sealer
+from ratchet.supervisors.node.audit_key import load_audit_key
 from ratchet.supervisors.node.config import NodeConfig
 from ratchet.supervisors.node.credentials import bootstrap_admin, secure_state_dir
 from ratchet.supervisors.node.log_output import install_log_redaction
@@ -47,20 +48,21 @@ async def open_store(cfg: NodeConfig, fence: Fence) -> StorePort:
 
     Raises:
         StartRefused: STORE_READ_ONLY, the state dir, the database or its WAL cannot be
-            written; for PostgreSQL (``cfg.store``) STORE_UNREACHABLE, SCHEMA_VERSION_MISMATCH
+            written; AUDIT_KEY_MISMATCH, the audit chain is under another key; for
+            PostgreSQL (``cfg.store``) STORE_UNREACHABLE, SCHEMA_VERSION_MISMATCH
             (persistence/postgres/store.py); either way PARTITION_COUNT_MISMATCH later, at
             the leases' start.
     """
+    key = load_audit_key(cfg.audit_key_file)  # None: the state dir's key file
     if cfg.store is not None:  # PostgreSQL: the state dir keeps the keys and the audit head
-        return await open_postgres(cfg, fence)
+        return await _claim_audit_key(await open_postgres(cfg, fence, key))
     try:
         secure_state_dir(Path(cfg.state_dir), cfg.db_path)
-        seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir))
+        seal = await asyncio.to_thread(AuditSeal.open, Path(cfg.state_dir), key)
         store = await Store.open(cfg.db_path, cfg.synchronous, writer=cfg.writer,
                                  wal_limit=int(cfg.wal_limit_mb * 1024 * 1024), fence=fence,
                                  audit_seal=seal)
         store.dead_letter_limits = cfg.dead_letters
-        return store
     except OSError as exc:
         if exc.errno not in _UNWRITABLE:
             raise
@@ -69,6 +71,25 @@ async def open_store(cfg: NodeConfig, fence: Fence) -> StorePort:
         if getattr(exc, "sqlite_errorcode", 0) & 0xFF not in _SQLITE_UNWRITABLE:
             raise
         raise _read_only(cfg, str(exc), str(cfg.db_path)) from exc
+    return await _claim_audit_key(store)
+
+
+async def _claim_audit_key(store: StorePort) -> StorePort:
+    """The store, once its audit chain is known to be under this node's key (the first
+    start records the key's check value: persistence/audit_key.py).
+
+    Raises:
+        StartRefused: AUDIT_KEY_MISMATCH (the store is closed first).
+    """
+    try:
+        await store.claim_audit_key()
+    except StartRefused:
+        await store.close()
+        seal = getattr(store, "audit_seal", None)
+        if seal is not None:  # what this start made under the refused key goes with it
+            await asyncio.to_thread(seal.discard)
+        raise
+    return store
 
 
 def _read_only(cfg: NodeConfig, reason: str, path: object) -> StartRefused:

@@ -1,6 +1,7 @@
 """A node's store on PostgreSQL (``serve --store postgresql://…``): the database holds
 the tasks; the state dir still holds what is the node's own — its keys, the audit
-chain's key and head (persistence/audit_seal.py)."""
+chain's head and (unless the key is given, as nodes on several machines need) its key
+(persistence/audit_seal.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from ratchet.supervisors.node.config import NodeConfig
 __all__ = ["open_postgres"]
 
 
-async def open_postgres(cfg: NodeConfig, fence: Fence) -> StorePort:
+async def open_postgres(cfg: NodeConfig, fence: Fence,
+                        audit_key: bytes | None = None) -> StorePort:
     """The PostgreSQL store ``cfg.store`` names, migrated, with the audit seal.
 
     Raises:
@@ -28,7 +30,8 @@ async def open_postgres(cfg: NodeConfig, fence: Fence) -> StorePort:
     state_dir = Path(cfg.state_dir)
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(state_dir, 0o700)
-    seal = await asyncio.to_thread(AuditSeal.open, state_dir)
+    # The audit key given (supervisors/node/audit_key.py), else the state dir's own file.
+    seal = await asyncio.to_thread(AuditSeal.open, state_dir, audit_key)
     store = await open_store(cfg.store, fence=fence, audit_seal=seal)
     store.dead_letter_limits = cfg.dead_letters
     return store
