@@ -66,6 +66,7 @@ from bench.faults import FAULT_KINDS, Fault, FaultBed, fault_summary
 from bench.nats_under_test import NatsUnderTest, retrying
 from bench.nodes import Cluster
 from bench.steps import NodeProc
+from ratchet.protocol.errors import ErrorCode, RemoteError
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.cli import configure_logging
@@ -402,10 +403,17 @@ class _Harness:
     def striker(self, client: ratchet.Client, finance: FinanceClient) -> Strike:
         async def strike(kind: str, task_id: str, run: int) -> Settle | None:
             if kind == "cancel_during_call":  # an operator's cancel, not a kill
+                try:
+                    await client.request_admin("cancel", {
+                        "command_id": f"chaos-cancel-{run}", "task_id": task_id,
+                        "args": {"reason": "chaos"}})
+                except RemoteError as e:
+                    if e.code != ErrorCode.ILLEGAL_TRANSITION:
+                        raise
+                    # The task finished before the cancel reached its node: it must stay so.
+                    self.faults["operator_cancel_too_late"] += 1
+                    return None
                 self.faults["operator_cancel"] += 1
-                await client.request_admin("cancel", {
-                    "command_id": f"chaos-cancel-{run}", "task_id": task_id,
-                    "args": {"reason": "chaos"}})
                 return None
             if kind not in KILL_POINTS:
                 assert self.bed is not None
