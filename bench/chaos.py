@@ -22,6 +22,13 @@ With ``--nats-cluster N`` NATS is N servers (streams with N replicas) and each k
 node comes with the SIGKILL of one NATS server, in turn (bench/nats_under_test.py).
 
     python bench/chaos.py --faults all --runs 100
+    python bench/chaos.py --store postgres --nats-cluster 3 --runs 50
+
+With ``--store postgres`` the nodes share a database of a PostgreSQL of the run's own
+(bench/pg_under_test.py) instead of the SQLite file, and every 4th would-be node kill is
+``pg_ctl restart -m immediate`` of that server (every connection dropped mid-transaction,
+crash recovery from its WAL) instead of the node kill; ``faults_by_kind`` counts what the
+runs struck (node_kill, nats_server_kill, pg_restart, operator_cancel).
 
 With ``--faults`` (``all`` or a comma-separated list of kinds) the runs take turns over the
 kinds: the four kill points above, and the faults of bench/faults.py (the clock stepped
@@ -46,9 +53,10 @@ import sqlite3
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -56,13 +64,17 @@ sys.path.insert(0, str(ROOT))
 import ratchet
 from bench.faults import FAULT_KINDS, Fault, FaultBed, fault_summary
 from bench.nats_under_test import NatsUnderTest, retrying
-from bench.nodes import Cluster, StoreView
+from bench.nodes import Cluster
 from bench.steps import NodeProc
+from ratchet.protocol.errors import ErrorCode, RemoteError
 from ratchet.protocol.ids import task_id_for
 from ratchet.protocol.subjects import partition_of
 from ratchet.supervisors.cli import configure_logging
 from ratchet.supervisors.node.credentials import admin_key_path
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
+
+if TYPE_CHECKING:  # psycopg (a dev extra) only with --store postgres
+    from bench.pg_under_test import PgUnderTest
 
 KILL_POINTS = ("before_call", "after_provider_commit", "mid_compensation", "random",
                "rerun_detour", "cancel_during_call")
@@ -76,11 +88,30 @@ Strike = Callable[[str, str, int], Awaitable[Settle | None]]
 
 
 def _node(state_dir: Path, nats_url: str, finance_url: str,
-          args: tuple[str, ...] = ()) -> NodeProc:
+          args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> NodeProc:
     return NodeProc(state_dir, nats_url, app="ratchet.testing.expense:app", log_level="error",
                     args=args,  # the node's default durability (FULL)
                     env={"RATCHET_FINANCE_URL": finance_url,
-                         "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"})
+                         "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1", **(env or {})})
+
+
+#: A run's task → (status, handoffs, writes still IN_FLIGHT or UNKNOWN), read from the store.
+Outcome = Callable[[str], tuple[str | None, int, int]]
+
+
+def _sqlite_outcome(db: Path) -> Outcome:
+    def outcome(task_id: str) -> tuple[str | None, int, int]:
+        with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
+            row = conn.execute("SELECT status FROM tasks WHERE task_id = ?",
+                               (task_id,)).fetchone()
+            handoffs = conn.execute("SELECT COUNT(*) FROM handoffs WHERE task_id = ?",
+                                    (task_id,)).fetchone()[0]
+            unsettled = conn.execute(
+                "SELECT COUNT(*) FROM actions WHERE task_id = ? AND status IN ('IN_FLIGHT',"
+                " 'UNKNOWN') AND accepted = 0 AND kind = 'write'", (task_id,)).fetchone()[0]
+        return (row[0] if row else None), handoffs, unsettled
+
+    return outcome
 
 
 class Nodes:
@@ -106,14 +137,14 @@ class Nodes:
     async def start(self) -> None:
         for slot in range(1, self.count + 1):
             self.cluster.start(f"c{slot}")
-        view = StoreView(self.cluster.db)
+        view = self.cluster.view()
         try:
             await self.cluster.balanced(view)
         finally:
             view.close()
 
     def kill_owner(self, task_id: str, run: int) -> None:
-        view = StoreView(self.cluster.db)
+        view = self.cluster.view()
         try:
             owner = view.owners().get(partition_of(task_id))
         finally:
@@ -165,7 +196,7 @@ def _draw(rng: random.Random, kinds: tuple[str, ...] | None, run: int,
 
 
 async def _one_run(run: int, rng: random.Random, strike: Strike,
-                   client: ratchet.Client, finance: FinanceClient, db: Path,
+                   client: ratchet.Client, finance: FinanceClient, outcome: Outcome,
                    kinds: tuple[str, ...] | None = None,
                    points: tuple[str, ...] = KILL_POINTS) -> dict[str, Any]:
     """One task, one fault: ``strike(kind, task_id, run)`` strikes it (a SIGKILL: a node
@@ -202,20 +233,14 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
         settle = await strike(kind, task_id, run)
     after = await settle() if settle is not None else {}
     final = events[-1].type if events else None
+    late = await _settled_late(outcome, task_id, point == "cancel_during_call")
     effects = finance.effects()
     keys = {k: effects.get(k, 0) for k in (
         f"claim:{report}:travel:submit", f"claim:{report}:hotel:submit",
         f"refund:{report}:travel", f"refund:{report}:hotel")}
     claims = [keys[f"claim:{report}:travel:submit"], keys[f"claim:{report}:hotel:submit"]]
     refunds = [keys[f"refund:{report}:travel"], keys[f"refund:{report}:hotel"]]
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as conn:
-        row = conn.execute("SELECT status FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-        handoffs = conn.execute("SELECT COUNT(*) FROM handoffs WHERE task_id = ?",
-                                (task_id,)).fetchone()[0]
-        unsettled = conn.execute(
-            "SELECT COUNT(*) FROM actions WHERE task_id = ? AND status IN ('IN_FLIGHT',"
-            " 'UNKNOWN') AND accepted = 0 AND kind = 'write'", (task_id,)).fetchone()[0]
-    status = row[0] if row else None
+    status, handoffs, unsettled = await asyncio.to_thread(outcome, task_id)
     assert task_id == task_id_for("default", report)
     missing = False
     if status == "SUCCEEDED":
@@ -233,30 +258,61 @@ async def _one_run(run: int, rng: random.Random, strike: Strike,
         "double": any(v > 1 for v in keys.values()),
         "missing": missing,
         "gap": sequences != list(range(1, len(sequences) + 1)),
+        "late": late,
     }
+
+
+#: How long a task not settled when its watch ended may still take: past the recovery
+#: sweep's interval (``serve --recovery-interval``, 30 s), which restarts a task whose
+#: actor is gone without having recorded why (e.g. it gave up while the store was down).
+LATE_SETTLE_S = 45.0
+
+
+async def _settled_late(outcome: Outcome, task_id: str, cancelled: bool) -> bool:
+    """Whether the task, not settled when its watch ended, settled within LATE_SETTLE_S
+    (counted apart: ``settled_after_watch``); a task that never does is then lost."""
+    settled = ("SUCCEEDED", "FAILED", "UNKNOWN", "WAITING_APPROVAL",
+               *(("CANCELLED",) if cancelled else ()))
+    if (await asyncio.to_thread(outcome, task_id))[0] in settled:
+        return False
+    deadline = time.monotonic() + LATE_SETTLE_S
+    while time.monotonic() < deadline:
+        await asyncio.sleep(1.0)  # poll pacing under the deadline
+        if (await asyncio.to_thread(outcome, task_id))[0] in settled:
+            return True
+    return False
 
 
 async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
                     faults: tuple[str, ...] | None = None,
                     points: tuple[str, ...] = KILL_POINTS,
-                    nats_cluster: int = 0) -> dict[str, Any]:
+                    nats_cluster: int = 0, store: str = "sqlite") -> dict[str, Any]:
     """``faults``: the kinds each run draws from (kill points and bench/faults.py's
     FAULT_KINDS; those that cannot run here are skipped), on one node; None: SIGKILLs
     only, on ``nodes`` nodes, as the harness always did. ``nats_cluster`` (> 1): NATS is
-    that many servers, one SIGKILLed with each node kill."""
+    that many servers, one SIGKILLed with each node kill. ``store`` "postgres": the nodes
+    share a PostgreSQL database, and every 4th kill restarts PostgreSQL (``-m immediate``)
+    instead of killing a node (bench/pg_under_test.py)."""
     unknown = (set(faults or ()) - set(ALL_KINDS)) | (set(points) - set(KILL_POINTS))
-    if unknown or (faults is not None and (nodes != 1 or nats_cluster > 1)):
+    if unknown or (faults is not None and (nodes != 1 or nats_cluster > 1
+                                           or store != "sqlite")):
         raise ValueError(f"unknown fault kinds {sorted(unknown)}, or faults on several nodes"
-                         " or servers")
+                         " or servers or on PostgreSQL")
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory(prefix="ratchet-chaos-") as tmp, \
             FinanceSimulatorProcess() as sim:
         base = Path(tmp)
         nats = NatsUnderTest(base, nats_cluster)
+        pg = None
+        if store == "postgres":
+            from bench.pg_under_test import PgUnderTest
+
+            pg = PgUnderTest()
+            await asyncio.to_thread(pg.start)
         url = await nats.start()
         finance = FinanceClient(sim.url)
         bed = FaultBed(base, url, sim.url) if faults is not None else None
-        harness = _Harness(base, url, sim.url, nodes, seed, bed, nats)
+        harness = _Harness(base, url, sim.url, nodes, seed, bed, nats, pg)
         results = []
         try:
             client = await harness.start()
@@ -265,10 +321,12 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
                 k for k in faults if k not in bed.skipped)
             for run in range(runs):
                 results.append(await _one_run(run, rng, strike, client, finance,
-                                              harness.db, kinds, points))
+                                              harness.outcome, kinds, points))
         finally:
             await harness.stop()
             await nats.stop()
+            if pg is not None:
+                pg.close()
     kills: dict[str, int] = {}
     for r in results:
         kills[r["point"]] = kills.get(r["point"], 0) + 1
@@ -288,10 +346,14 @@ async def run_chaos(runs: int, seed: int = 7, nodes: int = 1,
         "double_effects": sum(r["double"] for r in results),
         "missing_effects": sum(r["missing"] for r in results),
         "event_gaps": sum(r["gap"] for r in results),
+        "settled_after_watch": sum(r["late"] for r in results),
         "unsettled_actions_after_run": sum(r["unsettled"] for r in results),
         "kill_points": kills,
         **extra,
         **nats.summary(),
+        **(pg.summary() if pg is not None else {}),
+        "faults_by_kind": {**harness.faults, **(
+            {"nats_server_kill": nats.kills} if nats.cluster is not None else {})},
     }
     if bed is not None:
         summary = fault_summary(summary, results, bed.skipped)
@@ -303,8 +365,12 @@ class _Harness:
     owner) or the fault bed (every kind)."""
 
     def __init__(self, base: Path, url: str, finance_url: str, nodes: int, seed: int,
-                 bed: FaultBed | None, nats: NatsUnderTest) -> None:
-        self.bed, self.nats = bed, nats
+                 bed: FaultBed | None, nats: NatsUnderTest,
+                 pg: PgUnderTest | None = None) -> None:
+        self.bed, self.nats, self.pg = bed, nats, pg
+        #: What each strike did: node_kill, pg_restart, operator_cancel, or a fault kind.
+        self.faults: Counter[str] = Counter()
+        store_env = {"RATCHET_STORE": pg.url} if pg is not None else {}
         self.node: NodeProc | None = None
         self.cluster: Nodes | None = None
         self.client: ratchet.Client | None = None
@@ -312,16 +378,18 @@ class _Harness:
         if bed is not None:
             self.node, self.db = bed.node, bed.db
         elif nodes == 1:
-            self.node = _node(base / "node", url, finance_url, nats.node_args)
+            self.node = _node(base / "node", url, finance_url, nats.node_args, store_env)
             self.db = base / "node" / "ratchet.db"
         else:
             # Its own generator: the runs draw the same kill points as with one node.
             self.cluster = Nodes(Cluster(base, url, ("--writer", "thread", *nats.node_args),
                                          app="ratchet.testing.expense:app", log_level="error",
                                          env={"RATCHET_FINANCE_URL": finance_url,
-                                              "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"}),
+                                              "RATCHET_CHAOS_POST_CALL_PAUSE": "0.1"},
+                                         store_url=pg.url if pg is not None else None),
                                  nodes, random.Random(seed + 1))
             self.db = self.cluster.cluster.db
+        self.outcome: Outcome = pg.outcome if pg is not None else _sqlite_outcome(self.db)
 
     async def start(self) -> ratchet.Client:
         if self.node is not None:
@@ -335,15 +403,29 @@ class _Harness:
     def striker(self, client: ratchet.Client, finance: FinanceClient) -> Strike:
         async def strike(kind: str, task_id: str, run: int) -> Settle | None:
             if kind == "cancel_during_call":  # an operator's cancel, not a kill
-                await client.request_admin("cancel", {
-                    "command_id": f"chaos-cancel-{run}", "task_id": task_id,
-                    "args": {"reason": "chaos"}})
+                try:
+                    await client.request_admin("cancel", {
+                        "command_id": f"chaos-cancel-{run}", "task_id": task_id,
+                        "args": {"reason": "chaos"}})
+                except RemoteError as e:
+                    if e.code != ErrorCode.ILLEGAL_TRANSITION:
+                        raise
+                    # The task finished before the cancel reached its node: it must stay so.
+                    self.faults["operator_cancel_too_late"] += 1
+                    return None
+                self.faults["operator_cancel"] += 1
                 return None
             if kind not in KILL_POINTS:
                 assert self.bed is not None
                 fault = Fault(kind, self.bed, client, finance, run)
                 await fault.strike(task_id, run)
+                self.faults[kind] += 1
                 return fault.settle
+            if self.pg is not None and self.pg.takes_turn():
+                await self.pg.strike()  # the database crashes and recovers; no node killed
+                self.faults["pg_restart"] += 1
+                return None
+            self.faults["node_kill"] += 1
             await self.nats.strike(run)  # on a cluster: one NATS server goes too
             # A kill blocks the loop while the node restarts, as it always has.
             if self.cluster is not None:
@@ -382,18 +464,21 @@ def main() -> None:
     parser.add_argument("--points", default=",".join(KILL_POINTS), metavar="POINT,...",
                         help="the kill points runs draw from (default: all of "
                              + ", ".join(KILL_POINTS) + ")")
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite",
+                        help="postgres: the nodes share a PostgreSQL of the run's own, and"
+                             " every 4th kill restarts it (-m immediate) instead")
     args = parser.parse_args()
     faults = None if args.faults is None else ALL_KINDS if args.faults == "all" else tuple(
         args.faults.split(","))
     if faults is not None and (args.nodes != 1 or args.nats_cluster > 1
-                               or not set(faults) <= set(ALL_KINDS)):
+                               or args.store != "sqlite" or not set(faults) <= set(ALL_KINDS)):
         parser.error(f"--faults takes kinds among {', '.join(ALL_KINDS)}, on one node, one NATS")
     configure_logging("error")
     points = tuple(args.points.split(","))
     if not set(points) <= set(KILL_POINTS):
         parser.error(f"--points takes kill points among {', '.join(KILL_POINTS)}")
     print(json.dumps(asyncio.run(run_chaos(args.runs, args.seed, args.nodes, faults, points,
-                                           args.nats_cluster))))
+                                           args.nats_cluster, args.store))))
 
 
 if __name__ == "__main__":

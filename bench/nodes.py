@@ -23,6 +23,7 @@ stderr; one JSON object is the last line of stdout.
     with the default serve flags and again with ``--max-running 32`` (keys ``..._max_running_32``).
 
     python bench/nodes.py [--quick] [--only throughput,failover,tenants] [--keep DIR]
+    python bench/nodes.py --store postgres [--quick]     (bench/nodes_pg.py: its figures)
 
 The nodes serve this module's ``app``.
 """
@@ -198,6 +199,10 @@ class Cluster:
     env: dict[str, str] = field(default_factory=dict)
     log_level: str = "warning"
     nodes: dict[str, NodeProc] = field(default_factory=dict)
+    #: A PostgreSQL database the nodes share instead of the SQLite file (each node's
+    #: session named after it), and the server's postmaster (its CPU is metered).
+    store_url: str | None = None
+    pg_pid: int | None = None
 
     @property
     def db(self) -> Path:
@@ -208,10 +213,24 @@ class Cluster:
         """The store's local admin key (every node of the store shares its state dir)."""
         return admin_key_path(self.base / "store")
 
+    def view(self) -> Any:
+        """A read-only view of the store: a ``StoreView``, or on PostgreSQL a ``PgView``
+        (bench/pg_view.py: the same questions)."""
+        if self.store_url is None:
+            return StoreView(self.db)
+        from bench.pg_view import PgView  # psycopg: a dev extra, only on this path
+
+        return PgView(self.store_url)
+
     def start(self, node_id: str) -> None:
         (self.base / "logs").mkdir(parents=True, exist_ok=True)
+        env = dict(self.env)
+        if self.store_url is not None:
+            from bench.pg_view import node_dsn
+
+            env["RATCHET_STORE"] = node_dsn(self.store_url, node_id)
         node = NodeProc(self.base / "store", self.url, app=self.app, log_level=self.log_level,
-                        synchronous="NORMAL", env=self.env,
+                        synchronous="NORMAL", env=env,
                         args=("--node-id", node_id, *self.flags),
                         log_path=self.base / "logs" / f"{node_id}.log")
         node.start()
@@ -230,7 +249,7 @@ class Cluster:
         self.nodes.clear()
         return closing
 
-    async def balanced(self, view: StoreView, timeout: float = 60.0) -> float:
+    async def balanced(self, view: Any, timeout: float = 60.0) -> float:
         """Wait until every partition is held by a live node and the shares are settled.
 
         Each node aims at ceil(partitions / nodes) and only the nodes above it give any
@@ -262,15 +281,19 @@ class Cluster:
 
 
 @asynccontextmanager
-async def cluster(base: Path, count: int, flags: tuple[str, ...]) -> AsyncIterator[Cluster]:
-    """A fresh nats-server and ``count`` nodes (n1..nN), partitions shared out."""
+async def cluster(base: Path, count: int, flags: tuple[str, ...],
+                  store_url: str | None = None,
+                  pg_pid: int | None = None) -> AsyncIterator[Cluster]:
+    """A fresh nats-server and ``count`` nodes (n1..nN), partitions shared out; the store
+    is ``store_url`` (a fresh PostgreSQL database) if given, else a fresh SQLite file."""
     server = EmbeddedNats(base / "nats")
     url = await server.start()
-    c = Cluster(base, url, flags, nats_pid=int(server.pid_file.read_text()))
+    c = Cluster(base, url, flags, nats_pid=int(server.pid_file.read_text()),
+                store_url=store_url, pg_pid=pg_pid)
     try:
         for i in range(1, count + 1):
             c.start(f"n{i}")
-        view = StoreView(c.db)
+        view = c.view()
         try:
             await c.balanced(view)
         finally:
@@ -291,10 +314,12 @@ def _machine_jiffies() -> tuple[int, int]:
 @contextmanager
 def cpu_meter(c: Cluster) -> Iterator[dict[str, Any]]:
     """CPU percent (100 = one core) over the block: each node, the nats-server, this
-    process, their total, and the whole machine's (other users' processes included)."""
+    process, PostgreSQL's processes (on that store), their total, and the whole machine's
+    (other users' processes included); ``seconds``: the CPU seconds behind each."""
     pids = {nid: n.proc.pid for nid, n in c.nodes.items() if n.proc}
     before = {k: proc_cpu_seconds(pid) for k, pid in pids.items()}
     nats_before = proc_cpu_seconds(c.nats_pid) if c.nats_pid else 0.0
+    pg_before = _pg_cpu(c)
     me, machine, t0 = time.process_time(), _machine_jiffies(), time.monotonic()
     out: dict[str, Any] = {}
     yield out
@@ -303,13 +328,30 @@ def cpu_meter(c: Cluster) -> Iterator[dict[str, Any]]:
     def pct(seconds: float) -> float:
         return round(100 * seconds / wall, 1)
 
-    out["nodes"] = {k: pct(proc_cpu_seconds(pid) - before[k]) for k, pid in pids.items()}
-    out["nats"] = pct(proc_cpu_seconds(c.nats_pid) - nats_before) if c.nats_pid else 0.0
-    out["bench"] = pct(time.process_time() - me)
-    out["total"] = round(sum(out["nodes"].values()) + out["nats"] + out["bench"], 1)
+    seconds = {k: proc_cpu_seconds(pid) - before[k] for k, pid in pids.items()}
+    seconds["nats"] = proc_cpu_seconds(c.nats_pid) - nats_before if c.nats_pid else 0.0
+    seconds["bench"] = time.process_time() - me
+    out["nodes"] = {k: pct(seconds[k]) for k in pids}
+    out["nats"] = pct(seconds["nats"])
+    out["bench"] = pct(seconds["bench"])
+    if c.pg_pid is not None:
+        seconds["postgres"] = _pg_cpu(c) - pg_before
+        out["postgres"] = pct(seconds["postgres"])
+    out["total"] = round(sum(out["nodes"].values()) + out["nats"] + out["bench"]
+                         + out.get("postgres", 0.0), 1)
+    out["seconds"] = {k: round(v, 2) for k, v in seconds.items()}
+    out["wall_s"] = round(wall, 2)
     busy, total = _machine_jiffies()
     out["machine"] = round(100 * (os.cpu_count() or 1) * (busy - machine[0])
                            / max(1, total - machine[1]), 1)
+
+
+def _pg_cpu(c: Cluster) -> float:
+    if c.pg_pid is None:
+        return 0.0
+    from bench.pg_view import postgres_cpu_seconds
+
+    return postgres_cpu_seconds(c.pg_pid)
 
 
 async def _wait(cond: Callable[[], bool], timeout: float, what: str,
@@ -324,12 +366,15 @@ async def _wait(cond: Callable[[], bool], timeout: float, what: str,
 # -- (a) throughput -----------------------------------------------------------------------
 
 
-async def throughput(base: Path, nodes: int, tasks: int, writer: str) -> dict[str, Any]:
-    async with cluster(base, nodes, ("--writer", writer)) as c:
-        view = StoreView(c.db)
+async def throughput(base: Path, nodes: int, tasks: int, writer: str,
+                     store_url: str | None = None, pg_pid: int | None = None) -> dict[str, Any]:
+    """On PostgreSQL (``store_url``) the write-lock probe is a sampler of what the
+    server's backends wait on (bench/pg_view.py's ``WaitSampler``)."""
+    async with cluster(base, nodes, ("--writer", writer), store_url, pg_pid) as c:
+        view = c.view()
         client = await ratchet.Client.connect(c.url, "bench", creds=c.creds)
         try:
-            with LockProbe(c.db) as probe, cpu_meter(c) as cpu:
+            with _probe(c) as probe, cpu_meter(c) as cpu:
                 t0 = time.time()
                 futures = [await publish_submit(client, "five", f"t-{i}") for i in range(tasks)]
                 await asyncio.gather(*futures)
@@ -347,6 +392,14 @@ async def throughput(base: Path, nodes: int, tasks: int, writer: str) -> dict[st
         f"lock probe {probe.summary()}, commits {commits}, log levels {levels}")
     return {"tasks_per_s": rate, "cpu_pct": cpu, **probe.summary(), "commits": commits,
             "log_levels": levels}
+
+
+def _probe(c: Cluster) -> Any:
+    if c.store_url is None:
+        return LockProbe(c.db)
+    from bench.pg_view import WaitSampler
+
+    return WaitSampler(c.store_url)
 
 
 def scaling_note(runs: dict[int, dict[str, Any]], cores: int) -> str:
@@ -385,7 +438,7 @@ def scaling_note(runs: dict[int, dict[str, Any]], cores: int) -> str:
 # -- (b) failover -------------------------------------------------------------------------
 
 
-async def _resumed(view: StoreView, tasks: dict[str, int], killed: str, t_kill: float,
+async def _resumed(view: Any, tasks: dict[str, int], killed: str, t_kill: float,
                    timeout: float) -> dict[str, float]:
     """task id → seconds from the kill to its first step committed elsewhere, once each
     task recorded ``task.recovered`` (previous owner: ``killed``) and then a step."""
@@ -410,19 +463,20 @@ async def _resumed(view: StoreView, tasks: dict[str, int], killed: str, t_kill: 
     return resumed
 
 
-def _all_started(view: StoreView, submitted: int) -> bool:
+def _all_started(view: Any, submitted: int) -> bool:
     statuses = view.statuses("long")
     return sum(statuses.values()) == submitted and "QUEUED" not in statuses
 
 
-async def failover(base: Path, kills: int, concurrent: int, seed: int) -> dict[str, Any]:
+async def failover(base: Path, kills: int, concurrent: int, seed: int,
+                   store_url: str | None = None) -> dict[str, Any]:
     rng = random.Random(seed)
     firsts: list[float] = []
     alls: list[float] = []
     rebalance: list[float] = []
     stranded = 0
-    async with cluster(base, 3, ()) as c:
-        view = StoreView(c.db)
+    async with cluster(base, 3, (), store_url) as c:
+        view = c.view()
         client = await ratchet.Client.connect(c.url, "bench", creds=c.creds)
         submitted = 0
         try:
@@ -474,7 +528,7 @@ async def failover(base: Path, kills: int, concurrent: int, seed: int) -> dict[s
             **audit, "failover_log_levels": levels}
 
 
-def _audit(view: StoreView, task_ids: list[str]) -> dict[str, int]:
+def _audit(view: Any, task_ids: list[str]) -> dict[str, int]:
     """The finished tasks' events: gapless sequences, each step completed exactly once."""
     gaps = doubled = missing = 0
     for task_id in task_ids:
@@ -603,6 +657,10 @@ def main() -> None:
                         "figures with; keys of sets after the first get a suffix naming the "
                         "flags (write --tenant-flags=',--max-running 8')")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--store", choices=["sqlite", "postgres"], default="sqlite",
+                        help="postgres: the figures of bench/nodes_pg.py instead (one node"
+                        " against SQLite, 1-3 nodes, failover; --tasks, --kills, --concurrent"
+                        " apply)")
     parser.add_argument("--keep", type=Path, default=None,
                         help="work under this directory (kept: node logs, stores)")
     args = parser.parse_args()
@@ -611,12 +669,15 @@ def main() -> None:
         args.flood, args.b_tasks, args.b_spread, args.tenant_nodes = 500, 5, 1.0, [1]
         args.tenant_flags = args.tenant_flags.split(",")[0]
     configure_logging("warning")
+    runner = run
+    if args.store == "postgres":
+        from bench.nodes_pg import run_pg as runner
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
-        results = asyncio.run(run(args, args.keep))
+        results = asyncio.run(runner(args, args.keep))
     else:
         with tempfile.TemporaryDirectory(prefix="ratchet-nodes-") as tmp:
-            results = asyncio.run(run(args, Path(tmp)))
+            results = asyncio.run(runner(args, Path(tmp)))
     print(json.dumps(results))
 
 
