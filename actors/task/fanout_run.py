@@ -89,8 +89,11 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         if visit.policy.timeout:
             timers.append(TimerWrite(f"join:{actor.task_id}:{key}", "join_timeout",
                                      now + visit.policy.timeout, {"key": key}))
+        # Pipelined: the branches start while it syncs. Their settlements commit after it
+        # in the same WAL, so none is durable without it; an OS crash before its sync runs
+        # the fan-out again, as one before a branch settles runs that branch again.
         await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
-                           events=[(EventType.FANOUT_STARTED, visit.started)])
+                           events=[(EventType.FANOUT_STARTED, visit.started)], pipelined=True)
         rows = {b: {"status": "RUNNING"} for b in names}
     # Only a join with a timeout has a timer that may have fired.
     fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
@@ -187,6 +190,8 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
     actor.state[joined.into] = joined.value
     if joined.join != joined.node:  # a static fan-out's join is a node of its own
         actor.visits[joined.join] = actor.visits.get(joined.join, 0) + 1
+    # Pipelined: the task's next node runs while it syncs (its events leave once durable;
+    # the verdict came in process, so no ack or reply rests on it).
     await actor.move(joined.node, joined.next, [(EventType.JOIN_COMPLETED, summary)],
-                     branches=settle, cancel_timers=timers)
+                     branches=settle, cancel_timers=timers, pipelined=True)
     actor.advance()
