@@ -42,7 +42,7 @@ class OutboxRelay(ServiceActor):
     def __init__(self, bus: Bus, store: OutboxStore, clock: Clock, seal: MailSeal, *,
                  batch: int = 1000, sweep_interval: float = 5.0, publish_timeout: float = 10.0,
                  delete_interval: float = 0.2, delete_batch: int = 2000,
-                 linger: float = 0.002, max_pending: int = 20_000) -> None:
+                 linger: float = 0.0, max_pending: int = 20_000) -> None:
         self.bus = bus
         self.store = store
         self.clock = clock
@@ -104,7 +104,10 @@ class OutboxRelay(ServiceActor):
                     if self.linger:
                         # Let a few more commits arrive: one socket write and one ack wait
                         # per batch instead of per event. Loop time, not the task clock:
-                        # this batches I/O, it is not a timer of the task.
+                        # this batches I/O, it is not a timer of the task. Off by default:
+                        # rows announced in one loop iteration (a writer batch, a WAL
+                        # sync's group) are published together anyway, and a linger is
+                        # paid on every hop of a chain (a task's start mail, each event).
                         await asyncio.sleep(self.linger)
                 await self._publish_some()
 
