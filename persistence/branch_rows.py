@@ -15,9 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import msgpack
+
 from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
 from ratchet.persistence.writer import Writer
+from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.secrets import Sealer
 
 __all__ = ["BranchRows", "BranchSettlement", "BranchStore", "finish_branches_txn"]
@@ -67,13 +70,46 @@ def finish_branches_txn(conn: sqlite3.Connection, task_id: str, node: str, produ
     """Settle the RUNNING ones of ``settled`` and append their events as one side-channel
     change of the task (contiguous sequence numbers, one task-row update). ``default``:
     msgpack's hook for results (the store's sealer)."""
-    done = [s for s in settled if finish_branch_txn(conn, task_id, node, s.branch, s.status,
-                                                    s.result, s.error, now, default)]
+    if len(settled) == 1:
+        s = settled[0]
+        done = [s] if finish_branch_txn(conn, task_id, node, s.branch, s.status, s.result,
+                                        s.error, now, default) else []
+    else:
+        # Which are still RUNNING, read once; then one executemany writes them (the
+        # writer's transaction: nothing settles them in between).
+        running = _running(conn, task_id, node, [s.branch for s in settled])
+        done = []
+        for s in settled:
+            if s.branch in running:
+                running.discard(s.branch)  # a branch twice in a group settles once
+                done.append(s)
+        conn.executemany(
+            "UPDATE branches SET status = ?, result = ?, error = ?, finished_at = ?"
+            " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
+            [(s.status, None if s.result is None else msgpack.packb(
+                s.result, use_bin_type=True, default=default),
+              None if s.error is None else pack_redacted(s.error), now, task_id, node,
+              s.branch) for s in done])
     if not done:
         return [], None
     change = TaskChange(task_id=task_id, expected_version=None, producer=producer, now=now,
                         events=[s.event for s in done])
     return [s.branch for s in done], apply_change_txn(conn, change)
+
+
+#: Branch names per ``IN (...)`` query (well under SQLite's bound on parameters).
+_IN_CHUNK = 500
+
+
+def _running(conn: sqlite3.Connection, task_id: str, node: str, branches: list[str]) -> set[str]:
+    """Those of ``branches`` of the fan-out ``node`` still RUNNING."""
+    found: set[str] = set()
+    for i in range(0, len(branches), _IN_CHUNK):
+        chunk = branches[i:i + _IN_CHUNK]
+        found.update(b for (b,) in conn.execute(
+            "SELECT branch FROM branches WHERE task_id = ? AND node = ? AND status = 'RUNNING'"
+            f" AND branch IN ({','.join('?' * len(chunk))})", (task_id, node, *chunk)))
+    return found
 
 
 class BranchRows:
