@@ -50,10 +50,11 @@ class BranchStore(Protocol):
         ...
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
-                              settled: list[BranchSettlement]) -> list[str]:
+                              settled: list[BranchSettlement]) -> dict[str, Any]:
         """Settle those of ``settled`` still RUNNING, with their events, in one transaction;
-        returns the branches it settled (a branch settled before, e.g. by its timeout, is
-        left as it was and its event is not written)."""
+        returns the branches it settled, in order, each with its result as the store now
+        holds it (what :meth:`branches` reads back: None but for SUCCEEDED). A branch
+        settled before, e.g. by its timeout, is left as it was and its event not written."""
         ...
 
     async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
@@ -66,14 +67,16 @@ class BranchStore(Protocol):
 def finish_branches_txn(conn: sqlite3.Connection, task_id: str, node: str, producer: str,
                         now: float, settled: list[BranchSettlement],
                         default: Callable[[Any], Any] | None = None
-                        ) -> tuple[list[str], ChangeResult | None]:
+                        ) -> tuple[dict[str, bytes | None], ChangeResult | None]:
     """Settle the RUNNING ones of ``settled`` and append their events as one side-channel
-    change of the task (contiguous sequence numbers, one task-row update). ``default``:
-    msgpack's hook for results (the store's sealer)."""
+    change of the task (contiguous sequence numbers, one task-row update). Returns the
+    branches settled with their results' bytes as written. ``default``: msgpack's hook for
+    results (the store's sealer)."""
     if len(settled) == 1:
         s = settled[0]
         done = [s] if finish_branch_txn(conn, task_id, node, s.branch, s.status, s.result,
                                         s.error, now, default) else []
+        packed = {s.branch: _pack(s.result, default) for s in done}
     else:
         # Which are still RUNNING, read once; then one executemany writes them (the
         # writer's transaction: nothing settles them in between).
@@ -83,18 +86,22 @@ def finish_branches_txn(conn: sqlite3.Connection, task_id: str, node: str, produ
             if s.branch in running:
                 running.discard(s.branch)  # a branch twice in a group settles once
                 done.append(s)
+        packed = {s.branch: _pack(s.result, default) for s in done}
         conn.executemany(
             "UPDATE branches SET status = ?, result = ?, error = ?, finished_at = ?"
             " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
-            [(s.status, None if s.result is None else msgpack.packb(
-                s.result, use_bin_type=True, default=default),
-              None if s.error is None else pack_redacted(s.error), now, task_id, node,
-              s.branch) for s in done])
+            [(s.status, packed[s.branch], None if s.error is None else pack_redacted(s.error),
+              now, task_id, node, s.branch) for s in done])
     if not done:
-        return [], None
+        return {}, None
     change = TaskChange(task_id=task_id, expected_version=None, producer=producer, now=now,
                         events=[s.event for s in done])
-    return [s.branch for s in done], apply_change_txn(conn, change)
+    return packed, apply_change_txn(conn, change)
+
+
+def _pack(result: Any, default: Callable[[Any], Any] | None) -> bytes | None:
+    return None if result is None else msgpack.packb(result, use_bin_type=True,
+                                                     default=default)
 
 
 #: Branch names per ``IN (...)`` query (well under SQLite's bound on parameters).
@@ -126,12 +133,14 @@ class BranchRows:
         raise NotImplementedError
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
-                              settled: list[BranchSettlement]) -> list[str]:
-        def txn(conn: sqlite3.Connection) -> tuple[list[str], ChangeResult | None]:
+                              settled: list[BranchSettlement]) -> dict[str, Any]:
+        def txn(conn: sqlite3.Connection) -> tuple[dict[str, bytes | None], ChangeResult | None]:
             return finish_branches_txn(conn, task_id, node, producer, now, settled,
                                        self.secrets.default)
 
-        done, applied = await self._writer.submit(self._fenced(task_id, txn))
+        packed, applied = await self._writer.submit(self._fenced(task_id, txn))
         if applied is not None:
             self._announce(applied.outbox)
-        return done
+        # Unpacked as a read of the row would (secrets opened, msgpack's types): the join
+        # decides on these without reading the rows back.
+        return {b: self.secrets.unpack_optional(p) for b, p in packed.items()}

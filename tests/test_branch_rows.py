@@ -1,5 +1,6 @@
 """Group settlement of fan-out branches (``Store.finish_branches``) on a real store: a group
-settles each RUNNING branch once, leaves settled ones alone, and numbers its events on."""
+settles each RUNNING branch once, leaves settled ones alone, numbers its events on, and
+returns the results as a read of the rows would."""
 
 from __future__ import annotations
 
@@ -43,10 +44,10 @@ async def test_a_group_settles_each_running_branch_once_and_leaves_settled_ones_
 ) -> None:
     await _fanout(store, ["a", "b", "c", "d"])
     assert await store.finish_branches("t1", "spread#0", "test", 3.0, [
-        _done("c", status="TIMED_OUT")]) == ["c"]
+        _done("c", status="TIMED_OUT")]) == {"c": None}
     settled = await store.finish_branches("t1", "spread#0", "test", 4.0, [
-        _done("a", {"n": 1}), _done("c", {"n": 3}), _done("b", [2]), _done("a", {"n": 9})])
-    assert settled == ["a", "b"]
+        _done("a", {"n": 1}), _done("c", {"n": 3}), _done("b", (2,)), _done("a", {"n": 9})])
+    assert list(settled.items()) == [("a", {"n": 1}), ("b", [2])]  # as a read gives: (2,) -> [2]
     rows = await store.branches("t1", "spread#0")
     assert {b: r["status"] for b, r in rows.items()} == {
         "a": "SUCCEEDED", "b": "SUCCEEDED", "c": "TIMED_OUT", "d": "RUNNING"}
@@ -62,8 +63,8 @@ async def test_a_group_settles_each_running_branch_once_and_leaves_settled_ones_
 async def test_a_group_of_settled_branches_writes_nothing(store: Store) -> None:
     await _fanout(store, ["a", "b"])
     assert await store.finish_branches("t1", "spread#0", "test", 3.0,
-                                       [_done("a"), _done("b")]) == ["a", "b"]
+                                       [_done("a"), _done("b")]) == {"a": None, "b": None}
     before = await store.events("t1")
     assert await store.finish_branches("t1", "spread#0", "test", 4.0,
-                                       [_done("b"), _done("a")]) == []
+                                       [_done("b"), _done("a")]) == {}
     assert await store.events("t1") == before

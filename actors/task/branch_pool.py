@@ -88,6 +88,7 @@ class FanoutShared:
     traceparent: str | None
     sandbox: dict[str, Any] | None
     rng: random.Random
+    spent: Callable[[], None]  # called when a branch commits a spend of the task's budget
 
 
 class BranchRun:
@@ -179,6 +180,8 @@ class BranchRun:
 
     async def _side_commit(self, **kwargs: Any) -> None:
         sh = self.shared
+        if kwargs.get("spend"):
+            sh.spent()
         await sh.store.apply(TaskChange(task_id=sh.task_id, expected_version=None,
                                         producer=sh.producer, now=sh.clock.now(),
                                         **self.secrets.scrub(kwargs)))

@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -123,9 +123,11 @@ class BranchDone:
 
 @dataclass(frozen=True, slots=True)
 class BranchesDone:
-    """From the fan-out's settler, in process: these settlements are committed."""
+    """From the fan-out's settler, in process: these settlements are committed, with
+    these results (as the store holds them)."""
 
     statuses: dict[str, str]
+    results: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +181,7 @@ class JoinActor(Actor):
         self.timed_out = timer_fired
         self.statuses: dict[str, str] = {}
         self.counts: Counter[str] = Counter()  # branches per status, kept with ``statuses``
+        self.results: dict[str, Any] = {}  # of SUCCEEDED branches: read, or told with them
         self.verdict: JoinDone | None = None
         self.rows = rows
 
@@ -198,6 +201,8 @@ class JoinActor(Actor):
                 if self.statuses.get(branch) == "RUNNING":
                     self.statuses[branch] = status
                     self.counts.update({"RUNNING": -1, status: 1})
+                    if status == "SUCCEEDED" and branch in message.results:
+                        self.results[branch] = message.results[branch]
             await self._evaluate()
         elif isinstance(message, BranchDone):
             # The message is a nudge; the row is the truth. A repeat, a late or a forged
@@ -207,6 +212,8 @@ class JoinActor(Actor):
                 if row is not None and row["status"] != "RUNNING":
                     self.statuses[message.branch] = row["status"]
                     self.counts.update({"RUNNING": -1, row["status"]: 1})
+                    if row["status"] == "SUCCEEDED":
+                        self.results[message.branch] = row.get("result")
             await self._evaluate()
         elif isinstance(message, JoinTimeout):
             # Decide on the store's view, not on notifications still in flight: a branch
@@ -232,19 +239,23 @@ class JoinActor(Actor):
     def _adopt(self, rows: dict[str, dict[str, Any]]) -> None:
         self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
         self.counts = Counter(self.statuses.values())
+        self.results = {b: r.get("result") for b, r in rows.items()
+                        if r.get("status") == "SUCCEEDED"}
 
     async def _evaluate(self, rows: dict[str, dict[str, Any]] | None = None) -> None:
-        """Decide once; ``rows``: the branch rows just read, if any. Else, when the counts
-        say the policy may decide, the rows are read here and the decision is taken on
-        them: what the join was told is checked against the store once, not per branch."""
+        """Decide once; ``rows``: the branch rows just read, if any. The counts say first
+        whether the policy may decide (no run over every branch while it waits: a wide
+        map); the decision then takes the statuses and results the join holds — read from
+        the store, or told by the settler with what it committed — and reads the rows
+        only when it holds a SUCCEEDED branch without its result."""
         if self.verdict is not None or not may_decide(self.policy, self.counts, self.timed_out):
-            return  # the counts say it waits: no need to run over every branch (a wide map)
-        if rows is None:
-            rows = await self.store.branches(self.task_id, self.key)
-            self._adopt(rows)
+            return
+        if rows is None and any(s == "SUCCEEDED" and b not in self.results
+                                for b, s in self.statuses.items()):
+            self._adopt(await self.store.branches(self.task_id, self.key))
         verdict = decide(self.policy, self.statuses, self.timed_out)
         if verdict is None:
             return
-        results = {b: r.get("result") for b, r in rows.items() if r["status"] == "SUCCEEDED"}
+        results = {b: self.results.get(b) for b, s in self.statuses.items() if s == "SUCCEEDED"}
         self.verdict = JoinDone(self.key, self.node, verdict, results)
         self.tell_task(self.task_id, self.verdict)

@@ -10,11 +10,13 @@ their results land; ``actors/task/graph_runtime.py`` and ``map_runtime.py`` say 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool, BranchRun, FanoutShared
+from ratchet.actors.task.branch_settle import Notify
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchesDone,
@@ -35,6 +37,12 @@ from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.redaction import secret_values
 
 __all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
+
+
+#: Per task actor, the fan-out visits it started itself whose branches have committed no
+#: spend of the task's budget (so far): their verdict need not read the task's spend back.
+#: A visit resumed after a restart is never in it (the branches may have spent before).
+_unspent: weakref.WeakKeyDictionary[TaskKernel, set[str]] = weakref.WeakKeyDictionary()
 
 
 def fanout_key(actor: TaskKernel, node: str) -> str:
@@ -95,6 +103,7 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
                            events=[(EventType.FANOUT_STARTED, visit.started)], pipelined=True)
         rows = {b: {"status": "RUNNING"} for b in names}
+        _unspent.setdefault(actor, set()).add(key)
     # Only a join with a timeout has a timer that may have fired.
     fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
         f"join:{actor.task_id}:{key}")
@@ -133,7 +142,8 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
         max_concurrency=limit, notify=join_notifier(actor, key),
         # The fan-out's span, if tracing: the branches' calls are its children (the pool
         # is started by the task's supervisor, in a context of its own).
-        traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng)
+        traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng,
+        spent=lambda: _unspent.get(actor, set()).discard(key))
 
     def make(branch: str) -> BranchRun:
         # A branch whose timer the fan-out's start armed does not arm it again.
@@ -152,16 +162,16 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
     return factory
 
 
-def join_notifier(actor: TaskKernel, key: str) -> Callable[[dict[str, str]], None]:
+def join_notifier(actor: TaskKernel, key: str) -> Notify:
     """Tells the fan-out ``key``'s live join which branches were settled (committed), by
     name: a join restarted meanwhile recounts from the store, so a notification that finds
     no join loses nothing."""
     children, task_id, join = actor.deps.children, actor.task_id, f"join:{key}"
 
-    def notify(statuses: dict[str, str]) -> None:
+    def notify(statuses: dict[str, str], results: dict[str, Any]) -> None:
         ref = children.lookup_child(task_id, join)
         if ref is not None:
-            ref.tell(BranchesDone(statuses))
+            ref.tell(BranchesDone(statuses, results))
 
     return notify
 
@@ -186,7 +196,11 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
         await fail_with_saga(actor, RatchetError(f"join {joined.join} failed: {v.reason}"),
                              "join failed")
         return
-    actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches spent too
+    unspent = _unspent.get(actor, set())
+    if done.key in unspent:
+        unspent.discard(done.key)  # its branches spent nothing: the actor's figure holds
+    else:
+        actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches' too
     actor.state[joined.into] = joined.value
     if joined.join != joined.node:  # a static fan-out's join is a node of its own
         actor.visits[joined.join] = actor.visits.get(joined.join, 0) + 1

@@ -160,7 +160,7 @@ async def on_timer(actor: TaskKernel, env: Envelope) -> str:
                                       error={"type": "Timeout", "message": "branch timeout"})
         if await actor.deps.store.finish_branches(actor.task_id, key, actor.deps.producer,
                                                   actor.deps.clock.now(), [timed_out]):
-            join_notifier(actor, key)({branch: "TIMED_OUT"})
+            join_notifier(actor, key)({branch: "TIMED_OUT"}, {branch: None})
             pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
             if pool is not None:
                 pool.tell(StopBranch(branch))  # settled as timed out: its run is moot
