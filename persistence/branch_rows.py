@@ -10,6 +10,8 @@ and one update of the task row for the group, the branch rows and events written
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +21,7 @@ import msgpack
 
 from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
-from ratchet.persistence.writer import Writer
+from ratchet.persistence.writer import LoopWriter, Writer
 from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.secrets import Sealer
 
@@ -50,11 +52,14 @@ class BranchStore(Protocol):
         ...
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
-                              settled: list[BranchSettlement]) -> dict[str, Any]:
+                              settled: list[BranchSettlement], *,
+                              pipelined: bool = False) -> dict[str, Any]:
         """Settle those of ``settled`` still RUNNING, with their events, in one transaction;
         returns the branches it settled, in order, each with its result as the store now
         holds it (what :meth:`branches` reads back: None but for SUCCEEDED). A branch
-        settled before, e.g. by its timeout, is left as it was and its event not written."""
+        settled before, e.g. by its timeout, is left as it was and its event not written.
+        ``pipelined``: return at the commit, before it is durable (its events leave once
+        it is: as a task change's ``pipelined``)."""
         ...
 
     async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
@@ -119,10 +124,17 @@ def _running(conn: sqlite3.Connection, task_id: str, node: str, branches: list[s
     return found
 
 
+def _announce_durable(announce: Callable[[list[OutboxRow]], None], rows: list[OutboxRow],
+                      durable: asyncio.Future[None]) -> None:
+    if not durable.cancelled() and durable.exception() is None:
+        announce(rows)  # else never durable: never published
+
+
 class BranchRows:
     """:meth:`finish_branches` of the Store (what it uses of the Store is declared here)."""
 
     _writer: Writer
+    _syncing: LoopWriter | None  # the writer, when its commits may be pipelined
     secrets: Sealer
 
     def _announce(self, rows: list[OutboxRow]) -> None:
@@ -133,14 +145,24 @@ class BranchRows:
         raise NotImplementedError
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
-                              settled: list[BranchSettlement]) -> dict[str, Any]:
+                              settled: list[BranchSettlement], *,
+                              pipelined: bool = False) -> dict[str, Any]:
         def txn(conn: sqlite3.Connection) -> tuple[dict[str, bytes | None], ChangeResult | None]:
             return finish_branches_txn(conn, task_id, node, producer, now, settled,
                                        self.secrets.default)
 
-        packed, applied = await self._writer.submit(self._fenced(task_id, txn))
-        if applied is not None:
+        durable: asyncio.Future[None] | None = None
+        if pipelined and self._syncing is not None:
+            (packed, applied), durable = await self._syncing.submit_pipelined(
+                self._fenced(task_id, txn))
+        else:
+            packed, applied = await self._writer.submit(self._fenced(task_id, txn))
+        if applied is not None and durable is None:
             self._announce(applied.outbox)
+        elif applied is not None and applied.outbox:
+            assert durable is not None
+            durable.add_done_callback(functools.partial(_announce_durable, self._announce,
+                                                        applied.outbox))
         # Unpacked as a read of the row would (secrets opened, msgpack's types): the join
         # decides on these without reading the rows back.
         return {b: self.secrets.unpack_optional(p) for b, p in packed.items()}

@@ -14,6 +14,9 @@ from ratchet.persistence import NewTask, Store, TaskChange
 from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.store_select import open_store
+from ratchet.persistence.txns import OutboxRow
+from ratchet.persistence.writer import LoopWriter
+from tests.test_durability import SyncGate
 
 
 @pytest.fixture(params=["NORMAL", "FULL", "postgres"])
@@ -68,3 +71,33 @@ async def test_a_group_of_settled_branches_writes_nothing(store: Store) -> None:
     assert await store.finish_branches("t1", "spread#0", "test", 4.0,
                                        [_done("b"), _done("a")]) == {}
     assert await store.events("t1") == before
+
+
+async def test_a_pipelined_group_returns_at_its_commit_and_its_events_leave_once_durable(
+    tmp_path: Path,
+) -> None:
+    gate = SyncGate()
+    gate.open()  # the task and its fan-out go through
+    store = Store(tmp_path / "s.db")  # FULL
+    store._writer = store._syncing = LoopWriter(store.path, "FULL", sync=gate)
+    await store._open()
+    announced: list[OutboxRow] = []
+    store.add_outbox_listener(announced.extend)
+    try:
+        await _fanout(store, ["a", "b"])
+        await gate.wait_entered()
+        gate.gate.clear()
+        gate.entered.clear()
+        announced.clear()
+        settled = await store.finish_branches("t1", "spread#0", "test", 3.0,
+                                              [_done("a", 1), _done("b", 2)], pipelined=True)
+        assert settled == {"a": 1, "b": 2}  # at the commit: the sync has not returned
+        await gate.wait_entered()
+        assert announced == []  # not on disk yet: not published
+        gate.open()
+        await store._syncing.synced()
+        assert [r.subject.rsplit(".", 2)[-2:] for r in announced] == [
+            ["branch", "completed"], ["branch", "completed"]]
+    finally:
+        gate.open()
+        await store.close()

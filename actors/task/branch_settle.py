@@ -7,9 +7,15 @@ iteration, and those that end while the previous group commits, share one task-r
 and one writer slot instead of a whole task change each. Once the group is committed the
 settler tells the join which branches it settled, with their results as stored
 (``notify``): the join runs in this process, under the same task supervisor, so no mail is
-needed for it, nor a read of the rows back. The settlement
-is recorded before anyone is told (what a crash loses is a notification, never a result):
-a join that (re)starts, or is nudged by the recovery sweeper, reads the branch rows.
+needed for it, nor a read of the rows back. The settlement is committed before anyone is
+told (what a crash of the process loses is a notification, never a result): a join that
+(re)starts, or is nudged by the recovery sweeper, reads the branch rows.
+
+The group's commit is *pipelined* (``synchronous=FULL``: the branches and the join go on
+at the commit, while the WAL syncs): what the join decides on it is committed after it in
+the same WAL, so the verdict is never durable without the settlements, and their events
+leave only once they are durable. An OS crash before the sync loses both; the fan-out then
+runs those branches again, as after a crash before they settled.
 
 The flush runs in a task of the settler's own, not in a branch's actor: a branch stopped
 while its settlement commits (its join decided) neither cancels the others' commit nor
@@ -61,7 +67,7 @@ class Settler:
                 try:
                     done = await self.store.finish_branches(
                         self.task_id, self.key, self.producer, self.clock.now(),
-                        [s for s, _ in group])
+                        [s for s, _ in group], pipelined=True)
                 except BaseException as exc:  # each branch crashes with it and runs again
                     for _, fut in group:
                         if not fut.done():
