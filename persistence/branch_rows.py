@@ -10,14 +10,19 @@ and one update of the task row for the group, the branch rows and events written
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import msgpack
+
 from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
-from ratchet.persistence.writer import Writer
+from ratchet.persistence.writer import LoopWriter, Writer
+from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.secrets import Sealer
 
 __all__ = ["BranchRows", "BranchSettlement", "BranchStore", "finish_branches_txn"]
@@ -47,10 +52,14 @@ class BranchStore(Protocol):
         ...
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
-                              settled: list[BranchSettlement]) -> list[str]:
+                              settled: list[BranchSettlement], *,
+                              pipelined: bool = False) -> dict[str, Any]:
         """Settle those of ``settled`` still RUNNING, with their events, in one transaction;
-        returns the branches it settled (a branch settled before, e.g. by its timeout, is
-        left as it was and its event is not written)."""
+        returns the branches it settled, in order, each with its result as the store now
+        holds it (what :meth:`branches` reads back: None but for SUCCEEDED). A branch
+        settled before, e.g. by its timeout, is left as it was and its event not written.
+        ``pipelined``: return at the commit, before it is durable (its events leave once
+        it is: as a task change's ``pipelined``)."""
         ...
 
     async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
@@ -63,23 +72,69 @@ class BranchStore(Protocol):
 def finish_branches_txn(conn: sqlite3.Connection, task_id: str, node: str, producer: str,
                         now: float, settled: list[BranchSettlement],
                         default: Callable[[Any], Any] | None = None
-                        ) -> tuple[list[str], ChangeResult | None]:
+                        ) -> tuple[dict[str, bytes | None], ChangeResult | None]:
     """Settle the RUNNING ones of ``settled`` and append their events as one side-channel
-    change of the task (contiguous sequence numbers, one task-row update). ``default``:
-    msgpack's hook for results (the store's sealer)."""
-    done = [s for s in settled if finish_branch_txn(conn, task_id, node, s.branch, s.status,
-                                                    s.result, s.error, now, default)]
+    change of the task (contiguous sequence numbers, one task-row update). Returns the
+    branches settled with their results' bytes as written. ``default``: msgpack's hook for
+    results (the store's sealer)."""
+    if len(settled) == 1:
+        s = settled[0]
+        done = [s] if finish_branch_txn(conn, task_id, node, s.branch, s.status, s.result,
+                                        s.error, now, default) else []
+        packed = {s.branch: _pack(s.result, default) for s in done}
+    else:
+        # Which are still RUNNING, read once; then one executemany writes them (the
+        # writer's transaction: nothing settles them in between).
+        running = _running(conn, task_id, node, [s.branch for s in settled])
+        done = []
+        for s in settled:
+            if s.branch in running:
+                running.discard(s.branch)  # a branch twice in a group settles once
+                done.append(s)
+        packed = {s.branch: _pack(s.result, default) for s in done}
+        conn.executemany(
+            "UPDATE branches SET status = ?, result = ?, error = ?, finished_at = ?"
+            " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
+            [(s.status, packed[s.branch], None if s.error is None else pack_redacted(s.error),
+              now, task_id, node, s.branch) for s in done])
     if not done:
-        return [], None
+        return {}, None
     change = TaskChange(task_id=task_id, expected_version=None, producer=producer, now=now,
                         events=[s.event for s in done])
-    return [s.branch for s in done], apply_change_txn(conn, change)
+    return packed, apply_change_txn(conn, change)
+
+
+def _pack(result: Any, default: Callable[[Any], Any] | None) -> bytes | None:
+    return None if result is None else msgpack.packb(result, use_bin_type=True,
+                                                     default=default)
+
+
+#: Branch names per ``IN (...)`` query (well under SQLite's bound on parameters).
+_IN_CHUNK = 500
+
+
+def _running(conn: sqlite3.Connection, task_id: str, node: str, branches: list[str]) -> set[str]:
+    """Those of ``branches`` of the fan-out ``node`` still RUNNING."""
+    found: set[str] = set()
+    for i in range(0, len(branches), _IN_CHUNK):
+        chunk = branches[i:i + _IN_CHUNK]
+        found.update(b for (b,) in conn.execute(
+            "SELECT branch FROM branches WHERE task_id = ? AND node = ? AND status = 'RUNNING'"
+            f" AND branch IN ({','.join('?' * len(chunk))})", (task_id, node, *chunk)))
+    return found
+
+
+def _announce_durable(announce: Callable[[list[OutboxRow]], None], rows: list[OutboxRow],
+                      durable: asyncio.Future[None]) -> None:
+    if not durable.cancelled() and durable.exception() is None:
+        announce(rows)  # else never durable: never published
 
 
 class BranchRows:
     """:meth:`finish_branches` of the Store (what it uses of the Store is declared here)."""
 
     _writer: Writer
+    _syncing: LoopWriter | None  # the writer, when its commits may be pipelined
     secrets: Sealer
 
     def _announce(self, rows: list[OutboxRow]) -> None:
@@ -90,12 +145,24 @@ class BranchRows:
         raise NotImplementedError
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
-                              settled: list[BranchSettlement]) -> list[str]:
-        def txn(conn: sqlite3.Connection) -> tuple[list[str], ChangeResult | None]:
+                              settled: list[BranchSettlement], *,
+                              pipelined: bool = False) -> dict[str, Any]:
+        def txn(conn: sqlite3.Connection) -> tuple[dict[str, bytes | None], ChangeResult | None]:
             return finish_branches_txn(conn, task_id, node, producer, now, settled,
                                        self.secrets.default)
 
-        done, applied = await self._writer.submit(self._fenced(task_id, txn))
-        if applied is not None:
+        durable: asyncio.Future[None] | None = None
+        if pipelined and self._syncing is not None:
+            (packed, applied), durable = await self._syncing.submit_pipelined(
+                self._fenced(task_id, txn))
+        else:
+            packed, applied = await self._writer.submit(self._fenced(task_id, txn))
+        if applied is not None and durable is None:
             self._announce(applied.outbox)
-        return done
+        elif applied is not None and applied.outbox:
+            assert durable is not None
+            durable.add_done_callback(functools.partial(_announce_durable, self._announce,
+                                                        applied.outbox))
+        # Unpacked as a read of the row would (secrets opened, msgpack's types): the join
+        # decides on these without reading the rows back.
+        return {b: self.secrets.unpack_optional(p) for b, p in packed.items()}

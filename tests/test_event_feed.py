@@ -29,8 +29,18 @@ async def _publish(bus: Bus, n: int, size: int) -> None:
     await asyncio.gather(*acks)
 
 
+async def _next(feed: EventFeed, buffered: bool) -> int:
+    """The next message's stream sequence, read as ``Client.watch`` reads (``buffered``:
+    what has arrived without a timer, then a bounded wait) or by ``next`` alone."""
+    msg = await feed.buffered() if buffered else None
+    if msg is None:
+        msg = await asyncio.wait_for(feed.next(), 10)
+    return int(msg.metadata.sequence.stream)
+
+
+@pytest.mark.parametrize("buffered", [False, True], ids=["next", "buffered-first"])
 async def test_a_long_history_is_read_in_order_and_the_flow_control_answered(
-        bus: Bus, nats_url: str) -> None:
+        bus: Bus, nats_url: str, buffered: bool) -> None:
     await _publish(bus, 3000, 8000)  # 24 MB: more than the server sends unanswered
     answers = 0
 
@@ -42,8 +52,7 @@ async def test_a_long_history_is_read_in_order_and_the_flow_control_answered(
     nc = await nats.connect(nats_url)
     feed = EventFeed(nc, "ratchet.events.acme.tsk_a.>")
     try:
-        seen = [(await asyncio.wait_for(feed.next(), 10)).metadata.sequence.stream
-                for _ in range(3000)]
+        seen = [await _next(feed, buffered) for _ in range(3000)]
         assert seen == list(range(1, 3001))
         await nc.flush()
         await bus.nc.flush()

@@ -5,10 +5,17 @@ A branch that finishes hands its settlement (row, result, event) to its fan-out'
 in one store transaction (``finish_branches``): the branches that end in the same loop
 iteration, and those that end while the previous group commits, share one task-row update
 and one writer slot instead of a whole task change each. Once the group is committed the
-settler tells the join which branches it settled (``notify``): the join runs in this
-process, under the same task supervisor, so no mail is needed for it. The settlement
-is recorded before anyone is told (what a crash loses is a notification, never a result):
-a join that (re)starts, or is nudged by the recovery sweeper, reads the branch rows.
+settler tells the join which branches it settled, with their results as stored
+(``notify``): the join runs in this process, under the same task supervisor, so no mail is
+needed for it, nor a read of the rows back. The settlement is committed before anyone is
+told (what a crash of the process loses is a notification, never a result): a join that
+(re)starts, or is nudged by the recovery sweeper, reads the branch rows.
+
+The group's commit is *pipelined* (``synchronous=FULL``: the branches and the join go on
+at the commit, while the WAL syncs): what the join decides on it is committed after it in
+the same WAL, so the verdict is never durable without the settlements, and their events
+leave only once they are durable. An OS crash before the sync loses both; the fan-out then
+runs those branches again, as after a crash before they settled.
 
 The flush runs in a task of the settler's own, not in a branch's actor: a branch stopped
 while its settlement commits (its join decided) neither cancels the others' commit nor
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.ports import TaskStore
@@ -26,8 +34,9 @@ from ratchet.protocol.clock import Clock
 
 __all__ = ["Notify", "Settler", "settle_branch"]
 
-#: Tells a fan-out's join which branches were just settled, and how (branch -> status).
-Notify = Callable[[dict[str, str]], None]
+#: Tells a fan-out's join which branches were just settled, and how (branch -> status), with
+#: their results as the store holds them (branch -> result; None but for SUCCEEDED).
+Notify = Callable[[dict[str, str], dict[str, Any]], None]
 
 
 class Settler:
@@ -56,9 +65,9 @@ class Settler:
             while self.pending:
                 group, self.pending = self.pending, []
                 try:
-                    done = set(await self.store.finish_branches(
+                    done = await self.store.finish_branches(
                         self.task_id, self.key, self.producer, self.clock.now(),
-                        [s for s, _ in group]))
+                        [s for s, _ in group], pipelined=True)
                 except BaseException as exc:  # each branch crashes with it and runs again
                     for _, fut in group:
                         if not fut.done():
@@ -68,7 +77,8 @@ class Settler:
                     continue
                 self.groups += 1
                 if done:
-                    self.notify({s.branch: s.status for s, _ in group if s.branch in done})
+                    self.notify({s.branch: s.status for s, _ in group if s.branch in done},
+                                done)
                 for s, fut in group:
                     if not fut.done():
                         fut.set_result(s.branch in done)

@@ -1,12 +1,13 @@
-"""Fan-out / fan-in: branch actors run the branches; a join actor applies the policy.
+"""Fan-out / fan-in: a pool runs the branches; a join actor applies the policy.
 
 A branch is a small graph (steps, choices, routes) with its own state. It is the unit of
 recovery: its result is committed once, when it finishes, with its event; a branch
-interrupted by a crash runs again from its start, a finished one never does. Branch commits
-are side-channel changes (no compare-and-set on the task), so branches never conflict with
-each other; the branches of a fan-out that finish together are settled in one transaction
-(``actors/task/branch_settle.py``), which then tells the join, in process, which branches
-it settled.
+interrupted by a crash runs again from its start, a finished one never does. The branches
+of a fan-out visit run as tasks of one actor (``actors/task/branch_pool.py``), which
+supervises them. Branch commits are side-channel changes (no compare-and-set on the task),
+so branches never conflict with each other; the branches of a fan-out that finish together
+are settled in one transaction (``actors/task/branch_settle.py``), which then tells the
+join, in process, which branches it settled.
 
 The join keeps its completion set in the store (the ``branches`` rows): on (re)start it
 recounts them; then it counts what the settler tells it (committed settlements) and, once
@@ -16,53 +17,35 @@ nudge: the join reads that branch's row before it counts it. Repeats and out-of-
 notifications change nothing a set does not already hold.
 
 At most ``max_concurrency`` branches of one fan-out run their body at once (the node's
-``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): every branch actor is started,
-and waits in its ``run`` message for a slot of its fan-out's :func:`branch_slot`. A waiting
-branch holds no slot, so stopping or killing it (the join decided, the task was cancelled)
-is as prompt as for a running one. A branch's time budget counts from when it gets its slot.
+``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): every branch's task is started,
+and waits for a slot of its fan-out's :func:`branch_slot`. A waiting branch holds no slot,
+so stopping it (the join decided, the task was cancelled) is as prompt as for a running
+one. A branch's time budget counts from when it gets its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
-import traceback
 from collections import Counter
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
 from ratchet.actors.core.actor import Actor
-from ratchet.actors.effects.actions import CallEnv, TaskSuspended
-from ratchet.actors.effects.sandbox import runner_for
-from ratchet.actors.effects.switches import Switches
-from ratchet.actors.task.branch_settle import Notify, settle_branch
-from ratchet.actors.task.heartbeat import StepHeartbeat
-from ratchet.actors.task.task_secrets import TaskSecrets
 from ratchet.actors.workflow.join_policy import JoinVerdict, decide, may_decide
 from ratchet.actors.workflow.nodes import (
-    END,
-    BranchGraph,
-    ChoiceNode,
     JoinPolicy,
-    RouteNode,
-    StepContext,
-    StepNode,
 )
 from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
-from ratchet.persistence.txns import TaskChange
-from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
-from ratchet.protocol.clock import Clock
-from ratchet.protocol.redaction import redact, secret_values
 
-__all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchActor", "BranchDone", "BranchesDone", "JoinActor",
-           "JoinDone", "JoinTimeout", "ResendVerdict", "branch_settlement", "branch_slot",
-           "branch_timer", "branch_timer_id"]
+__all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchDone", "BranchesDone", "JoinActor", "JoinDone",
+           "JoinTimeout", "ResendVerdict", "branch_settlement", "branch_slot", "branch_timer",
+           "branch_timer_id"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -140,9 +123,11 @@ class BranchDone:
 
 @dataclass(frozen=True, slots=True)
 class BranchesDone:
-    """From the fan-out's settler, in process: these settlements are committed."""
+    """From the fan-out's settler, in process: these settlements are committed, with
+    these results (as the store holds them)."""
 
     statuses: dict[str, str]
+    results: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,120 +167,6 @@ def branch_settlement(node: str, branch: str, status: str, payload: dict[str, An
                             (_EVENT_OF[status], {"node": node, "branch": branch, **payload}))
 
 
-class BranchActor(Actor):
-    """Runs one branch once it has a slot, and commits its result (with its fan-out's other
-    branches that finish together: ``branch_settle.py``), which tells the join.
-
-    Args:
-        max_concurrency: slots of its fan-out (every branch of the fan-out passes the same).
-        arm_timeout: the branch's time budget, armed as its durable timer when it gets its
-            slot; None when it has none, or when the fan-out's start armed it already.
-        notify: tells the fan-out's join which branches were settled (by name: the join
-            may have been restarted meanwhile).
-    """
-
-    def __init__(self, *, task_id: str, tenant: str, key: str, node: str, branch: str,
-                 graph: BranchGraph, task_input: dict[str, Any], state: dict[str, Any],
-                 store: TaskStore, clock: Clock, producer: str, session: Any,
-                 switches: Switches | None = None,
-                 max_concurrency: int = DEFAULT_BRANCH_CONCURRENCY,
-                 arm_timeout: float | None = None, notify: Notify = lambda _: None,
-                 traceparent: str | None = None, sandbox: dict[str, Any] | None = None,
-                 rng: random.Random | None = None,
-                 input_secrets: set[str] | None = None) -> None:
-        self.task_id, self.tenant, self.key, self.node = task_id, tenant, key, node
-        self.traceparent = traceparent  # the fan-out's span (protocol/tracing.py)
-        self.branch, self.graph, self.input = branch, graph, {**task_input, "branch": branch}
-        self.state = state
-        self.store, self.clock, self.producer, self.session = store, clock, producer, session
-        self.switches = switches
-        self.max_concurrency, self.arm_timeout = max_concurrency, arm_timeout
-        self.notify = notify
-        self.sandbox = sandbox  # its task's sandbox marks: its calls answered as the task's
-        # Its task's secrets: what its commits show is cut free of them, as the task's is.
-        # (``input_secrets``: those of ``task_input``, found once for every branch.)
-        self.secrets = TaskSecrets(task_id)
-        self.secrets.note(secret_values(task_input) if input_secrets is None else input_secrets)
-        self.rng = rng or random.Random()  # retries' jitter (the node's, shared)
-
-    async def on_start(self) -> None:
-        tracing.enter_task(self.traceparent)  # its calls' spans: children of the fan-out's
-        self.ref.tell("run")
-
-    async def receive(self, message: Any) -> Any:
-        if message != "run":
-            return await super().receive(message)
-        status, result, error = "SUCCEEDED", None, None
-        # Runs in this actor's task; a stop while waiting for the slot kills the wait.
-        async with branch_slot(self.task_id, self.key, self.max_concurrency):
-            if self.arm_timeout is not None:
-                # Its budget starts now, not when the fan-out started. A raise is a crash:
-                # the supervisor restarts the branch, which arms the timer again.
-                await self._side_commit(timers=[branch_timer(
-                    self.task_id, self.key, self.node, self.branch,
-                    self.clock.now() + self.arm_timeout)])
-            try:
-                result = await self._run()
-            except TaskSuspended as signal:  # a branch cannot park the task: it fails instead
-                status, error = "FAILED", {"type": type(signal).__name__, "message": str(signal)}
-            except Exception as exc:
-                status = "FAILED"
-                error = {"type": type(exc).__name__, "message": str(exc)[:2000],
-                         "trace": "".join(traceback.format_exception(exc))[-2000:]}
-        payload: dict[str, Any] = {"key": self.key}
-        if error is not None:
-            error = redact(error, self.secrets.values)
-            payload["error"] = {k: v for k, v in error.items() if k != "trace"}
-        await settle_branch(self.store, self.clock, self.task_id, self.key, self.producer,
-                            self.notify, branch_settlement(self.node, self.branch, status,
-                                                           payload, result, error))
-        self.ref.stop()
-        return None
-
-    async def _run(self) -> Any:
-        current, visits = self.graph.start, dict[str, int]()
-        runner = runner_for(CallEnv(
-            task_id=self.task_id, tenant=self.tenant, step_index=0, store=self.store,
-            clock=self.clock, commit=self._side_commit, session=self.session, deadline=None,
-            rng=self.rng, switches=self.switches, note_secrets=self.secrets.note),
-            self.sandbox)
-        while current != END:
-            node = self.graph.node(current)
-            visits[current] = visits.get(current, 0) + 1
-            if node.max_visits is not None and visits[current] > node.max_visits:
-                raise RuntimeError(f"branch node {current} entered more than {node.max_visits} times")
-            if isinstance(node, StepNode):
-                ctx = StepContext(task_id=self.task_id, tenant=self.tenant,
-                                  workflow=self.graph.name, step_name=node.name, step_index=0,
-                                  attempt=1, input=self.input, state=self.state, clock=self.clock,
-                                  log=log.bind(task_id=self.task_id, branch=self.branch),
-                                  runner=runner, branch=self.branch,
-                                  beat=StepHeartbeat(self.store, self.clock, self.task_id,
-                                                     self.branch, self.producer))
-                if node.timeout is not None:
-                    update = await asyncio.wait_for(node.fn(ctx), node.timeout)
-                else:
-                    update = await node.fn(ctx)
-                if update:
-                    self.state.update(update)
-                current = node.next
-            elif isinstance(node, ChoiceNode):
-                target = node.guard(self.state)
-                if target not in node.targets:
-                    raise RuntimeError(f"guard of {node.name} chose undeclared target {target!r}")
-                current = target
-            elif isinstance(node, RouteNode):
-                current = node.table.get(node.key(self.state), node.default or END)
-            else:  # validation keeps other kinds out of branches
-                raise RuntimeError(f"{node.kind} node {node.name} cannot run in a branch")
-        return self.state.get("output", self.state)
-
-    async def _side_commit(self, **kwargs: Any) -> None:
-        await self.store.apply(TaskChange(task_id=self.task_id, expected_version=None,
-                                          producer=self.producer, now=self.clock.now(),
-                                          **self.secrets.scrub(kwargs)))
-
-
 class JoinActor(Actor):
     """Keeps a fan-out's completion set and tells the task when the policy has decided."""
 
@@ -310,6 +181,7 @@ class JoinActor(Actor):
         self.timed_out = timer_fired
         self.statuses: dict[str, str] = {}
         self.counts: Counter[str] = Counter()  # branches per status, kept with ``statuses``
+        self.results: dict[str, Any] = {}  # of SUCCEEDED branches: read, or told with them
         self.verdict: JoinDone | None = None
         self.rows = rows
 
@@ -329,6 +201,8 @@ class JoinActor(Actor):
                 if self.statuses.get(branch) == "RUNNING":
                     self.statuses[branch] = status
                     self.counts.update({"RUNNING": -1, status: 1})
+                    if status == "SUCCEEDED" and branch in message.results:
+                        self.results[branch] = message.results[branch]
             await self._evaluate()
         elif isinstance(message, BranchDone):
             # The message is a nudge; the row is the truth. A repeat, a late or a forged
@@ -338,6 +212,8 @@ class JoinActor(Actor):
                 if row is not None and row["status"] != "RUNNING":
                     self.statuses[message.branch] = row["status"]
                     self.counts.update({"RUNNING": -1, row["status"]: 1})
+                    if row["status"] == "SUCCEEDED":
+                        self.results[message.branch] = row.get("result")
             await self._evaluate()
         elif isinstance(message, JoinTimeout):
             # Decide on the store's view, not on notifications still in flight: a branch
@@ -363,19 +239,23 @@ class JoinActor(Actor):
     def _adopt(self, rows: dict[str, dict[str, Any]]) -> None:
         self.statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in self.branches}
         self.counts = Counter(self.statuses.values())
+        self.results = {b: r.get("result") for b, r in rows.items()
+                        if r.get("status") == "SUCCEEDED"}
 
     async def _evaluate(self, rows: dict[str, dict[str, Any]] | None = None) -> None:
-        """Decide once; ``rows``: the branch rows just read, if any. Else, when the counts
-        say the policy may decide, the rows are read here and the decision is taken on
-        them: what the join was told is checked against the store once, not per branch."""
+        """Decide once; ``rows``: the branch rows just read, if any. The counts say first
+        whether the policy may decide (no run over every branch while it waits: a wide
+        map); the decision then takes the statuses and results the join holds — read from
+        the store, or told by the settler with what it committed — and reads the rows
+        only when it holds a SUCCEEDED branch without its result."""
         if self.verdict is not None or not may_decide(self.policy, self.counts, self.timed_out):
-            return  # the counts say it waits: no need to run over every branch (a wide map)
-        if rows is None:
-            rows = await self.store.branches(self.task_id, self.key)
-            self._adopt(rows)
+            return
+        if rows is None and any(s == "SUCCEEDED" and b not in self.results
+                                for b, s in self.statuses.items()):
+            self._adopt(await self.store.branches(self.task_id, self.key))
         verdict = decide(self.policy, self.statuses, self.timed_out)
         if verdict is None:
             return
-        results = {b: r.get("result") for b, r in rows.items() if r["status"] == "SUCCEEDED"}
+        results = {b: self.results.get(b) for b, s in self.statuses.items() if s == "SUCCEEDED"}
         self.verdict = JoinDone(self.key, self.node, verdict, results)
         self.tell_task(self.task_id, self.verdict)

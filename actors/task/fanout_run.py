@@ -1,21 +1,24 @@
 """One visit of a fan-out, static (``wf.fanout``) or over a list (``wf.map``): starting its
-branch rows, timers, join and branch actors, and applying the join's verdict.
+branch rows, timers, join and branch pool, and applying the join's verdict.
 
 Behaviours of the task (:class:`actors.task.kernel.TaskKernel`), run in the task actor's
 own asyncio task. The node kinds differ only in where the branches come from and where
 their results land; ``actors/task/graph_runtime.py`` and ``map_runtime.py`` say that in a
-:class:`Visit` and a :class:`Joined`. The branch and join actors are ``fanout.py``'s.
+:class:`Visit` and a :class:`Joined`. The join is ``fanout.py``'s, the branches' pool
+``branch_pool.py``'s.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool, BranchRun, FanoutShared
+from ratchet.actors.task.branch_settle import Notify
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
-    BranchActor,
     BranchesDone,
     JoinActor,
     JoinDone,
@@ -34,6 +37,12 @@ from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.redaction import secret_values
 
 __all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
+
+
+#: Per task actor, the fan-out visits it started itself whose branches have committed no
+#: spend of the task's budget (so far): their verdict need not read the task's spend back.
+#: A visit resumed after a restart is never in it (the branches may have spent before).
+_unspent: weakref.WeakKeyDictionary[TaskKernel, set[str]] = weakref.WeakKeyDictionary()
 
 
 def fanout_key(actor: TaskKernel, node: str) -> str:
@@ -88,9 +97,13 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         if visit.policy.timeout:
             timers.append(TimerWrite(f"join:{actor.task_id}:{key}", "join_timeout",
                                      now + visit.policy.timeout, {"key": key}))
+        # Pipelined: the branches start while it syncs. Their settlements commit after it
+        # in the same WAL, so none is durable without it; an OS crash before its sync runs
+        # the fan-out again, as one before a branch settles runs that branch again.
         await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
-                           events=[(EventType.FANOUT_STARTED, visit.started)])
+                           events=[(EventType.FANOUT_STARTED, visit.started)], pipelined=True)
         rows = {b: {"status": "RUNNING"} for b in names}
+        _unspent.setdefault(actor, set()).add(key)
     # Only a join with a timeout has a timer that may have fired.
     fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
         f"join:{actor.task_id}:{key}")
@@ -100,63 +113,65 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired,
         # The rows just read or written, for its first start; a restarted join reads them.
         rows=None if restarts else known), 5.0)]
-    branch_of = _branch_factories(actor, visit, limit)
-    for b in names:
-        if rows.get(b, {}).get("status", "RUNNING") != "RUNNING":
-            continue  # finished before a crash: never run again
-        # A branch the join no longer needs is interrupted, not waited for.
-        arm = None if b in armed else visit.branch_timeout
-        specs.append((f"branch:{key}:{b}",
-                      branch_of(b, arm), 0.01))
+    # Finished before a crash: never run again.
+    running = [b for b in names if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"]
+    if running:
+        specs.append((f"branches:{key}", _pool_factory(actor, visit, limit, running, armed),
+                      STOP_WAIT + 1.0))
     refs = await actor.deps.children.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
 
 
-def _branch_factories(actor: TaskKernel, visit: Visit, limit: int
-                      ) -> Callable[[str, float | None], Callable[[int], BranchActor]]:
-    """``(branch, arm_timeout) -> factory`` of the visit's branch actors. What the branches
-    share is found once for the visit (a copy of the input per branch was a measurable
-    share of a one-step branch)."""
+def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str],
+                  armed: set[str]) -> Callable[[int], BranchPool]:
+    """The factory of the visit's branch pool (``restarts`` > 0: a pool started again reads
+    which branches still run). What the branches share is found once for the visit (a copy
+    of the input per branch was a measurable share of a one-step branch)."""
     assert actor.record is not None
-    tenant, task_input, sandbox = actor.record.tenant, dict(actor.record.input), actor.record.sandbox
-    # The fan-out's span, if tracing: the branch's calls are its children (the branch's
-    # actor is started by the task's supervisor, in a context of its own).
-    traceparent = tracing.current_traceparent()
-    notify = join_notifier(actor, visit.key)
-    input_secrets = secret_values(task_input)
-    deps, task_id = actor.deps, actor.task_id
+    tenant, task_input = actor.record.tenant, dict(actor.record.input)
+    deps, task_id, key = actor.deps, actor.task_id, visit.key
 
     async def session(name: str) -> Any:
         return await deps.children.session(task_id, tenant, name)
 
-    def factory(branch: str, arm_timeout: float | None) -> Callable[[int], BranchActor]:
-        initial = visit.inputs[branch]
+    shared = FanoutShared(
+        task_id=task_id, tenant=tenant, key=key, node=visit.node, task_input=task_input,
+        input_secrets=secret_values(task_input), store=deps.store, clock=deps.clock,
+        producer=deps.producer, session=session, switches=deps.switches,
+        max_concurrency=limit, notify=join_notifier(actor, key),
+        # The fan-out's span, if tracing: the branches' calls are its children (the pool
+        # is started by the task's supervisor, in a context of its own).
+        traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng,
+        spent=lambda: _unspent.get(actor, set()).discard(key))
 
-        def make(_: int) -> BranchActor:
-            return BranchActor(
-                task_id=task_id, tenant=tenant, key=visit.key, node=visit.node, branch=branch,
-                graph=visit.graph_of(branch), task_input=task_input, state=dict(initial),
-                store=deps.store, clock=deps.clock, producer=deps.producer, session=session,
-                switches=deps.switches, max_concurrency=limit, arm_timeout=arm_timeout,
-                notify=notify, traceparent=traceparent, sandbox=sandbox, rng=deps.rng,
-                input_secrets=input_secrets)
+    def make(branch: str) -> BranchRun:
+        # A branch whose timer the fan-out's start armed does not arm it again.
+        arm = None if branch in armed else visit.branch_timeout
+        return BranchRun(shared, branch, visit.graph_of(branch),
+                         dict(visit.inputs[branch]), arm)
 
-        return make
+    async def still_running() -> set[str]:
+        rows = await deps.store.branches(task_id, key)
+        return {b for b in running if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"}
+
+    def factory(restarts: int) -> BranchPool:
+        return BranchPool(branches=running, make=make, clock=deps.clock, rng=deps.rng,
+                          running=still_running if restarts else None)
 
     return factory
 
 
-def join_notifier(actor: TaskKernel, key: str) -> Callable[[dict[str, str]], None]:
+def join_notifier(actor: TaskKernel, key: str) -> Notify:
     """Tells the fan-out ``key``'s live join which branches were settled (committed), by
     name: a join restarted meanwhile recounts from the store, so a notification that finds
     no join loses nothing."""
     children, task_id, join = actor.deps.children, actor.task_id, f"join:{key}"
 
-    def notify(statuses: dict[str, str]) -> None:
+    def notify(statuses: dict[str, str], results: dict[str, Any]) -> None:
         ref = children.lookup_child(task_id, join)
         if ref is not None:
-            ref.tell(BranchesDone(statuses))
+            ref.tell(BranchesDone(statuses, results))
 
     return notify
 
@@ -172,8 +187,8 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
     timers.append(f"join:{actor.task_id}:{done.key}")
     settle = BranchWrites(done.key, settle={b: "CANCELLED" for b in v.unfinished})
     if joined.branches:
-        await actor.deps.children.stop_children(actor.task_id, [f"join:{done.key}"] + [
-            f"branch:{done.key}:{b}" for b in joined.branches])
+        await actor.deps.children.stop_children(
+            actor.task_id, [f"join:{done.key}", f"branches:{done.key}"])
     actor.joins.pop(done.key, None)
     if not v.ok:
         await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
@@ -181,10 +196,16 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
         await fail_with_saga(actor, RatchetError(f"join {joined.join} failed: {v.reason}"),
                              "join failed")
         return
-    actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches spent too
+    unspent = _unspent.get(actor, set())
+    if done.key in unspent:
+        unspent.discard(done.key)  # its branches spent nothing: the actor's figure holds
+    else:
+        actor.spent = (await actor.deps.store.load_task(actor.task_id)).spent  # branches' too
     actor.state[joined.into] = joined.value
     if joined.join != joined.node:  # a static fan-out's join is a node of its own
         actor.visits[joined.join] = actor.visits.get(joined.join, 0) + 1
+    # Pipelined: the task's next node runs while it syncs (its events leave once durable;
+    # the verdict came in process, so no ack or reply rests on it).
     await actor.move(joined.node, joined.next, [(EventType.JOIN_COMPLETED, summary)],
-                     branches=settle, cancel_timers=timers)
+                     branches=settle, cancel_timers=timers, pipelined=True)
     actor.advance()

@@ -9,6 +9,7 @@ own asyncio task; ``actors/task/graph_runtime.py`` starts these nodes and re-exp
 
 from __future__ import annotations
 
+from ratchet.actors.task.branch_pool import StopBranch
 from ratchet.actors.task.decision_audit import APPROVAL, decision_entry
 from ratchet.actors.task.fanout import JoinTimeout, branch_settlement
 from ratchet.actors.task.fanout_run import join_notifier
@@ -159,8 +160,10 @@ async def on_timer(actor: TaskKernel, env: Envelope) -> str:
                                       error={"type": "Timeout", "message": "branch timeout"})
         if await actor.deps.store.finish_branches(actor.task_id, key, actor.deps.producer,
                                                   actor.deps.clock.now(), [timed_out]):
-            join_notifier(actor, key)({branch: "TIMED_OUT"})
-            await actor.deps.children.stop_children(actor.task_id, [f"branch:{key}:{branch}"])
+            join_notifier(actor, key)({branch: "TIMED_OUT"}, {branch: None})
+            pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
+            if pool is not None:
+                pool.tell(StopBranch(branch))  # settled as timed out: its run is moot
         return "processed"
     if kind == "join_timeout":
         join = actor.joins.get(str(payload["key"]))

@@ -351,8 +351,10 @@ class Client:
             while True:
                 wait = idle_timeout if known else missing_after
                 try:
-                    msg = await asyncio.wait_for(feed.next(), wait) if wait \
-                        else await feed.next()
+                    msg = await feed.buffered()  # arrived already: no timer to bound it
+                    if msg is None:
+                        msg = await asyncio.wait_for(feed.next(), wait) if wait \
+                            else await feed.next()
                 except TimeoutError:
                     if known:
                         raise

@@ -28,6 +28,7 @@ from nats.errors import MaxPayloadError
 
 from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.transport.bus import STREAM_GONE, Bus
+from ratchet.actors.transport.js_acks import JsAcks
 from ratchet.persistence.ports import OutboxStore
 from ratchet.persistence.txns import OutboxRow
 from ratchet.protocol.clock import Clock
@@ -42,7 +43,7 @@ class OutboxRelay(ServiceActor):
     def __init__(self, bus: Bus, store: OutboxStore, clock: Clock, seal: MailSeal, *,
                  batch: int = 1000, sweep_interval: float = 5.0, publish_timeout: float = 10.0,
                  delete_interval: float = 0.2, delete_batch: int = 2000,
-                 linger: float = 0.002, max_pending: int = 20_000) -> None:
+                 linger: float = 0.0, max_pending: int = 20_000) -> None:
         self.bus = bus
         self.store = store
         self.clock = clock
@@ -63,6 +64,13 @@ class OutboxRelay(ServiceActor):
         self._idle = asyncio.Event()
         self.published = 0
         self._next_sweep = 0.0
+        self._publisher: JsAcks | None = None
+
+    def _acks(self) -> JsAcks:
+        """The publisher of the bus's current connection (actors/transport/js_acks.py)."""
+        if self._publisher is None or self._publisher.nc is not self.bus.nc:
+            self._publisher = JsAcks(self.bus.nc)
+        return self._publisher
 
     def _on_rows(self, rows: list[OutboxRow]) -> None:
         if self._overflow:
@@ -104,7 +112,10 @@ class OutboxRelay(ServiceActor):
                     if self.linger:
                         # Let a few more commits arrive: one socket write and one ack wait
                         # per batch instead of per event. Loop time, not the task clock:
-                        # this batches I/O, it is not a timer of the task.
+                        # this batches I/O, it is not a timer of the task. Off by default:
+                        # rows announced in one loop iteration (a writer batch, a WAL
+                        # sync's group) are published together anyway, and a linger is
+                        # paid on every hop of a chain (a task's start mail, each event).
                         await asyncio.sleep(self.linger)
                 await self._publish_some()
 
@@ -145,8 +156,8 @@ class OutboxRelay(ServiceActor):
                 if is_sealed_subject(row.subject):
                     headers.update(self.seal.headers(row.subject, row.payload))
                 try:
-                    futures.append(await self.bus.js.publish_async(row.subject, row.payload,
-                                                                   headers=headers))
+                    futures.append(await self._acks().publish(row.subject, row.payload,
+                                                              headers=headers))
                 except MaxPayloadError:
                     # This row can never be published: drop it from the batch (the store
                     # keeps events whole) instead of stalling every task behind it.
