@@ -47,7 +47,7 @@ async def node_figures(prefix: str, base: Path, url: str, env: dict[str, str],
         client = await ratchet.Client.connect(url, "bench", creds=node.creds)
         try:
             seq = await sequential(client, runs=2 if quick else 5)
-            conc = await concurrent(client, n=300 if quick else 1000)
+            conc = await concurrent(client, n=300 if quick else 1000, rounds=1)
         finally:
             await client.close()
     finally:

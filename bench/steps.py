@@ -1,9 +1,15 @@
 """Durable-step figures of one node. Prints one JSON object as its last line.
 
 (a) sequential_steps_per_s: one task of 1,000 trivial durable steps (task.started →
-    task.succeeded, timestamps recorded by the node);
-(b) concurrent_tasks_per_s, concurrent_p50_s, concurrent_p99_s: 1,000 tasks x 5 steps
-    published at once over NATS, submit → task.succeeded as seen by a subscriber;
+    task.succeeded, timestamps recorded by the node), median of 5 runs;
+    sequential_node_cpu_us_per_step: the node process's CPU (user + system, /proc) over
+    those runs / their steps — the figure that moves least with the machine's load;
+(b) concurrent_tasks_per_s, concurrent_p50_s, concurrent_p99_s: the peer harness's W2 —
+    200 tasks x 5 steps published at once over NATS, submit → task.succeeded as seen by a
+    subscriber; the median of 5 such rounds (concurrent_node_cpu_us_per_task: the node's
+    CPU per task over them). concurrent_1000_tasks_per_s, concurrent_1000_p50_s,
+    concurrent_1000_p99_s: one round of 1,000 such tasks at once (what (b) measured before
+    the W2 shape: its p99 is close to the whole round by construction);
 (c) peak_rss_mb: the node process's VmHWM after (a) and (b); then the node's closing
     figures: commit_* (group-commit batches) and, with FULL, sync_* / batches_per_sync
     (the WAL syncs: persistence/syncer.py);
@@ -165,9 +171,11 @@ async def _until_terminal(client: ratchet.Client, task_id: str) -> list[ratchet.
     return [e async for e in client.watch(task_id, idle_timeout=120)]
 
 
-async def sequential(client: ratchet.Client, runs: int = 5) -> dict[str, Any]:
+async def sequential(client: ratchet.Client, node: NodeProc | None = None,
+                     runs: int = 5) -> dict[str, Any]:
     """Median of ``runs`` one-task runs (one run is ~0.3 s, so single runs are noisy)."""
     rates, walls = [], []
+    cpu0 = node.cpu_seconds() if node else 0.0
     for _ in range(runs):
         t0 = time.perf_counter()
         task_id = (await client.submit("seq1000", {}, key=f"seq-{time.time_ns()}")).task_id
@@ -176,12 +184,30 @@ async def sequential(client: ratchet.Client, runs: int = 5) -> dict[str, Any]:
         started = next(e for e in events if e.type == "task.started").occurred_at
         assert events[-1].type == "task.succeeded", events[-1]
         rates.append(1000 / (events[-1].occurred_at - started))
-    return {"sequential_steps_per_s": round(statistics.median(rates), 1),
-            "sequential_steps_per_s_min": round(min(rates), 1),
-            "sequential_wall_s": round(statistics.median(walls), 3)}
+    figures = {"sequential_steps_per_s": round(statistics.median(rates), 1),
+               "sequential_steps_per_s_min": round(min(rates), 1),
+               "sequential_wall_s": round(statistics.median(walls), 3)}
+    if node:
+        cpu = node.cpu_seconds() - cpu0
+        figures["sequential_node_cpu_us_per_step"] = round(cpu / (runs * 1000) * 1e6, 1)
+    return figures
 
 
-async def concurrent(client: ratchet.Client, n: int = 1000) -> dict[str, Any]:
+async def concurrent(client: ratchet.Client, node: NodeProc | None = None, n: int = 200,
+                     rounds: int = 5, prefix: str = "concurrent") -> dict[str, Any]:
+    """``rounds`` rounds of ``n`` five-step tasks submitted at once; medians of the rounds'
+    figures, under ``prefix``_*."""
+    cpu0 = node.cpu_seconds() if node else 0.0
+    runs = [await concurrent_round(client, n) for _ in range(rounds)]
+    figures = {f"{prefix}_{k}": round(statistics.median(r[k] for r in runs), 3)
+               for k in runs[0]}
+    if node:
+        cpu = node.cpu_seconds() - cpu0
+        figures[f"{prefix}_node_cpu_us_per_task"] = round(cpu / (rounds * n) * 1e6, 1)
+    return figures
+
+
+async def concurrent_round(client: ratchet.Client, n: int) -> dict[str, Any]:
     done: dict[str, float] = {}
     all_done = asyncio.Event()
 
@@ -207,10 +233,10 @@ async def concurrent(client: ratchet.Client, n: int = 1000) -> dict[str, Any]:
     await sub.unsubscribe()
     latencies = sorted(done[t] - submitted[t] for t in submitted)
     return {
-        "concurrent_tasks_per_s": round(n / elapsed, 1),
-        "concurrent_p50_s": round(statistics.median(latencies), 3),
-        "concurrent_p99_s": round(percentile(latencies, 0.99), 3),
-        "concurrent_total_s": round(elapsed, 3),
+        "tasks_per_s": round(n / elapsed, 1),
+        "p50_s": round(statistics.median(latencies), 3),
+        "p99_s": round(percentile(latencies, 0.99), 3),
+        "total_s": round(elapsed, 3),
     }
 
 
@@ -300,8 +326,10 @@ async def node_figures(url: str, base: Path, synchronous: str) -> dict[str, Any]
     results: dict[str, Any] = {}
     client = await ratchet.Client.connect(url, "bench", creds=node.creds)
     try:
-        results.update(await sequential(client))
-        results.update(await concurrent(client))
+        results.update(await sequential(client, node))
+        results.update(await concurrent(client, node))  # W2: 200 at once, 5 rounds
+        results.update(await concurrent(client, node, n=1000, rounds=1,
+                                        prefix="concurrent_1000"))
         results["peak_rss_mb"] = round(node.status("VmHWM") / 1024, 1)
     finally:
         await client.close()

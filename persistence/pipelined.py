@@ -12,7 +12,6 @@ its last change is durable (actors/task/durability.py). A change that is never d
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import sqlite3
 from collections.abc import Callable
@@ -35,7 +34,9 @@ async def apply_pipelined(writer: LoopWriter,
         return result
     if result.outbox:
         durable.add_done_callback(functools.partial(_announce_durable, announce, result.outbox))
-    return dataclasses.replace(result, durable=durable)
+    # Built directly: dataclasses.replace inspects the fields at every call (~3 µs a step).
+    return ChangeResult(result.version, result.status, result.last_event_seq,
+                        result.last_checkpoint, result.outbox, durable)
 
 
 def _announce_durable(announce: Callable[[list[OutboxRow]], None], rows: list[OutboxRow],

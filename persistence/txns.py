@@ -160,7 +160,10 @@ def apply_change_txn(conn: sqlite3.Connection, change: TaskChange) -> ChangeResu
         conn.execute("UPDATE handoffs SET resolved_at = ? WHERE task_id = ? AND resolved_at"
                      " IS NULL", (change.now, change.task_id))
     update = _TaskUpdate()
-    update.add("status = ?", new_status.value)
+    if new_status.value != status:
+        # Only when it moves: setting the indexed column, even to its value, rewrites its
+        # tasks_by_status entry — one more WAL page and ~20 µs per step commit.
+        update.add("status = ?", new_status.value)
     update.add("last_event_seq = ?", last_seq + len(change.events))
     update.add("updated_at = ?", change.now)
     if not side_channel:

@@ -41,6 +41,7 @@ from ratchet.actors.task.open_actions import OpenActions, mark_cancelling
 from ratchet.actors.task.progress import ProgressMeter, progress_payload
 from ratchet.actors.task.sandbox_task import enter_task
 from ratchet.actors.task.slow_step import warn_if_slow
+from ratchet.actors.task.start_state import initial_state
 from ratchet.actors.task.step_runner import step_heartbeat, step_runner
 from ratchet.actors.task.step_sleep import StepSleeper
 from ratchet.actors.task.suspension import fail_with_saga, pause, suspend
@@ -112,8 +113,7 @@ class TaskActor(Actor):
         self.visits, self.spent = dict(rec.visits), dict(rec.spent)
         enter_task(self, rec)  # its trace; a sandbox fork's log marks (sandbox_task.py)
         self.log = self.log.bind(tenant=rec.tenant, workflow=rec.workflow)
-        self._attempt = rec.step_failures + 1
-        self.checkpoint_seq = rec.last_checkpoint
+        self._attempt, self.checkpoint_seq = rec.step_failures + 1, rec.last_checkpoint
         self._progress.mark(self.deps.clock.now())  # the first heartbeat one interval from now
         if is_terminal(self.status):
             await settle_task.after_end(self)  # what it left unsettled (the action sweeper)
@@ -133,7 +133,7 @@ class TaskActor(Actor):
             self.ref.stop()
             return
         self.current = rec.current_node or self.workflow.start
-        loaded = await self.deps.store.load_state(self.task_id)
+        loaded = await initial_state(self.deps.store, rec)  # no read before a checkpoint
         self.state = loaded.values
         self.secrets.loaded(self.deps.store.secrets, opened, rec.input, loaded.values)
         self.tracker = StateTracker(loaded.encoded, blobs=loaded.blobs, values=loaded.values,

@@ -16,8 +16,8 @@ follow (docs/side-effects.md, "Settling"):
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from types import TracebackType
 from typing import Any
 
 import structlog
@@ -72,15 +72,9 @@ class OpenActions:
         if self.interrupted and not self.in_flight and self._scope is not None:
             self._scope.reschedule(asyncio.get_running_loop().time())  # its outcome is in
 
-    @contextlib.asynccontextmanager
-    async def interruptible(self, timeout: float | None) -> AsyncIterator[None]:
+    def interruptible(self, timeout: float | None) -> _Interruptible:
         """The work a cancel may cut short; one cancel scope serves its own timeout too."""
-        async with asyncio.timeout(timeout) as scope:
-            self._scope = scope
-            try:
-                yield
-            finally:
-                self._scope = None
+        return _Interruptible(self, asyncio.timeout(timeout))
 
     def take_interrupt(self) -> bool:
         """Whether the scope ended for a cancel (not its own timeout); resets the flag."""
@@ -131,3 +125,21 @@ async def mark_cancelling(store: TaskStore, task_id: str, producer: str, clock: 
         task_id=task_id, expected_version=None, producer=producer, now=clock.now(),
         events=[(EventType.ACTION_CANCELLING, {"key": key, "tool": tool})
                 for key, tool in calls.items()]))
+
+
+class _Interruptible:
+    """:meth:`OpenActions.interruptible`'s context manager: a class, not a generator, as
+    every step enters one (a generator-based one cost ~3 µs more)."""
+
+    __slots__ = ("_owner", "_timeout")
+
+    def __init__(self, owner: OpenActions, timeout: asyncio.Timeout) -> None:
+        self._owner, self._timeout = owner, timeout
+
+    async def __aenter__(self) -> None:
+        self._owner._scope = await self._timeout.__aenter__()
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        self._owner._scope = None
+        await self._timeout.__aexit__(exc_type, exc, tb)  # a TimeoutError when it expired
