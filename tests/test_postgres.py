@@ -177,6 +177,25 @@ async def test_concurrent_changes_share_one_transaction(pg_url: str) -> None:
         await store.close()
 
 
+@pytest.mark.slow
+async def test_reads_go_on_after_a_postgresql_restart_without_an_error() -> None:
+    """Every pooled read connection is dropped by the restart and only found out when used:
+    each read runs once more on a new connection instead of failing its caller (a tool
+    session crashing past its restart limit waited for the 30 s recovery sweep)."""
+    from ratchet.testing.pg import PgServer
+
+    with PgServer() as pg:
+        store = await open_store(pg.database("restarts"))
+        try:
+            await store.accept_submission(_new_task())
+            assert (await store.load_task("t1")).task_id == "t1"
+            await asyncio.to_thread(pg.restart, "immediate")
+            reads = await asyncio.gather(*(store.load_task("t1") for _ in range(8)))
+            assert [r.task_id for r in reads] == ["t1"] * 8
+        finally:
+            await store.close()
+
+
 def test_sums_read_back_as_numbers_not_decimals(pg_url: str) -> None:
     from ratchet.persistence.postgres.connection import PgConnection, connect
 

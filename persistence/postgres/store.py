@@ -204,13 +204,21 @@ class PostgresStore(Store):
         stmt = translate(sql)
         reader = await self._readers.get()
         try:
-            if reader.closed or reader.broken:  # lost (a server restart, a partition)
-                reader = await self._reconnect(reader)
-            cur = await reader.execute(stmt.sql, tuple(args) if args else None)
-            return await cur.fetchall() if cur.description is not None else []
-        except psycopg.OperationalError as exc:  # retryable: the next read reconnects
-            raise StoreUnavailable(f"the store cannot read: {exc}",
-                                   postgres_error=str(exc)) from exc
+            for attempt in (1, 2):
+                try:
+                    if reader.closed or reader.broken:  # lost (a server restart, a partition)
+                        reader = await self._reconnect(reader)
+                    cur = await reader.execute(stmt.sql, tuple(args) if args else None)
+                    return await cur.fetchall() if cur.description is not None else []
+                except psycopg.OperationalError as exc:
+                    # A connection the server dropped is only found out by using it: a
+                    # read is idempotent, so it runs once more on a new connection (within
+                    # the reconnect window) before its caller sees the store unavailable.
+                    if attempt == 1 and (reader.closed or reader.broken):
+                        continue
+                    raise StoreUnavailable(f"the store cannot read: {exc}",
+                                           postgres_error=str(exc)) from exc
+            raise AssertionError("unreachable: the second attempt returns or raises")
         finally:
             self._readers.put_nowait(reader)
 
