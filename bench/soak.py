@@ -1,6 +1,6 @@
 """Soak: one node under a steady submission rate for minutes. Prints one JSON line.
 
-    python bench/soak.py [--rate 150] [--seconds 600] [--synchronous NORMAL|FULL]
+    python bench/soak.py [--rate 150] [--seconds 600] [--synchronous FULL|NORMAL]
 
 A real ``ratchet serve`` subprocess with its defaults (embedded nats-server, SQLite in WAL
 mode) serves the five-step ``five`` workflow; this process publishes ``rate`` submissions
@@ -135,7 +135,7 @@ async def _drive(client: ratchet.Client, node: NodeProc, tally: Tally, rate: flo
     await asyncio.gather(*acks)
 
 
-async def run_soak(rate: float = 150.0, seconds: float = 600.0, synchronous: str = "NORMAL",
+async def run_soak(rate: float = 150.0, seconds: float = 600.0, synchronous: str = "FULL",
                    warmup: float = 120.0, sample_every: float = 1.0,
                    drain_timeout: float = 120.0, serve_args: tuple[str, ...] = ()
                    ) -> dict[str, Any]:
@@ -199,7 +199,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=150.0, help="submissions per second")
     ap.add_argument("--seconds", type=float, default=600.0)
-    ap.add_argument("--synchronous", default="NORMAL", choices=["NORMAL", "FULL"])
+    ap.add_argument("--synchronous", default="FULL", choices=["NORMAL", "FULL"],
+                    help="the store setting (default FULL, the node's default)")
     ap.add_argument("--warmup", type=float, default=120.0,
                     help="seconds before the first window: the 120 s windows must fill first")
     ap.add_argument("--serve-args", default="", help="extra `serve` flags, e.g. '--wal-limit-mb 32'")
