@@ -19,8 +19,6 @@ retryable.
 from __future__ import annotations
 
 import asyncio
-import collections
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +27,7 @@ from typing import Any, TypeVar
 import psycopg
 import structlog
 
+from ratchet.persistence.group_commit import BatchQueue, hand_back
 from ratchet.persistence.postgres.connection import (
     RECONNECT_WINDOW_S,
     PgConnection,
@@ -37,7 +36,6 @@ from ratchet.persistence.postgres.connection import (
 from ratchet.persistence.wal import WalStats
 from ratchet.persistence.writer import WriterStats
 from ratchet.protocol.errors import StoreUnavailable
-from ratchet.protocol.tracing import bind_context
 
 __all__ = ["NoWal", "PgWriter"]
 
@@ -45,8 +43,6 @@ T = TypeVar("T")
 Txn = Callable[[Any], Any]
 log = structlog.get_logger("ratchet.store.writer")
 
-_STOP = object()
-_WAKE = object()
 
 
 class NoWal:
@@ -76,10 +72,8 @@ class PgWriter:
     def __init__(self, dsn: str, max_batch: int = 256,
                  on_batch: Callable[[PgConnection], None] | None = None) -> None:
         self._dsn = dsn
-        self._max_batch = max_batch
         self._on_batch = on_batch  # run first in each batch's transaction (the lease clock)
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._urgent: collections.deque[Any] = collections.deque()
+        self._queue = BatchQueue(max_batch)
         self._thread = threading.Thread(target=self._run, name="ratchet-pg-writer", daemon=True)
         self._ready = threading.Event()
         self._open_error: BaseException | None = None
@@ -95,19 +89,11 @@ class PgWriter:
             raise self._open_error
 
     def submit(self, fn: Callable[[Any], T], urgent: bool = False) -> asyncio.Future[T]:
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[T] = loop.create_future()
-        fn = bind_context(fn)
-        if urgent:
-            self._urgent.append((fn, loop, fut))
-            self._queue.put(_WAKE)
-        else:
-            self._queue.put((fn, loop, fut))
-        return fut
+        return self._queue.submit(fn, urgent)
 
     def stop(self) -> None:
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._queue.stop()
             self._thread.join()
 
     async def close(self) -> None:
@@ -122,32 +108,13 @@ class PgWriter:
             return
         self._ready.set()
         try:
-            stopping = False
-            while not stopping:
-                first = self._queue.get()
-                if first is _STOP:
-                    break
-                batch = []
-                while self._urgent:
-                    batch.append(self._urgent.popleft())
-                if first is not _WAKE:
-                    batch.append(first)
-                while len(batch) < self._max_batch:
-                    try:
-                        item = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if item is _STOP:
-                        stopping = True
-                        break
-                    if item is not _WAKE:
-                        batch.append(item)
+            while (batch := self._queue.next_batch()) is not None:
                 if not batch:
                     continue
                 started = time.perf_counter()
                 outcomes = self._execute([fn for fn, _, _ in batch])
                 self.stats.record(len(batch), time.perf_counter() - started)
-                self._hand_back(batch, outcomes)
+                hand_back(batch, outcomes)
         finally:
             if self._conn is not None:
                 self._conn.close()
@@ -218,24 +185,3 @@ class PgWriter:
             if i + 1 < len(fns):
                 conn.raw.execute("RELEASE SAVEPOINT txn; SAVEPOINT txn")
         return outcomes
-
-    @staticmethod
-    def _hand_back(batch: list[Any], outcomes: list[tuple[bool, Any]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        for (_, loop, fut), outcome in zip(batch, outcomes, strict=True):
-            by_loop.setdefault(loop, []).append((fut, outcome))
-        for loop, settled in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_settle, settled)
-            except RuntimeError:  # the loop closed meanwhile: nobody is waiting
-                pass
-
-
-def _settle(settled: list[tuple[asyncio.Future[Any], tuple[bool, Any]]]) -> None:
-    for fut, (ok, value) in settled:
-        if fut.done():
-            continue
-        if ok:
-            fut.set_result(value)
-        else:
-            fut.set_exception(value)
