@@ -3,8 +3,9 @@
 Its names are imported at their first use (PEP 562): a process that needs one part does
 not pay for the others at start (docs/operations.md, "Restart (W4)")."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ratchet.protocol.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ratchet.actors.core.actor import Actor, ActorRef, ActorSystem
@@ -21,21 +22,8 @@ __all__ = [
     "Workflow",
 ]
 
-_WHERE = {name: module for module, names in {
+__getattr__, __dir__ = lazy_exports(__name__, {
     "ratchet.actors.core.actor": ("Actor", "ActorRef", "ActorSystem"),
     "ratchet.actors.transport.client": ("Client",),
     "ratchet.actors.workflow.registry": ("Registry", "StepContext", "Workflow"),
-}.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ratchet.actors' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+}, globals(), __all__)

@@ -3,8 +3,9 @@
 Its names are imported at their first use (PEP 562): the CLI's commands other than
 ``serve`` do not load the node (docs/operations.md, "Restart (W4)")."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ratchet.protocol.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:
     from ratchet.supervisors.node.node import Node, NodeConfig
@@ -27,22 +28,9 @@ __all__ = [
     "Supervisor",
 ]
 
-_WHERE = {name: module for module, names in {
+__getattr__, __dir__ = lazy_exports(__name__, {
     "ratchet.supervisors.node.node": ("Node", "NodeConfig"),
     "ratchet.supervisors.supervision.restart_policy": (
         "Restart", "Strategy", "backoff_delay", "intensity_exceeded"),
     "ratchet.supervisors.supervision.supervisor": ("ChildSpec", "Supervisor"),
-}.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ratchet.supervisors' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+}, globals(), __all__)
