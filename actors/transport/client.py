@@ -179,6 +179,11 @@ class Client:
         return cls(nc, tenant, signer, refusals)
 
     async def close(self) -> None:
+        """Drain the connection and close it. One that is reconnecting (its server was
+        lost) has nothing to drain through: it is closed at once, not left raising."""
+        if self.nc.is_connecting or self.nc.is_reconnecting:
+            await self.nc.close()
+            return
         await self.nc.drain()
 
     def _envelope(self, type_: str, body: dict[str, Any], reply_to: str | None = None) -> Envelope:
