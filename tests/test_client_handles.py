@@ -5,6 +5,7 @@ one consumer, and a client finds out within seconds that NATS is not there."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from typing import Any
 
@@ -333,3 +334,36 @@ async def test_a_request_nobody_serves_is_unavailable_not_a_nats_exception(
         await client.submit_sync("three", {}, key="nobody")
     assert unserved.value.code == ratchet.ErrorCode.UNAVAILABLE
     assert unserved.value.message == "no node serves ratchet.api.acme.submit"
+
+
+async def test_a_server_that_hangs_up_after_accepting_is_asked_again_within_the_timeout(
+        nats_url: str) -> None:
+    upstream = nats_url.rsplit(":", 1)
+    hung_up = 0
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal hung_up
+        if hung_up < 2:  # the first two connections: taken, then dropped (a busy server)
+            hung_up += 1
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(upstream[0][7:], int(upstream[1]))
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(OSError):
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        client = await ratchet.Client.connect(f"nats://127.0.0.1:{port}", "acme",
+                                              connect_timeout=5.0)
+        assert hung_up == 2
+        await client.close()
+    finally:
+        server.close()

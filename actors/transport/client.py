@@ -8,9 +8,8 @@ language does the same with a NATS client and msgpack.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,18 @@ import structlog
 from nats.aio.client import Client as NATS
 from pydantic import BaseModel
 
+from ratchet.actors.transport.connection import open_connection
 from ratchet.actors.transport.event_feed import EventFeed, Refusals
 from ratchet.actors.transport.handles import TaskHandle, TaskOutcome, await_outcomes
 from ratchet.actors.transport.local_nodes import discover_creds
-from ratchet.actors.transport.servers import NatsServers, join_servers, server_list
-from ratchet.protocol.auth import Signer, inbox_prefix, redact_url
+from ratchet.actors.transport.servers import NatsServers
+from ratchet.protocol.auth import Signer, inbox_prefix
 from ratchet.protocol.catalogue import MessageType, admin_type
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.errors import (
     ErrorCode,
-    NatsUnreachable,
     NotFound,
     RemoteError,
-    Unauthenticated,
     Unavailable,
 )
 from ratchet.protocol.events import decode_event
@@ -67,56 +65,8 @@ log = structlog.get_logger("ratchet.client")
 #: Seconds ``Client.connect`` keeps trying to reach NATS before it raises NatsUnreachable:
 #: a server restarting is back within it, an address nobody serves fails within it.
 CONNECT_TIMEOUT_S = 5.0
-#: Pause between two connection attempts (pacing; the timeout bounds the whole).
-_CONNECT_RETRY_S = 0.25
 #: How long ``watch`` asks the node whether a task without events exists.
 _GET_TIMEOUT_S = 5.0
-#: Pause between reconnection attempts once connected (nats-py's default).
-_RECONNECT_WAIT_S = 2.0
-#: Seconds a single connection attempt may take (TCP, TLS, the server's INFO and PONG).
-_ATTEMPT_S = 2.0
-
-
-def _refused(exc: BaseException) -> bool:
-    """Whether NATS refused the connection's credentials (nats-py reports it as an
-    AuthorizationError, or at connect as the server's ``Authorization Violation``)."""
-    return isinstance(exc, nats.errors.AuthorizationError) \
-        or "authorization violation" in str(exc).lower()
-
-
-def _nats_with_error_handler(
-        refusals: Refusals) -> tuple[NATS, Callable[[Exception], Awaitable[None]],
-                                     Callable[[], None]]:
-    """A NATS connection, its error callback, and what to call once it is connected (from
-    then on, a reconnect and errors are logged; before, the caller reports the failure)."""
-    nc = NATS()
-    closing: set[asyncio.Task[None]] = set()
-    connected = False
-
-    async def on_error(exc: Exception) -> None:
-        refusals.report(exc)
-        if not connected:
-            return
-        log.warning("nats error", error=str(exc) or type(exc).__name__)
-        if not _refused(exc):
-            return
-        # A key the server refuses (revoked) stays refused: stop trying instead of
-        # retrying for minutes; closed from a task of its own since close() cancels the
-        # reconnect loop calling us.
-        nc.options["allow_reconnect"] = False
-        task = asyncio.get_running_loop().create_task(nc.close())
-        closing.add(task)
-        task.add_done_callback(closing.discard)
-
-    def now_connected() -> None:
-        nonlocal connected
-        connected = True
-        # From now on, ride out server restarts at nats-py's own pace.
-        nc.options["allow_reconnect"] = True
-        nc.options["connect_timeout"] = _ATTEMPT_S
-        nc.options["reconnect_time_wait"] = _RECONNECT_WAIT_S
-
-    return nc, on_error, now_connected
 
 
 class Client:
@@ -154,28 +104,8 @@ class Client:
         if signer is not None:
             options = {"nkeys_seed_str": signer.seed.decode(),
                        "inbox_prefix": inbox_prefix(signer.public_key)}
-        refusals = Refusals()
-        nc, on_error, connected = _nats_with_error_handler(refusals)
-        # nats-py retries a missing server for about two minutes (60 attempts, 2 s apart):
-        # here attempts come every 0.25 s, and the timeout bounds them all.
-        attempts: dict[str, Any] = {"connect_timeout": min(_ATTEMPT_S, connect_timeout),
-                                    "reconnect_time_wait": _CONNECT_RETRY_S}
-        try:
-            async with asyncio.timeout(connect_timeout):
-                await nc.connect(server_list(url), name="ratchet-client", error_cb=on_error,
-                                 allow_reconnect=False, **attempts, **options)
-        except (OSError, TimeoutError, nats.errors.Error) as exc:
-            with contextlib.suppress(Exception):
-                await nc.close()
-            if _refused(exc):
-                raise Unauthenticated(
-                    "the NATS server refused the connection: no key, or a key it does not"
-                    " know (docs/security.md)",
-                    key=signer.public_key if signer else None) from None
-            shown = redact_url(join_servers(url))
-            raise NatsUnreachable(f"cannot reach NATS at {shown}", url=shown,
-                                  timeout_s=connect_timeout) from None
-        connected()
+        nc, refusals = await open_connection(
+            url, signer.public_key if signer else None, options, connect_timeout)
         return cls(nc, tenant, signer, refusals)
 
     async def close(self) -> None:

@@ -77,9 +77,14 @@ class Refusals:
 
     def __init__(self) -> None:
         self._waiting: dict[asyncio.Future[str], str] = {}
+        #: The server refused the connection's key (its ``Authorization Violation``
+        #: may come through the callback while the attempt fails with a hang-up).
+        self.credentials_refused = False
 
     def report(self, error: BaseException) -> None:
         text = str(error).lower()
+        if "authorization violation" in text:
+            self.credentials_refused = True
         if "permissions violation" not in text:
             return
         for fut, fragment in list(self._waiting.items()):

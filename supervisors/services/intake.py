@@ -224,7 +224,7 @@ class IntakeActor(ServiceActor):
         # work-queue stream refuses that).
         await self.bus.forget_consumer(STREAM_SUBMIT, "intake")
         # The tenants' loops are this one's children: stopping intake stops and awaits
-        # them (a loop that fails logs and ends; its next submission starts it again).
+        # them (a loop that fails logs and starts again after a pause).
         async with asyncio.TaskGroup() as self._group:
             lookout = await self.bus.nc.subscribe(SUBMIT_SUBJECTS, queue=INTAKE_LOOKOUT,
                                                   cb=self._submitted)
@@ -259,22 +259,33 @@ class IntakeActor(ServiceActor):
         return list(info.state.subjects or {})
 
     async def _consume(self, subject: str) -> None:
-        try:
-            while True:
-                await self.bus.pull_loop(
-                    STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
-                    batch=self.batch, before_fetch=lambda: self._before_fetch(subject),
-                    # A node that dies holding a batch delays those submissions by this
-                    # much; handling one twice is harmless (the key).
-                    ack_wait=10.0, idle_exit=self.idle_after,
-                    # The server forgets the consumer of a tenant gone quiet for a day.
-                    inactive_threshold=86_400.0)
-                if subject not in self._seen:
-                    return  # idle, and nothing came as it ended
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # this tenant's loop only; discovery starts it again
-            log.error("intake loop failed", subject=subject, error=repr(exc))
+        failures = 0
+        while True:
+            try:
+                await self._consume_until_idle(subject)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # this tenant's loop only: it starts again shortly
+                failures += 1
+                log.error("intake loop failed", subject=subject, error=repr(exc),
+                          failures=failures)
+                # Loop time (it paces NATS calls); doubling, capped by the backstop scan's
+                # period, so a lasting fault is not retried in a tight loop.
+                await asyncio.sleep(min(0.5 * 2 ** min(failures, 10), self.rescan_interval))
+
+    async def _consume_until_idle(self, subject: str) -> None:
+        while True:
+            await self.bus.pull_loop(
+                STREAM_SUBMIT, intake_durable(subject), subject, self._handle_batch,
+                batch=self.batch, before_fetch=lambda: self._before_fetch(subject),
+                # A node that dies holding a batch delays those submissions by this
+                # much; handling one twice is harmless (the key).
+                ack_wait=10.0, idle_exit=self.idle_after,
+                # The server forgets the consumer of a tenant gone quiet for a day.
+                inactive_threshold=86_400.0)
+            if subject not in self._seen:
+                return  # idle, and nothing came as it ended
 
     async def _before_fetch(self, subject: str) -> None:
         # Seen from now on: this fetch takes it, or, should the loop end idle meanwhile,
