@@ -19,7 +19,7 @@ from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.events import encode_event, pack_payload
 from ratchet.protocol.ids import new_id
 from ratchet.protocol.subjects import event_subject, sandbox_event_subject
-from ratchet.protocol.tracing import TRACEPARENT, add_event, current_traceparent
+from ratchet.protocol.tracing import TRACEPARENT, add_events, current_traceparent
 
 __all__ = [
     "OutboxRow",
@@ -95,6 +95,7 @@ def append_events(
     seq = first_seq
     traceparent = current_traceparent() if events else None  # None when tracing is off
     headers = {TRACEPARENT: traceparent} if traceparent else None
+    spanned: list[tuple[str, dict[str, Any]]] = []  # span events of the current span
     subject_of = sandbox_event_subject if sandbox else event_subject
     for event_type, payload in events:
         event_id = new_id("evt")
@@ -111,8 +112,10 @@ def append_events(
         rows.append(insert_outbox(conn, subject_of(tenant, task_id, event_type), event_id, wire,
                                   now, headers))
         if headers is not None and event_type not in _ROUTINE:
-            add_event(event_type, {"ratchet.sequence": seq})
+            spanned.append((event_type, {"ratchet.sequence": seq}))
         seq += 1
+    if spanned:
+        add_events(spanned)
     return rows
 
 

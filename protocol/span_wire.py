@@ -131,17 +131,17 @@ def span_record(span: Any) -> SpanRecord | None:
     something this module does not write."""
     if span.plain:  # its values checked as they were set: taken as they are
         attributes = span._attributes
-        events = [(e.timestamp, e.name, e.attributes) for e in span._events]
+        events = span._event_records  # (time, name, attributes): the record's own form
     else:
         attributes = _plain(span._attributes)
         if attributes is None:
             return None
         events = []
-        for event in span._events:
-            event_attributes = _plain(event.attributes)
-            if event_attributes is None or type(event.name) is not str:
+        for timestamp, event_name, event_attrs in span._event_records:
+            event_attributes = _plain(event_attrs)
+            if event_attributes is None or type(event_name) is not str:
                 return None
-            events.append((event.timestamp, event.name, event_attributes))
+            events.append((timestamp, event_name, event_attributes))
     name = span._name
     if type(name) is not str:
         if not isinstance(name, str):

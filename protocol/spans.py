@@ -77,7 +77,9 @@ class CheapSpan(trace.Span, ReadableSpan):
         self._parent = parent
         self._kind = kind
         self._attributes = self._attrs = attributes
-        self._events: list[Event] = []
+        #: (time, name, attributes) of each event: tuples, not the SDK's ``Event`` objects,
+        #: which only an in-process exporter asks for (``_events``, made then).
+        self._event_records: list[tuple[int, str, dict[str, Any]]] = []
         self._links: Sequence[trace.Link] = ()
         self._status = _UNSET
         self._resource = sdk.resource
@@ -123,7 +125,7 @@ class CheapSpan(trace.Span, ReadableSpan):
                   timestamp: int | None = None) -> None:
         if self._end_time is not None:
             return
-        if len(self._events) >= self._sdk.max_events:
+        if len(self._event_records) >= self._sdk.max_events:
             self._dropped_events += 1  # the SDK's limit (OTEL_SPAN_EVENT_COUNT_LIMIT)
             return
         clean: dict[str, Any] = {}
@@ -131,7 +133,12 @@ class CheapSpan(trace.Span, ReadableSpan):
             self.plain = False
         if type(name) is not str:  # an event's type, a str enum: the string the SDK sends
             name = str.__str__(name) if isinstance(name, str) else str(name)
-        self._events.append(Event(name, clean, timestamp or time_ns()))
+        self._event_records.append((timestamp or time_ns(), name, clean))
+
+    @property
+    def _events(self) -> Sequence[Event]:  # type: ignore[override]  # read-only: add_event adds
+        return [Event(name, attributes, timestamp)
+                for timestamp, name, attributes in self._event_records]
 
     def add_link(self, context: SpanContext, attributes: Any = None) -> None:
         return  # Ratchet's spans have no links; a link added later is not kept

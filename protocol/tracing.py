@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import contextvars
 import re
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -41,7 +41,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 if TYPE_CHECKING:
     from ratchet.protocol.spans import CheapSpan, Starter
 
-__all__ = ["TRACEPARENT", "add_event", "bind_context", "in_call_span", "check_traceparent",
+__all__ = ["TRACEPARENT", "add_event", "add_events", "bind_context", "in_call_span", "check_traceparent",
            "current_traceparent",
            "disable", "enable", "enabled", "enter_task", "outbound_headers", "parent_from",
            "set_attributes", "span", "trace_id", "traced"]
@@ -171,6 +171,14 @@ def add_event(name: str, attributes: Mapping[str, Any]) -> None:
     """A span event on the current span (the task's events, as they are committed)."""
     if _tracer is not None:
         trace.get_current_span().add_event(name, attributes)
+
+
+def add_events(events: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
+    """Span events on the current span, looked up once (a transaction's events)."""
+    if _tracer is not None:
+        span = trace.get_current_span()
+        for name, attributes in events:
+            span.add_event(name, attributes)
 
 
 def current_traceparent() -> str | None:

@@ -16,6 +16,7 @@ the one the node's in-process exporter would have sent (tests/test_tracing_expor
 
 from __future__ import annotations
 
+import contextlib
 import marshal
 import os
 import sys
@@ -82,6 +83,12 @@ def _send_requests_whole(exporter: Any, resource: Resource, scope: Instrumentati
     setattr(module, "encode_spans", encode_spans)  # noqa: B010 - a module mypy cannot see
 
 
+#: Below the node's CPU priority: exporting spans is background work, and on a machine
+#: whose cores the node, its NATS server and its store's syncer share, the traced work
+#: comes first (its queue in the node is bounded; what it cannot take is dropped, counted).
+NICENESS = 10
+
+
 def main(stream: BinaryIO | None = None) -> int:
     stream = stream or sys.stdin.buffer
     hello = _read_frame(stream)
@@ -106,4 +113,6 @@ def main(stream: BinaryIO | None = None) -> int:
 
 
 if __name__ == "__main__":
+    with contextlib.suppress(OSError):
+        os.nice(NICENESS)
     raise SystemExit(main())
