@@ -148,13 +148,16 @@ def span_record(span: Any) -> SpanRecord | None:
             return None
         name = str.__str__(name)  # a str enum: the string the SDK sends
     context, parent, status = span._context, span._parent, span._status
-    state = context.trace_state
-    return (context.trace_id, context.span_id,
+    # The span context is a tuple (trace id, span id, remote, flags, state, valid) and the
+    # enums' ``_value_`` a plain attribute: read directly, where the properties cost a
+    # Python call each (a fifth of this function's time, profiled).
+    state = context[4]
+    return (context[0], context[1],
             ",".join(f"{key}={value}" for key, value in state.items()) if state else "",
-            None if parent is None else parent.span_id,
-            parent is not None and parent.is_remote, name, span._kind.value,
+            None if parent is None else parent[1],
+            parent is not None and parent[2], name, span._kind._value_,
             span._start_time, span._end_time, attributes, events, span._dropped_events,
-            status.status_code.value, status.description or None)
+            status._status_code._value_, status._description or None)
 
 
 def span_message(span: Any) -> bytes | None:
