@@ -18,6 +18,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 
 import ratchet
 from ratchet.protocol.codec import encode
+from ratchet.protocol.errors import ToolInvalidArgument
 from ratchet.protocol.subjects import STREAM_TOOLS, tool_durable, tool_reply_subject, tool_subject
 from ratchet.protocol.tool_wire import decode_request
 from ratchet.testing import FinanceClient
@@ -150,6 +151,33 @@ async def test_malformed_forged_and_late_replies_do_not_break_the_node(
     await msg.ack()
     assert await second.result(timeout=30) == {"text": "ok", "pid": 3}
     assert node.remote_tools.dropped == len(hostile) + 2
+
+
+async def test_a_slow_tool_holds_up_only_its_own_requests_and_failures_keep_their_class(
+        nats_url: str, start_node: NodeFactory, client: ratchet.Client) -> None:
+    await start_node(tool_apps.app)
+    release = asyncio.Event()
+
+    async def slow(ctx: ratchet.ToolContext, args: tool_apps.EchoArgs) -> tool_apps.EchoResult:
+        await release.wait()
+        return tool_apps.EchoResult(text="slow", pid=0)
+
+    def refuse(ctx: ratchet.ToolContext, args: tool_apps.PayArgs) -> tool_apps.PayResult:
+        raise ToolInvalidArgument("no such invoice")
+
+    tools = [ratchet.served_by(tool_apps.slow, slow), ratchet.served_by(tool_apps.refuse, refuse),
+             *tool_apps.worker_tools]
+    async with ratchet.ToolWorker(nats_url, tools, "acme", max_in_flight=1) as worker:
+        stuck = [await client.submit("remote.slow", {}, key=f"slow-{i}") for i in range(2)]
+        quick = await client.submit("remote.echo", {"text": "quick"}, key="quick")
+        assert (await quick.result(timeout=30))["text"] == "quick"  # not behind slow
+        with pytest.raises(ratchet.TaskFailed) as failed:
+            await (await client.submit("remote.refuse", {}, key="refused")).result(timeout=30)
+        assert "remote INVALID_ARGUMENT" in str(failed.value.error), failed.value.error
+        release.set()
+        for handle in stuck:
+            assert (await handle.result(timeout=30))["text"] == "slow"
+        assert worker.dead_lettered == 0
 
 
 async def _events(client: ratchet.Client, task_id: str) -> list[ratchet.Event]:

@@ -61,7 +61,25 @@ async def call_pay(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"provider_id": result.provider_id}}
 
 
-app = ratchet.Registry([calls, payment], tools=[echo, pay])
+slow = ratchet.remote_tool("slow", kind="read", args=EchoArgs, result=EchoResult, timeout=30.0)
+refuse = ratchet.remote_tool("refuse", kind="write", args=PayArgs, result=PayResult,
+                             key=lambda a: f"invoice:{a.invoice}:refuse")
+
+
+def _calling(name: str, tool: ratchet.Tool[Any, Any], args: Any) -> ratchet.Workflow:
+    wf = ratchet.Workflow(name, version=1)
+
+    async def call(ctx: ratchet.StepContext) -> dict[str, Any]:
+        result = await ctx.call(tool, args)
+        return {"output": result.model_dump()}
+
+    wf.add_step("call", call)
+    return wf
+
+
+app = ratchet.Registry([calls, payment, _calling("remote.slow", slow, EchoArgs(text="s")),
+                        _calling("remote.refuse", refuse, PayArgs(invoice="r", amount=1))],
+                       tools=[echo, pay, slow, refuse])
 
 
 # -- the worker's side ------------------------------------------------------------------

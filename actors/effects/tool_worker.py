@@ -187,6 +187,12 @@ class ToolWorker:
                     await self._ensure_stream()
                     sub = await self._bind(tenant, tool.name)
                 continue
+            except Exception as exc:  # reconnecting, a slow server: the loop must go on
+                room.release()
+                log.warning("fetching tool requests failed; trying again", tool=tool.name,
+                            error=repr(exc))
+                await asyncio.sleep(0.5)  # pacing against NATS
+                continue
             task = asyncio.create_task(self._handle(msgs[0], tenant, tool))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
