@@ -3,14 +3,20 @@
 - action_overhead_p50_us / _p99_us: a recorded write (ledger IN_FLIGHT commit, call on the
   session's pykka thread, outcome commit, events) minus a direct call of the same tool
   code, per percentile, over sequential calls;
-- actions_per_s: 100 concurrent tasks x 10 writes each, first submit to last success.
+- actions_per_s: 100 concurrent tasks x 10 writes each, first submit to last success;
+- remote_tool_overhead_p50_us: a no-op read tool served by a tool worker in another process
+  (``ratchet tool-worker``: request on JetStream, reply on the node's inbox) minus the same
+  no-op called in process (its tool session), medians over sequential calls, the two
+  alternating call by call in one step (interleaved A/B); the in-process figure beside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench.remote_noop import NoopArgs, local_noop, remote_noop
 from bench.steps import percentile
 from ratchet.actors.workflow.tools import ToolContext
 from ratchet.supervisors.cli import configure_logging
@@ -30,6 +37,7 @@ from ratchet.testing import FinanceSimulatorProcess
 from ratchet.testing.expense import ClaimArgs, _submit_claim, refund_claim, submit_claim
 
 TIMINGS: list[float] = []
+NOOP_TIMINGS: dict[str, list[float]] = {"local": [], "remote": []}
 
 calls = ratchet.Workflow("bench.calls", version=1)
 
@@ -43,6 +51,48 @@ async def write_many(ctx: ratchet.StepContext) -> dict[str, Any]:
         if ctx.input.get("timed"):
             TIMINGS.append(time.perf_counter() - started)
     return {"output": {"n": ctx.input["n"]}}
+
+
+noops = ratchet.Workflow("bench.noops", version=1)
+
+
+@noops.step
+async def call_noops(ctx: ratchet.StepContext) -> dict[str, Any]:
+    for i in range(int(ctx.input["n"])):
+        for label, tool in (("local", local_noop), ("remote", remote_noop)):
+            started = time.perf_counter()
+            await ctx.call(tool, NoopArgs(i=i))
+            if i >= 20:  # the first calls warm connections, threads and consumers up
+                NOOP_TIMINGS[label].append(time.perf_counter() - started)
+    return {"output": {}}
+
+
+async def _remote_overhead(url: str, client: ratchet.Client, n: int) -> dict[str, Any]:
+    """The no-op tool's round trip in process and through a worker process."""
+    worker = subprocess.Popen(
+        [str(Path(sys.executable).with_name("ratchet")), "--log-level", "warning",
+         "tool-worker", "--app", "bench.remote_noop:tools", "--nats-url", url, "--tenant",
+         "bench"], cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ})
+    try:
+        assert worker.stdout is not None
+        await asyncio.wait_for(asyncio.to_thread(worker.stdout.readline), 60)
+        task_id = (await client.submit("bench.noops", {"n": n}, key="noops")).task_id
+        events = [e async for e in client.watch(task_id, idle_timeout=120)]
+        assert events[-1].type == "task.succeeded", events[-1]
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+    local, remote = NOOP_TIMINGS["local"], NOOP_TIMINGS["remote"]
+    return {
+        "remote_tool_overhead_p50_us": round((percentile(remote, 0.5)
+                                              - percentile(local, 0.5)) * 1e6),
+        "remote_tool_call_p50_us": round(percentile(remote, 0.5) * 1e6),
+        "remote_tool_call_p99_us": round(percentile(remote, 0.99) * 1e6),
+        "in_process_tool_call_p50_us": round(percentile(local, 0.5) * 1e6),
+        "in_process_tool_call_p99_us": round(percentile(local, 0.99) * 1e6),
+        "noop_calls_each": len(local),
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
 
 
 def _direct_calls(url: str, n: int) -> list[float]:
@@ -63,7 +113,8 @@ async def main() -> None:
             FinanceSimulatorProcess() as sim:
         server = EmbeddedNats(Path(tmp) / "nats")
         url = await server.start()
-        registry = ratchet.Registry([calls], tools=[submit_claim, refund_claim],
+        registry = ratchet.Registry([calls, noops], tools=[submit_claim, refund_claim,
+                                                           local_noop, remote_noop],
                                     resources={"finance_url": sim.url})
         # 100 tasks run at once (more than the default 64 admission slots).
         node = ratchet.Node(ratchet.NodeConfig(state_dir=Path(tmp) / "node", nats_url=url,
@@ -97,6 +148,8 @@ async def main() -> None:
             await asyncio.wait_for(finished.wait(), 300)
             elapsed = time.perf_counter() - started
             await sub.unsubscribe()
+            remote = await _remote_overhead(url, client, 1000 if "--quick" not in sys.argv
+                                            else 200)
         finally:
             await client.close()
             await node.stop()
@@ -108,7 +161,7 @@ async def main() -> None:
         "recorded_call_p50_us": round(statistics.median(recorded) * 1e6),
         "direct_call_p50_us": round(statistics.median(direct) * 1e6),
         "actions_per_s": round(tasks * per_task / elapsed, 1),
-        "concurrent_tasks": tasks, "writes_per_task": per_task,
+        "concurrent_tasks": tasks, "writes_per_task": per_task, **remote,
     }))
 
 

@@ -17,6 +17,7 @@ __all__ = [
     "STREAM_EXTERNAL",
     "STREAM_DECISIONS",
     "STREAM_SANDBOX",
+    "STREAM_TOOLS",
     "decision_subject",
     "external_subject",
     "check_token",
@@ -34,6 +35,10 @@ __all__ = [
     "mail_route",
     "request_route",
     "tenant_of",
+    "tool_durable",
+    "tool_reply_route",
+    "tool_reply_subject",
+    "tool_subject",
 ]
 
 DEFAULT_PARTITIONS = 16
@@ -45,6 +50,7 @@ STREAM_DLQ = "RATCHET_DLQ"
 STREAM_EXTERNAL = "RATCHET_EXTERNAL"
 STREAM_DECISIONS = "RATCHET_DECISIONS"
 STREAM_SANDBOX = "RATCHET_SANDBOX"
+STREAM_TOOLS = "RATCHET_TOOLS"
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -123,6 +129,24 @@ def decision_subject(tenant: str) -> str:
     return f"ratchet.decisions.{check_token(tenant, 'tenant')}"
 
 
+def tool_subject(tenant: str, tool: str) -> str:
+    """Where a remote tool's requests go (stream RATCHET_TOOLS; protocol/tool_wire.py)."""
+    return f"ratchet.tools.{check_token(tenant, 'tenant')}.{check_token(tool, 'tool')}"
+
+
+def tool_durable(tenant: str, tool: str) -> str:
+    """The durable pull consumer every worker of ``tool`` for ``tenant`` shares: one per
+    (tenant, tool), so that a slow tool never holds up another's requests."""
+    return f"tools-{check_token(tenant, 'tenant')}-{check_token(tool, 'tool')}"
+
+
+def tool_reply_subject(tenant: str, inbox: str) -> str:
+    """Where a node awaits its remote tools' replies: ``ratchet.toolreply.<tenant>.<inbox>``
+    (core NATS; ``inbox`` is the node's, fresh per process). The tenant is in the subject so
+    that NATS permissions can keep one tenant's workers off another's replies."""
+    return f"ratchet.toolreply.{check_token(tenant, 'tenant')}.{check_token(inbox, 'inbox')}"
+
+
 # -- reading subjects (every inbound subject is parsed here, nowhere else) -----------------
 
 
@@ -141,6 +165,13 @@ def request_route(subject: str) -> tuple[str, str]:
     subject is shorter."""
     parts = subject.split(".")
     return (parts[-2], parts[-1]) if len(parts) >= 4 else ("", "")
+
+
+def tool_reply_route(subject: str) -> str | None:
+    """The tenant of a tool reply's subject, ``ratchet.toolreply.<tenant>.<inbox>``; None
+    for any other shape."""
+    parts = subject.split(".")
+    return parts[2] if len(parts) == 4 and parts[1] == "toolreply" else None
 
 
 def mail_route(subject: str) -> tuple[str, str] | None:

@@ -30,12 +30,14 @@ if TYPE_CHECKING:
     from pydantic import SecretStr
 
     from ratchet.actors.effects.risk_policy import ToolRisk
+    from ratchet.actors.effects.tool_worker import ToolWorker
     from ratchet.actors.transport.client import Client
     from ratchet.actors.transport.handles import TaskHandle, TaskOutcome
     from ratchet.actors.workflow.node_loops import NodeLoops
     from ratchet.actors.workflow.nodes import CANCEL, END, FAIL, JoinPolicy
     from ratchet.actors.workflow.reconcile import Reconcile, RecordedEffect
     from ratchet.actors.workflow.registry import Registry, StepContext, Workflow
+    from ratchet.actors.workflow.remote_tools import remote_tool, served_by
     from ratchet.actors.workflow.revalidate import RevalidateContext
     from ratchet.actors.workflow.tools import (
         Accepted,
@@ -83,12 +85,14 @@ __version__ = "0.2.0"
 _WHERE: dict[str, str] = {name: module for module, names in {
     "pydantic": ("SecretStr",),
     "ratchet.actors.effects.risk_policy": ("ToolRisk",),
+    "ratchet.actors.effects.tool_worker": ("ToolWorker",),
     "ratchet.actors.transport.client": ("Client",),
     "ratchet.actors.transport.handles": ("TaskHandle", "TaskOutcome"),
     "ratchet.actors.workflow.node_loops": ("NodeLoops",),
     "ratchet.actors.workflow.nodes": ("CANCEL", "END", "FAIL", "JoinPolicy"),
     "ratchet.actors.workflow.reconcile": ("Reconcile", "RecordedEffect"),
     "ratchet.actors.workflow.registry": ("Registry", "StepContext", "Workflow"),
+    "ratchet.actors.workflow.remote_tools": ("remote_tool", "served_by"),
     "ratchet.actors.workflow.revalidate": ("RevalidateContext",),
     "ratchet.actors.workflow.tools": (
         "Accepted", "BreakerPolicy", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
@@ -142,6 +146,9 @@ __all__ = [
     "ToolContext",
     "ToolRisk",
     "tool",
+    "remote_tool",
+    "served_by",
+    "ToolWorker",
     "Client",
     "TaskHandle",
     "TaskOutcome",

@@ -15,7 +15,7 @@ from ratchet.persistence.txns import NewTask, TaskChange
 from ratchet.protocol.clock import FakeClock, SystemClock
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.mail_seal import MailSeal
-from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT
+from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT, STREAM_TOOLS
 from ratchet.supervisors.services.mail_router import RecentIds
 from ratchet.supervisors.services.outbox_relay import OutboxRelay
 
@@ -49,7 +49,8 @@ def test_every_stream_has_a_byte_limit_and_says_what_goes_at_it() -> None:
     assert configs[STREAM_DLQ].discard == DiscardPolicy.OLD
     assert configs[STREAM_DLQ].max_msgs == StreamLimits().dlq_max_msgs > 0
     queues = [c for c in configs.values() if c.retention == RetentionPolicy.WORK_QUEUE]
-    assert len(queues) == 4
+    assert len(queues) == 5  # submit, mail, external, decisions, tools
+    assert configs[STREAM_TOOLS].max_msgs == StreamLimits().tools_max_msgs > 0
     assert all(c.discard == DiscardPolicy.NEW for c in queues)
 
 

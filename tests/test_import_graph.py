@@ -24,7 +24,8 @@ FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"
 #: (docs/operations.md, "Restart (W4)").
 LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
         *(("supervisors/cli/__init__.py", f"ratchet.supervisors.cli.{command}")
-          for command in ("serve", "tasks", "admin", "schedule", "replay", "versions")),
+          for command in ("serve", "tasks", "admin", "schedule", "replay", "versions",
+                          "tool_worker")),
         ("supervisors/cli/__init__.py", "ratchet.supervisors.cli"),
         ("supervisors/cli/serve.py", "ratchet.supervisors.node.otel"),
         ("supervisors/cli/serve.py", "ratchet.supervisors.console"),

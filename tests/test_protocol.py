@@ -87,7 +87,7 @@ def test_the_facade_exports_exactly_its_public_names() -> None:
         "NotFound", "RatchetError", "RequestConflict", "UnknownWorkflow", "Event",
         "TaskSnapshot", "TaskEvent", "TaskStatus", "transition", "Node", "NodeConfig",
         "END", "CANCEL", "FAIL", "JoinPolicy", "NodeLoops", "Reconcile", "RecordedEffect", "ActionFailed", "SandboxBlocked", "Accepted", "BreakerPolicy", "Compensation", "RetryPolicy", "Tool", "ToolContext", "tool",
-        "ToolRisk", "RevalidateContext",
+        "ToolRisk", "RevalidateContext", "remote_tool", "served_by", "ToolWorker",
         "REDACTED", "SecretStr", "SecretUnreadable", "redact_log_event", "__version__",
     ])
     for name in ratchet.__all__:

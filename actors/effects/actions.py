@@ -38,6 +38,7 @@ from ratchet.actors.effects.action_reports import (
     retry_payload,
 )
 from ratchet.actors.effects.breakers import circuit_open_failure, through_breaker
+from ratchet.actors.effects.remote_tool import RemoteAsk, no_remote_tools
 from ratchet.actors.effects.risk import gate
 from ratchet.actors.effects.signals import (
     AwaitExternal,
@@ -95,6 +96,7 @@ class CallEnv:
     note_secrets: Callable[[set[str]], None] | None = None
     #: What the task has spent so far (tokens, money, tool calls): told in retry events.
     spent: Callable[[], dict[str, float]] | None = None
+    remote_ask: RemoteAsk = no_remote_tools  # calls of remote tools (remote_tool.py)
 
 
 class ActionRunner:
@@ -379,11 +381,12 @@ class ActionRunner:
 
     async def _ask(self, tool: Tool[Any, Any], args: BaseModel, key: str | None, attempt: int,
                    timeout: float, op: str) -> tuple[bool, Any]:
-        session = await self.env.session(tool.session)
+        invoke = Invoke(tool, args, key, attempt, timeout, op)
+        asked = (self.env.remote_ask(self.env.task_id, self.env.tenant, invoke) if tool.remote
+                 else (await self.env.session(tool.session)).ask(invoke, timeout=timeout + 30.0))
         return await in_call_span(  # its span, if tracing (protocol/tracing.py)
-            session.ask(Invoke(tool, args, key, attempt, timeout, op), timeout=timeout + 30.0),
-            self.env.task_id, self.env.tenant, self.env.step_index, tool.name, tool.session,
-            key, attempt, op, args)
+            asked, self.env.task_id, self.env.tenant, self.env.step_index, tool.name,
+            tool.session, key, attempt, op, args)
 
     def _retry_payload(self, tool: Tool[Any, Any], args: BaseModel, key: str | None,
                        decision: Decision, exc: BaseException, delay: float, attempt: int,

@@ -34,6 +34,7 @@ import structlog
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.core.backoff import backoff_delay
 from ratchet.actors.effects.actions import CallEnv, TaskSuspended
+from ratchet.actors.effects.remote_tool import RemoteAsk, no_remote_tools
 from ratchet.actors.effects.sandbox import runner_for
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.task.branch_settle import Notify, settle_branch
@@ -90,6 +91,7 @@ class FanoutShared:
     sandbox: dict[str, Any] | None
     rng: random.Random
     spent: Callable[[], None]  # called when a branch commits a spend of the task's budget
+    remote_ask: RemoteAsk = no_remote_tools  # calls of remote tools (effects/remote_tool.py)
 
 
 class BranchRun:
@@ -144,7 +146,8 @@ class BranchRun:
         runner = runner_for(CallEnv(
             task_id=sh.task_id, tenant=sh.tenant, step_index=0, store=sh.store,
             clock=sh.clock, commit=self._side_commit, session=sh.session, deadline=None,
-            rng=sh.rng, switches=sh.switches, note_secrets=self.secrets.note), sh.sandbox)
+            rng=sh.rng, switches=sh.switches, note_secrets=self.secrets.note,
+            remote_ask=sh.remote_ask), sh.sandbox)
         while current != END:
             node = self.graph.node(current)
             visits[current] = visits.get(current, 0) + 1

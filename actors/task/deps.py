@@ -19,6 +19,7 @@ import structlog
 
 from ratchet.actors.agents.degrade import AnswerCache
 from ratchet.actors.core.actor import Actor, ActorRef
+from ratchet.actors.effects.remote_tool import RemoteAsk, no_remote_tools
 from ratchet.actors.effects.saga import pending_compensations
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.task.handoff_package import Where, build_package
@@ -145,6 +146,9 @@ class TaskDeps:
     #: How long a cancel waits for a write in flight before it detaches it (the action
     #: sweeper settles it later: actors/task/open_actions.py).
     cancel_timeout: float = 30.0
+    #: How tools declared with ``remote_tool`` are called: the node's ``RemoteTools.ask``
+    #: (actors/effects/remote_tool.py); without a node, nothing is sent.
+    remote_ask: RemoteAsk = no_remote_tools
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:

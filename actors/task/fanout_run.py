@@ -143,7 +143,7 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
         # The fan-out's span, if tracing: the branches' calls are its children (the pool
         # is started by the task's supervisor, in a context of its own).
         traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng,
-        spent=lambda: _unspent.get(actor, set()).discard(key))
+        spent=lambda: _unspent.get(actor, set()).discard(key), remote_ask=deps.remote_ask)
 
     def make(branch: str) -> BranchRun:
         # A branch whose timer the fan-out's start armed does not arm it again.

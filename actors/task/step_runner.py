@@ -42,7 +42,8 @@ def step_runner(actor: TaskKernel, step_index: int, step_timeout: float | None, 
         # Counting costs a read-modify-write per call: only for tasks with such a budget.
         count_tool_calls=count_tool_calls and "tool_calls" in record.budget,
         switches=deps.switches, note_secrets=actor.secrets.note,
-        pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent))
+        pause_requested=lambda: actor.pause_requested, spent=lambda: dict(actor.spent),
+        remote_ask=deps.remote_ask)
     runner = runner_for(env, record.sandbox)
     if type(runner) is ActionRunner:  # not a sandbox fork's: its reads noted for replay
         return RecordingRunner(env, actor.open_actions.reads)  # (read_record.py)

@@ -9,6 +9,7 @@ RATCHET_SUBMIT            ``ratchet.submit.>``        work queue (deleted on ack
 RATCHET_MAIL              ``ratchet.mail.>``          work queue (deleted on ack)
 RATCHET_EXTERNAL          ``ratchet.external.>``      work queue (confirmations)
 RATCHET_DECISIONS         ``ratchet.decisions.>``     work queue (approval decisions)
+RATCHET_TOOLS             ``ratchet.tools.>``         work queue (remote tool requests)
 RATCHET_EVENTS            ``ratchet.events.>``        limits (max age, default 7 d)
 RATCHET_DLQ               ``ratchet.dlq.>``           limits (max age, default 30 d)
 RATCHET_SANDBOX           ``ratchet.sandbox.>``       limits (max age, default 1 d)
@@ -72,6 +73,7 @@ from ratchet.protocol.subjects import (
     STREAM_MAIL,
     STREAM_SANDBOX,
     STREAM_SUBMIT,
+    STREAM_TOOLS,
 )
 
 __all__ = ["Bus", "MB", "StreamLimits", "deliveries", "stream_configs", "redelivery_delay",
@@ -80,8 +82,6 @@ __all__ = ["Bus", "MB", "StreamLimits", "deliveries", "stream_configs", "redeliv
 log = structlog.get_logger("ratchet.bus")
 
 DAY = 24 * 3600.0
-
-
 MB = 1024 * 1024
 
 #: What nats-py raises when a stream or consumer is not there: a lookup (404), a fetch from
@@ -106,10 +106,11 @@ class StreamLimits:
     - ``sandbox`` (``RATCHET_SANDBOX``): sandbox forks' events (``ratchet.sandbox.events.>``,
       never on the production events stream), oldest dropped at ``sandbox_max_age`` or
       ``sandbox_max_bytes``; the store keeps them all, as any task's.
-    - the work queues (submit, mail, external, decisions) hold only what is not consumed
+    - the work queues (submit, mail, external, decisions, tools) hold only what is not consumed
       yet: at ``queue_max_bytes`` a stream refuses *new* messages (the publisher gets an
       error: a producer's submit fails, the outbox relay keeps the row and retries), so a
-      stalled consumer never silently loses work and never fills the disk.
+      stalled consumer never silently loses work and never fills the disk; the tools
+      queue at ``tools_max_msgs`` or ``tools_max_bytes`` (a tool nobody serves).
     """
 
     events_max_age: float = 7 * DAY
@@ -120,6 +121,8 @@ class StreamLimits:
     queue_max_bytes: int = 1024 * MB
     sandbox_max_age: float = 1 * DAY
     sandbox_max_bytes: int = 256 * MB
+    tools_max_msgs: int = 100_000  # requests waiting for a tool worker
+    tools_max_bytes: int = 256 * MB
 
 
 def stream_configs(limits: StreamLimits | None = None, replicas: int = 1) -> list[StreamConfig]:
@@ -138,6 +141,8 @@ def stream_configs(limits: StreamLimits | None = None, replicas: int = 1) -> lis
         StreamConfig(name=STREAM_MAIL, subjects=["ratchet.mail.>"], **queue),
         StreamConfig(name=STREAM_EXTERNAL, subjects=["ratchet.external.>"], **queue),
         StreamConfig(name=STREAM_DECISIONS, subjects=["ratchet.decisions.>"], **queue),
+        StreamConfig(name=STREAM_TOOLS, subjects=["ratchet.tools.>"], max_msgs=lim.tools_max_msgs,
+                     **{**queue, "max_bytes": lim.tools_max_bytes}),
         StreamConfig(name=STREAM_EVENTS, subjects=["ratchet.events.>"],
                      max_age=lim.events_max_age, max_bytes=lim.events_max_bytes, **kept),
         StreamConfig(name=STREAM_DLQ, subjects=["ratchet.dlq.>"],

@@ -42,6 +42,7 @@ from ratchet.protocol.errors import (
     ToolRateLimited,
     ToolTransient,
 )
+from ratchet.protocol.subjects import is_token
 
 __all__ = [
     "Accepted",
@@ -180,6 +181,9 @@ class Tool(Generic[A, R]):
     amount: str | Callable[[A], float] | None = None
     #: How it answers in a sandbox fork (None: a read live, a write blocked).
     sandbox: SandboxMode | ToolFn | None = None
+    #: Served by tool workers over JetStream, not by ``fn`` in this process
+    #: (actors/workflow/remote_tools.py: ``remote_tool``).
+    remote: bool = False
 
     @property
     def provider(self) -> str:
@@ -200,6 +204,9 @@ class Tool(Generic[A, R]):
                 f"{where}: a write needs key=, the idempotency key of its business action")
         if self.timeout <= 0:
             raise ToolDefinitionError(f"{where}: timeout must be > 0")
+        if self.remote and not is_token(self.name):
+            raise ToolDefinitionError(  # it is one token of its requests' subject
+                f"{where}: a remote tool's name must match [A-Za-z0-9_-]{{1,64}}")
         if self.compensate is not None and self.kind != "write":
             raise ToolDefinitionError(f"{where}: only a write can declare a compensation")
         self._check_risk(where)

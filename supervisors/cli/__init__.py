@@ -1,5 +1,5 @@
 """``ratchet`` command line: serve, submit, watch, status, admin, schedule, versions, creds,
-nats-config, console-login, replay, export, demo.
+nats-config, console-login, replay, export, tool-worker, demo.
 
 Where to find NATS: ``--nats-url``, else ``$RATCHET_NATS_URL``, else the URL an embedded
 node wrote under its state directory (``<state-dir>/nats/nats.url``).
@@ -58,6 +58,10 @@ def _async_command(name: str) -> Command:
         from ratchet.supervisors.cli.schedule import schedule
 
         return schedule
+    if name == "tool-worker":
+        from ratchet.supervisors.cli.tool_worker import tool_worker
+
+        return tool_worker
     if name in ("replay", "export"):
         from ratchet.supervisors.cli import replay
 

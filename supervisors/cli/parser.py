@@ -18,6 +18,7 @@ import importlib.metadata
 import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NoReturn
 
 from ratchet.protocol.admin_verbs import VERB_ROLES
@@ -194,6 +195,23 @@ def key_commands(command: AddCommand) -> None:
                    " $RATCHET_CREDS, else the state dir's keys/local-admin.nk)")
 
 
+def tool_worker_flags(sp: argparse.ArgumentParser) -> None:
+    """``ratchet tool-worker`` (supervisors/cli/tool_worker.py)."""
+    sp.add_argument("--app", required=True, help="module:object, a tool or a list of tools")
+    sp.add_argument("--nats-url", action="append", default=None, metavar="URL[,URL...]",
+                    help="NATS; default: $RATCHET_NATS_URL, else the state dir's server")
+    sp.add_argument("--tenant", action="append", default=None,
+                    help="a tenant whose requests to serve (repeat; default: default)")
+    sp.add_argument("--nats-creds", type=Path, default=None,
+                    help="an nkey seed or .creds file to connect with")
+    sp.add_argument("--max-in-flight", type=int, default=16,
+                    help="requests of one tool in progress at once (default 16)")
+    sp.add_argument("--ack-wait", type=float, default=30.0,
+                    help="seconds before an unacked request is redelivered (default 30)")
+    sp.add_argument("--max-deliver", type=int, default=5,
+                    help="the delivery of a request dead-lettered instead of run (default 5)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = RatchetArgumentParser(prog="ratchet", description="Ratchet durable task runtime",
                               parents=[shared_options(after_command=False)],
@@ -227,6 +245,9 @@ def parser() -> argparse.ArgumentParser:
     replay_flags(command("replay", help="re-run a recorded task's code against its history"
                          " (no store write, no publish, no provider call)"))
     export_flags(command("export", help="write recorded tasks to a file for replay --corpus"))
+
+    tool_worker_flags(command("tool-worker", help="serve tools to nodes from this process"
+                              " (docs/protocol.md)"))
 
     s = command("demo", help="run the demo on the embedded default")
     s.add_argument("--nats-url", default=None)

@@ -23,6 +23,7 @@ from typing import Any
 import structlog
 
 from ratchet.actors.core.actor import ActorRef, ActorSystem
+from ratchet.actors.effects.remote_tool import RemoteTools
 from ratchet.actors.effects.switches import Switches
 from ratchet.actors.task.actor import TaskDeps
 from ratchet.actors.transport.bus import Bus
@@ -164,6 +165,7 @@ class Node:
         self.clock.judge_start([n.info for n in await self._store.nodes()])
         self.switches = Switches(risk=cfg.risk_policy)  # tool tiers tightened per tenant
         self.switches.load(await self._store.switches())
+        self.remote_tools = RemoteTools(bus, cfg.node_id, self.clock)  # remote_tool.py
         self._task_supervision()
         acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
                             has_room=self.scheduler.has_room,
@@ -203,7 +205,7 @@ class Node:
                         progress_interval=cfg.progress_interval, partitions=cfg.partitions,
                         max_value_bytes=cfg.max_value_bytes,
                         max_checkpoint_bytes=cfg.max_checkpoint_bytes,
-                        cancel_timeout=cfg.cancel_timeout)
+                        cancel_timeout=cfg.cancel_timeout, remote_ask=self.remote_tools.ask)
         self.scheduler = FairScheduler(max_running=cfg.max_running, quotas=cfg.tenant_quotas,
                                        weights=cfg.tenant_weights, max_queued=cfg.max_queued)
         self.tasks = TaskSupervision(
