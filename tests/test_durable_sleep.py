@@ -148,8 +148,18 @@ async def _asleep(client: ratchet.Client, node: ratchet.Node, task_id: str,
 
 
 async def _admin(client: ratchet.Client, verb: str, task_id: str) -> dict[str, Any]:
-    return await client.request_admin(verb, {"command_id": new_id("cmd"), "task_id": task_id,
-                                             "args": {"reason": "test"}})
+    """The verb, asked again (same command id) while the node answers a retryable error —
+    e.g. "between restarts" while the paused task's actor is being replaced — as a client
+    does; bounded."""
+    body = {"command_id": new_id("cmd"), "task_id": task_id, "args": {"reason": "test"}}
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                return await client.request_admin(verb, body)
+            except ratchet.RemoteError as exc:
+                if not exc.retryable:
+                    raise
+            await asyncio.sleep(0.05)  # pacing between attempts; the timeout bounds them
 
 
 async def test_a_sleeping_task_holds_no_actor_and_goes_on_at_its_wake_time_once(
