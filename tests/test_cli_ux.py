@@ -20,7 +20,8 @@ import pytest
 from rich.console import Console
 
 from ratchet.protocol.messages import Event
-from ratchet.supervisors.cli.output import Output, WatchView
+from ratchet.supervisors.cli.human import HumanOutput
+from ratchet.supervisors.cli.output import Output
 from ratchet.supervisors.cli.render import event_line, relative_time, render_answer
 from tests.conftest import RATCHET_BIN, ROOT
 
@@ -257,7 +258,7 @@ WATCHED = [_event(1, "task.queued"), _event(2, "task.started"),
 def test_watch_on_a_terminal_shows_a_line_per_event_above_a_bar_that_ends_full() -> None:
     screen = io.StringIO()
     console = Console(file=screen, width=120, force_terminal=True, color_system=None)
-    with WatchView(Output(console, console), "tsk_a") as view:
+    with HumanOutput(console, console).watch_view("tsk_a") as view:
         for event in WATCHED:
             view.show(event)
     shown = screen.getvalue()
@@ -267,7 +268,7 @@ def test_watch_on_a_terminal_shows_a_line_per_event_above_a_bar_that_ends_full()
 
 def test_watch_into_a_pipe_prints_each_event_as_its_json_line(
         capsys: pytest.CaptureFixture[str]) -> None:
-    with WatchView(Output(None, Console(stderr=True)), "tsk_a") as view:
+    with Output().watch_view("tsk_a") as view:
         for event in WATCHED:
             view.show(event)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
