@@ -120,7 +120,8 @@ def release() -> None:
 
 
 #: What a serving node imports, for ``make install`` to compile (see :func:`main`).
-SERVE_MODULES = ("ratchet.supervisors.cli", "ratchet.supervisors.cli.serve")
+SERVE_MODULES = ("ratchet.supervisors.cli", "ratchet.supervisors.cli.serve",
+                 "ratchet.supervisors.node.later_children")
 
 
 def main() -> int:
