@@ -2,8 +2,9 @@
 
 Before anything else is imported: the cyclic garbage collector is held off until the node
 serves, or at once for a command other than ``serve`` (supervisors/cli/startup_gc.py);
-``dataclasses`` runs the methods it compiled at an earlier start
-(ratchet/dataclass_code.py), until the same moment; and when the log lines are JSON
+the code the standard library compiles from text as classes are defined (dataclass
+methods, forward references, named tuples) is the code compiled at an earlier start
+(ratchet/code_cache.py), until the same moment; and when the log lines are JSON
 (stderr is not a terminal), structlog is imported without rich (below). Only this entry
 does that: importing ``ratchet.supervisors.cli`` (its ``main`` included) leaves all three
 alone (docs/operations.md, "Restart (W4)").
@@ -40,16 +41,16 @@ def _structlog_without_rich() -> None:
 def main() -> int:
     held = gc.isenabled()
     gc.disable()
-    from ratchet import dataclass_code
+    from ratchet import code_cache
 
-    dataclass_code.install()
+    code_cache.install()
     _structlog_without_rich()
     from ratchet.supervisors.cli import main as command
     from ratchet.supervisors.cli.startup_gc import adopt, at_release
 
     if held:
         adopt()
-    at_release(dataclass_code.release)
+    at_release(code_cache.release)
     return command()
 
 

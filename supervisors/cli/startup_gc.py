@@ -33,7 +33,7 @@ def adopt() -> None:
 def at_release(then: Callable[[], None]) -> None:
     """Call ``then`` (once) when the start ends, at :func:`release`: the command's entry
     point hands over the end of its other start-only measure this way
-    (ratchet/dataclass_code.py)."""
+    (ratchet/code_cache.py)."""
     _then.append(then)
 
 
