@@ -22,7 +22,8 @@ FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"
 #: traces are on, an agent node's modules at the first agent node a task runs, the metrics
 #: port's and the console's HTTP server when asked for, rich's rendering for people when
 #: they read the output, the children a node starts after its tasks resumed (imported on a
-#: thread meanwhile) (docs/operations.md, "Restart (W4)").
+#: thread meanwhile), pykka at the first blocking tool call (docs/operations.md, "Restart
+#: (W4)").
 LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
         *(("supervisors/cli/__init__.py", f"ratchet.supervisors.cli.{command}")
           for command in ("serve", "tasks", "admin", "schedule", "replay", "versions",
@@ -32,6 +33,7 @@ LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
         ("supervisors/cli/serve.py", "ratchet.supervisors.console"),
         ("supervisors/cli/output.py", "ratchet.supervisors.cli.human"),
         ("supervisors/node/start_order.py", "ratchet.supervisors.node.later_children"),
+        ("actors/effects/tool_session.py", "ratchet.actors.effects.blocking_runner"),
         ("supervisors/cli/serve_health.py", "ratchet.supervisors.observability.http"),
         ("protocol/tracing.py", "ratchet.protocol.spans"),
         ("actors/task/graph_runtime.py", "ratchet.actors.task.agent_node")}
