@@ -145,9 +145,6 @@ class Node:
         self.seal, self.authn = await trust(self.store, cfg, self.clock)
         await unlock_secrets(self.store, cfg)  # SecretUnreadable: not this store's key
         self.startup.mark("checks")
-        # The modules of the children started after the resume load on a thread meanwhile,
-        # while NATS is started or reached (supervisors/node/start_order.py).
-        later = load_later_children()
         link = await link_nats(cfg, self._store)
         self.startup.mark("nats")
         self.url, self.bus, self.node_key = link.url, link.bus, link.node_key
@@ -171,7 +168,9 @@ class Node:
         await root_ref.ask(WhichChildren(), timeout=30.0)  # answered after on_start
         await leases.start()  # takes a share of the partitions and recovers their tasks
         self.startup.mark("resume")
-        deps, children = await later
+        # The other children's modules, imported on a thread while the tasks run
+        # (supervisors/node/start_order.py).
+        deps, children = await load_later_children()
         await start_the_rest(self.system, root_ref, children(self._later_deps(deps, bus)))
         self.startup.mark("services")
         self._audit_check = asyncio.create_task(self._check_audit())

@@ -11,9 +11,10 @@ in that order, and the node waits for its request services to subscribe before i
 it is serving.
 
 Their modules are not even imported before the tasks resume: :func:`load_later_children`
-imports them on a thread from the start of the node's start, so that the ~10 ms they take
-falls into the waits of the start (the store's threads, the nats-server starting, NATS's
-answers) instead of lengthening it; the node awaits that import only once its tasks run.
+imports them on a thread once the tasks run, so that the ~15 ms they take fall into the
+tasks' waits (a step's I/O, NATS's answers) instead of delaying them. (Imported on a thread
+during the start's own waits instead, for the nats-server to start, they slowed what the
+start does meanwhile by about as much: the loop waits for the GIL at each of its steps.)
 
 Nothing a resumed task does waits on those: a timer it sets fires once the timer service
 runs (it reads due timers from the store), a decision or external event waits in its
@@ -25,6 +26,7 @@ only in a partition whose lease this node took, with that lease's token on every
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -48,14 +50,23 @@ log = structlog.get_logger("ratchet.node")
 
 #: The request services waited for before the node serves.
 _REQUEST_SERVICES = ("api", "admin")
+#: Seconds the import thread holds the GIL at most while the loop waits for it.
+_SWITCH_WHILE_IMPORTING = 0.0005
 
 #: later_children.py's dependencies class and the function that makes the children's specs.
 LaterChildren = tuple["type[LaterDeps]", Callable[["LaterDeps"], list[ChildSpec]]]
 
 
 def _import_later_children() -> LaterChildren:
-    from ratchet.supervisors.node.later_children import LaterDeps, later_children
-
+    # The loop keeps its turn: a thread holding the GIL gives it up to a waiting one only
+    # every switch interval (5 ms by default), which would hold up each step of the start
+    # that needs the loop (a spawn, an answer from NATS) while this thread imports.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, _SWITCH_WHILE_IMPORTING))
+    try:
+        from ratchet.supervisors.node.later_children import LaterDeps, later_children
+    finally:
+        sys.setswitchinterval(interval)
     return LaterDeps, later_children
 
 
