@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -73,12 +72,21 @@ def port_free(host: str, port: int) -> bool:
         return True
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent_hook() -> Callable[[], None]:
+    """The hook a child runs between fork and exec to be bound to its parent. Made in the
+    parent: ctypes is imported and libc opened before the fork (only where setpriv cannot
+    do it: ctypes is not imported by a node otherwise)."""
+    import ctypes
+
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:
-        pass
+        return lambda: None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return hook
 
 
 #: ``setpriv``, while it is not known to refuse ``--pdeathsig`` (util-linux < 2.33).
@@ -93,7 +101,7 @@ def _launcher() -> tuple[list[str], Callable[[], None] | None]:
     """How to start the server bound to its parent: the arguments before its own, and the
     hook to run in the child (None for none).
 
-    ``setpriv --pdeathsig TERM`` does what :func:`_die_with_parent` does, without Python
+    ``setpriv --pdeathsig TERM`` does what the hook does, without Python
     code in the child: then the child is made with ``vfork`` (~1.5 ms), not with a
     ``fork`` that copies a node's page tables and runs the hook (~6-15 ms here, part of
     every restart: docs/operations.md, "Restart (W4)")."""
@@ -101,7 +109,7 @@ def _launcher() -> tuple[list[str], Callable[[], None] | None]:
     if _setpriv == "?":
         _setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
     if _setpriv is None:
-        return [], _die_with_parent
+        return [], _die_with_parent_hook()
     return [_setpriv, "--pdeathsig", "TERM", "--"], None
 
 
