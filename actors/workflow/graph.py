@@ -264,8 +264,7 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder, MigrationBuilder):
             self._check_node(node, where, as_branch)
         self._check_revalidate(where)  # actors/workflow/revalidate.py
         self._check_reachable(where)
-        found = cycles(self.nodes)  # once: a graph of thousands of steps takes a while
-        self._check_cycles(where, found)
+        self._check_cycles(where, found := cycles(self.nodes))  # found once, used twice
         self.looping_nodes = check_node_loops(self.loops, self.nodes, where, found)
 
     def _resolve_implicit_next(self) -> None:
