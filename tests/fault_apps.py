@@ -19,13 +19,13 @@ class Entry(BaseModel):
     n: int
 
 
-def _never_seen(ctx: ratchet.ToolContext, args: Entry) -> None:
-    """The provider keeps nothing: an outcome left unknown (a node lost mid-call) is
-    settled by writing again, which changes nothing."""
-    return None
+def _done(ctx: ratchet.ToolContext, args: Entry) -> Entry:
+    """Asked about a write whose outcome was left unknown (its node lost mid-call): it took
+    effect — this write takes effect as soon as it is called, and changes nothing."""
+    return args
 
 
-@ratchet.tool(kind="write", args=Entry, result=Entry, key=lambda a: a.key, query=_never_seen)
+@ratchet.tool(kind="write", args=Entry, result=Entry, key=lambda a: a.key, query=_done)
 async def record(ctx: ratchet.ToolContext, args: Entry) -> Entry:
     """A write that takes effect at once (its ledger row is what the tests want)."""
     return args

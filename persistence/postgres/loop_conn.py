@@ -19,11 +19,15 @@ transaction (autocommit): no transaction is ever left open between two round tri
 from __future__ import annotations
 
 import asyncio
+import functools
+import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from psycopg import pq
+from psycopg.adapt import PyFormat, Transformer
 
 from ratchet.persistence.postgres.connection import configure, connect_kwargs, session_setup
 from ratchet.persistence.postgres.prepared import Prepared, error_of
@@ -41,14 +45,21 @@ class LoopConnection:
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._pgconn: pq.abc.PGconn | None = None
         self._prepared: set[bytes] = set()
+        #: The reads prepared on this connection: (query, argument types) -> name.
+        self._statements: dict[tuple[bytes, tuple[int, ...]], bytes] = {}
         self._waiter: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._fd = -1  # the socket, kept: libpq no longer tells it once the connection broke
+        #: A duplicate of libpq's socket, registered with the loop: libpq closes its own when
+        #: the connection breaks, and its number, reused by the next socket opened, would
+        #: then be registered under this connection's callback — the new one never woken.
+        self._fd = -1
+        self._broken = False  # input failed: no reader is registered any more
 
     @property
     def lost(self) -> bool:
         """Never opened, closed, or broken: the next :meth:`run` opens it again."""
-        return self._pgconn is None or self._pgconn.status == pq.ConnStatus.BAD
+        return (self._pgconn is None or self._broken
+                or self._pgconn.status == pq.ConnStatus.BAD)
 
     async def open(self) -> None:
         """Connect (raises ``psycopg.OperationalError`` if the server cannot be reached)."""
@@ -61,16 +72,20 @@ class LoopConnection:
         self._conn, self._pgconn = conn, conn.pgconn
         self._pgconn.nonblocking = 1
         self._loop = asyncio.get_running_loop()
-        self._fd = self._pgconn.socket
+        self._fd = os.dup(self._pgconn.socket)
         self._loop.add_reader(self._fd, self._readable)
 
     def close(self) -> None:
         if self._pgconn is not None:
             assert self._loop is not None
             self._loop.remove_reader(self._fd)
+            os.close(self._fd)
+            self._fd = -1
             self._pgconn.finish()
         self._conn = self._pgconn = None
+        self._broken = False
         self._prepared = set()
+        self._statements = {}
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(psycopg.OperationalError("the connection was closed"))
 
@@ -90,13 +105,45 @@ class LoopConnection:
                 await self._exchange(lambda pg: pg.send_prepare(statement.name, statement.sql),
                                      prepare=True)
                 self._prepared.add(statement.name)
-            return await self._exchange(lambda pg: pg.send_query_prepared(
+            row: list[bytes | None] = await self._exchange(lambda pg: pg.send_query_prepared(
                 statement.name, values, statement.formats))
+            return row
         except psycopg.OperationalError:
             self.close()
             raise
 
-    async def _exchange(self, send: Any, prepare: bool = False) -> list[bytes | None]:
+    async def fetch(self, sql: str, args: Sequence[Any]) -> list[tuple[Any, ...]]:
+        """Every row of ``sql`` (``%s`` placeholders, psycopg's), its arguments and
+        columns adapted as psycopg's execute would (its C Transformer, the connection's
+        adapters: postgres/connection.py ``configure``), prepared on first use."""
+        if self.lost:
+            await self.open()
+        assert self._conn is not None
+        query, count = _dollars(sql)
+        tx = Transformer(self._conn)
+        params = tx.dump_sequence(args, [PyFormat.AUTO] * count) if count else []
+        types = tuple(tx.types or ()) if count else ()
+        name = self._statements.get((query, types))
+        try:
+            if name is None:
+                name = b"r%d" % len(self._statements)
+                await self._exchange(lambda pg: pg.send_prepare(name, query,
+                                                                param_types=list(types)),
+                                     prepare=True)
+                self._statements[(query, types)] = name
+            res = await self._exchange(lambda pg: pg.send_query_prepared(
+                name, params, param_formats=tx.formats), whole=True)
+        except psycopg.OperationalError:
+            self.close()
+            raise
+        if res.status != pq.ExecStatus.TUPLES_OK:
+            return []
+        tx.set_pgresult(res)
+        return tx.load_rows(0, res.ntuples, tuple)
+
+    async def _exchange(self, send: Any, prepare: bool = False, whole: bool = False) -> Any:
+        """Send, then read the results: the last one's first row as bytes (``whole``: the
+        last result itself)."""
         pgconn = self._pgconn
         assert pgconn is not None
         send(pgconn)
@@ -113,10 +160,11 @@ class LoopConnection:
         if last is None or pgconn.status == pq.ConnStatus.BAD:
             raise psycopg.OperationalError("the connection is lost: "
                                            + pgconn.get_error_message())
-        if last.status == pq.ExecStatus.TUPLES_OK:
-            return [last.get_value(0, i) for i in range(last.nfields)] if last.ntuples else []
-        if last.status == pq.ExecStatus.COMMAND_OK:
-            return []
+        if last.status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):
+            if whole:
+                return last
+            return ([last.get_value(0, i) for i in range(last.nfields)]
+                    if last.status == pq.ExecStatus.TUPLES_OK and last.ntuples else [])
         error = error_of(last, pgconn)
         if prepare and error.sqlstate == "42P05":  # prepared already on this connection
             return []
@@ -124,6 +172,8 @@ class LoopConnection:
 
     async def _wait(self, writable: bool = False) -> None:
         assert self._loop is not None and self._pgconn is not None
+        if self._broken:
+            raise psycopg.OperationalError("the connection is lost (the server closed it)")
         waiter = self._loop.create_future()
         if writable:
             self._loop.add_writer(self._fd, _done, waiter)
@@ -148,11 +198,27 @@ class LoopConnection:
         except psycopg.OperationalError as exc:  # the server went away
             assert self._loop is not None
             self._loop.remove_reader(self._fd)
+            self._broken = True
             if self._waiter is not None and not self._waiter.done():
                 self._waiter.set_exception(exc)
             return
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _dollars(sql: str) -> tuple[bytes, int]:
+    """psycopg's ``%s`` placeholders as libpq's ``$n`` (``%%``: a ``%``), and their count."""
+    count = 0
+
+    def one(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group(0) == "%%":
+            return "%"
+        count += 1
+        return f"${count}"
+
+    return re.sub(r"%%|%s", one, sql).encode(), count
 
 
 def _done(waiter: asyncio.Future[None]) -> None:

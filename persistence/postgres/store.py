@@ -31,11 +31,10 @@ from ratchet.persistence.postgres.change_call import (
 from ratchet.persistence.postgres.connection import (
     RECONNECT_WINDOW_S,
     PgConnection,
-    configure,
     connect,
-    connect_kwargs,
 )
 from ratchet.persistence.postgres.dialect import pg_migrations, translate
+from ratchet.persistence.postgres.loop_conn import LoopConnection
 from ratchet.persistence.postgres.prepared import Prepared
 from ratchet.persistence.postgres.writer import PgWriter
 from ratchet.persistence.records import Fence
@@ -158,8 +157,8 @@ class PostgresStore(Store):
         self._writer = self._pg_writer  # type: ignore[assignment]
         self._syncing = self._pg_writer  # its commits are pipelined (postgres/syncer.py)
         self._identities = TaskIdentities()
-        self._readers: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
-        self._all_readers: list[psycopg.AsyncConnection[Any]] = []
+        self._readers: asyncio.Queue[LoopConnection] = asyncio.Queue()
+        self._all_readers = [LoopConnection(dsn) for _ in range(self.READERS)]
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
@@ -199,11 +198,8 @@ class PostgresStore(Store):
 
         await asyncio.to_thread(_migrate)
         await self._pg_writer.open()
-        for _ in range(self.READERS):
-            reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                           **connect_kwargs(self.dsn))
-            configure(reader)
-            self._all_readers.append(reader)
+        for reader in self._all_readers:
+            await reader.open()
             self._readers.put_nowait(reader)
 
     async def close(self) -> None:
@@ -212,7 +208,7 @@ class PostgresStore(Store):
         self._closed = True
         await self._heads.flush()
         for reader in self._all_readers:
-            await reader.close()
+            reader.close()
         await self._writer.close()
 
     async def apply(self, change: TaskChange) -> ChangeResult:
@@ -281,20 +277,20 @@ class PostgresStore(Store):
         raise AssertionError("unreachable: the second attempt returns or raises")
 
     async def _read(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[Any]:
+        """Every row of one read on a free read connection (postgres/loop_conn.py)."""
         stmt = translate(sql)
         reader = await self._readers.get()
         try:
             for attempt in (1, 2):
                 try:
-                    if reader.closed or reader.broken:  # lost (a server restart, a partition)
-                        reader = await self._reconnect(reader)
-                    cur = await reader.execute(stmt.sql, tuple(args) if args else None)
-                    return await cur.fetchall() if cur.description is not None else []
+                    if reader.lost:  # a server restart, a partition
+                        await self._reopen(reader)
+                    return await reader.fetch(stmt.sql, tuple(args))
                 except psycopg.OperationalError as exc:
                     # A connection the server dropped is only found out by using it: a
                     # read is idempotent, so it runs once more on a new connection (within
                     # the reconnect window) before its caller sees the store unavailable.
-                    if attempt == 1 and (reader.closed or reader.broken):
+                    if attempt == 1 and reader.lost:
                         continue
                     raise StoreUnavailable(f"the store cannot read: {exc}",
                                            postgres_error=str(exc)) from exc
@@ -302,25 +298,21 @@ class PostgresStore(Store):
         finally:
             self._readers.put_nowait(reader)
 
-    async def _reconnect(self, lost: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
-        """A new read connection in place of ``lost`` (raises if the server is unreachable:
-        ``lost`` then stays in the pool, and the next read tries again)."""
+    @staticmethod
+    async def _reopen(reader: LoopConnection) -> None:
+        """Connect ``reader`` again, trying for the reconnect window (a server restarting
+        is back within it); raises if it is not."""
         deadline = time.monotonic() + RECONNECT_WINDOW_S
         delay = 0.05
         while True:
             try:
-                reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                               **connect_kwargs(self.dsn))
-                break
+                await reader.open()
+                return
             except psycopg.OperationalError:
                 if time.monotonic() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)  # a server restarting: back within the window
                 delay = min(0.5, delay * 2)
-        configure(reader)
-        self._all_readers[self._all_readers.index(lost)] = reader
-        await lost.close()
-        return reader
 
 
 class _DeleteOutbox:
