@@ -7,10 +7,9 @@ gets the result once the syncer (postgres/syncer.py) has flushed past it — or,
 (a step's commit), at once with a future for that. A refusal waits for the flush too: it
 may rest on a commit not yet durable.
 
-Why several connections: one waits for its call's round trip and the server's work on it;
-the server runs calls of other connections meanwhile, on the other core. A task's calls
-always take the same connection (by its id), one at a time per connection, in the order
-they came (:class:`asyncio.Lock` is fair).
+Each connection is a pipeline (postgres/pipeline_conn.py): calls are sent as they come,
+without waiting for those before them. Several connections: the server runs them side by
+side, on the other core. A task's calls always take the same connection (by its id).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from ratchet.persistence.postgres.loop_conn import LoopConnection
+from ratchet.persistence.postgres.pipeline_conn import PipelineConnection
 from ratchet.persistence.postgres.prepared import Prepared
 from ratchet.persistence.postgres.syncer import PgSyncer
 from ratchet.protocol.errors import StoreUnavailable
@@ -46,13 +45,6 @@ class Call(Protocol):
     def refusal(self, exc: psycopg.Error) -> Exception: ...
 
 
-class _Lane:
-    __slots__ = ("conn", "lock")
-
-    def __init__(self, dsn: str) -> None:
-        # Commits do not wait for the WAL flush: the syncer's flush vouches for them.
-        self.conn = LoopConnection(dsn, setup=("SET synchronous_commit = off",))
-        self.lock = asyncio.Lock()
 
 
 class FastLanes:
@@ -61,16 +53,18 @@ class FastLanes:
     LANES = 4
 
     def __init__(self, dsn: str, syncer: PgSyncer) -> None:
-        self._lanes = [_Lane(dsn) for _ in range(self.LANES)]
+        # Commits do not wait for the WAL flush: the syncer's flush vouches for them.
+        self._lanes = [PipelineConnection(dsn, setup=("SET synchronous_commit = off",))
+                       for _ in range(self.LANES)]
         self.syncer = syncer
 
     async def open(self) -> None:
         for lane in self._lanes:
-            await lane.conn.open()
+            await lane.open()
 
     def close(self) -> None:
         for lane in self._lanes:
-            lane.conn.close()
+            lane.close()
 
     async def call(self, call: Call) -> Any:
         """``call``'s result once its commit is durable."""
@@ -96,21 +90,15 @@ class FastLanes:
         """``(syncer generation before the commit, ok, result or exception)``."""
         key = call.task_id
         lane = self._lanes[zlib.crc32(key.encode()) % len(self._lanes) if key else 0]
-        async with lane.lock:
-            generation = self.syncer.generation
-            try:
-                row = await lane.conn.run(call.statement, call.args())
-                outcome: tuple[bool, Any] = (True, call.result(row))
-            except psycopg.OperationalError as exc:  # the connection: retryable
-                error = StoreUnavailable(f"the store cannot write: {exc}",
-                                         postgres_error=str(exc))
-                error.__cause__ = exc
-                outcome = (False, error)
-            except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:
-                error = StoreUnavailable(f"the store cannot write: {exc}",
-                                         postgres_error=str(exc))
-                error.__cause__ = exc
-                outcome = (False, error)
-            except psycopg.Error as exc:
-                outcome = (False, call.refusal(exc))
+        generation = self.syncer.generation
+        try:
+            row = await lane.run(call.statement, call.args())
+            outcome: tuple[bool, Any] = (True, call.result(row))
+        except (psycopg.OperationalError, psycopg.errors.DeadlockDetected,
+                psycopg.errors.SerializationFailure) as exc:  # retryable
+            error = StoreUnavailable(f"the store cannot write: {exc}", postgres_error=str(exc))
+            error.__cause__ = exc
+            outcome = (False, error)
+        except psycopg.Error as exc:
+            outcome = (False, call.refusal(exc))
         return generation, *outcome
