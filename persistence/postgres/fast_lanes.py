@@ -90,6 +90,8 @@ class FastLanes:
         """``(syncer generation before the commit, ok, result or exception)``."""
         key = call.task_id
         lane = self._lanes[zlib.crc32(key.encode()) % len(self._lanes) if key else 0]
+        if lane.lost:  # the server restarted? the syncer's connection too, first
+            await self.syncer.reconnect()
         generation = self.syncer.generation
         try:
             row = await lane.run(call.statement, call.args())

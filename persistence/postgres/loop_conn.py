@@ -37,11 +37,13 @@ __all__ = ["LoopConnection"]
 
 class LoopConnection:
     """Open with :meth:`open`; :meth:`close` when done. ``setup``: statements run once
-    connected (e.g. ``SET synchronous_commit = off``)."""
+    connected (e.g. ``SET synchronous_commit = off``); ``reopen``: a statement on a lost
+    connection connects again first (False: it raises, the owner reconnects)."""
 
-    def __init__(self, dsn: str, setup: Sequence[str] = ()) -> None:
+    def __init__(self, dsn: str, setup: Sequence[str] = (), reopen: bool = True) -> None:
         self._dsn = dsn
         self._setup = setup
+        self._reopen = reopen
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._pgconn: pq.abc.PGconn | None = None
         self._prepared: set[bytes] = set()
@@ -97,8 +99,7 @@ class LoopConnection:
             psycopg.Error: the server's error (by SQLSTATE); ``OperationalError`` when the
                 connection is lost (it is then closed: the next run reconnects).
         """
-        if self.lost:
-            await self.open()
+        await self._ready()
         values = statement.encode(args)
         try:
             if statement.name not in self._prepared:
@@ -116,8 +117,7 @@ class LoopConnection:
         """Every row of ``sql`` (``%s`` placeholders, psycopg's), its arguments and
         columns adapted as psycopg's execute would (its C Transformer, the connection's
         adapters: postgres/connection.py ``configure``), prepared on first use."""
-        if self.lost:
-            await self.open()
+        await self._ready()
         assert self._conn is not None
         query, count = _dollars(sql)
         tx = Transformer(self._conn)
@@ -140,6 +140,12 @@ class LoopConnection:
             return []
         tx.set_pgresult(res)
         return tx.load_rows(0, res.ntuples, tuple)
+
+    async def _ready(self) -> None:
+        if self.lost:
+            if not self._reopen:
+                raise psycopg.OperationalError("the connection is lost")
+            await self.open()
 
     async def _exchange(self, send: Any, prepare: bool = False, whole: bool = False) -> Any:
         """Send, then read the results: the last one's first row as bytes (``whole``: the

@@ -21,13 +21,19 @@ from __future__ import annotations
 import asyncio
 import collections
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
 from psycopg import pq
 
-from ratchet.persistence.postgres.connection import configure, connect_kwargs, session_setup
+from ratchet.persistence.postgres.connection import (
+    RECONNECT_WINDOW_S,
+    configure,
+    connect_kwargs,
+    session_setup,
+)
 from ratchet.persistence.postgres.prepared import Prepared, error_of
 
 __all__ = ["PipelineConnection"]
@@ -76,6 +82,22 @@ class PipelineConnection:
         self._fd = os.dup(self._pgconn.socket)
         self._loop.add_reader(self._fd, self._readable)
 
+    async def _reopen(self) -> None:
+        """Connect again, trying for the reconnect window: a server restarting is back
+        within it, and the calls meanwhile wait instead of failing (and crashing their
+        tasks)."""
+        deadline = time.monotonic() + RECONNECT_WINDOW_S
+        delay = 0.05
+        while True:
+            try:
+                await self.open()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(0.5, delay * 2)
+
     def close(self, error: BaseException | None = None) -> None:
         """Close; every call waiting fails (``error``, else OperationalError)."""
         if self._pgconn is not None:
@@ -99,12 +121,13 @@ class PipelineConnection:
 
         Raises:
             psycopg.Error: the server's error (by SQLSTATE); ``OperationalError`` when the
-                connection is lost (it is closed: the next run reconnects).
+                connection is lost (it is closed: the next run reconnects) or cannot be
+                made again within the reconnect window.
         """
         if self.lost:
             async with self._opening:
                 if self.lost:
-                    await self.open()
+                    await self._reopen()
         assert self._loop is not None and self._pgconn is not None
         pgconn = self._pgconn
         fut: asyncio.Future[list[bytes | None]] = self._loop.create_future()

@@ -55,7 +55,9 @@ class PgSyncer:
 
     def __init__(self, dsn: str, stats: WriterStats) -> None:
         self.stats = stats
-        self._conn = LoopConnection(dsn, setup=("SET synchronous_commit = on",))
+        # Never reconnected behind the syncer's back: each connection is a generation.
+        self._conn = LoopConnection(dsn, setup=("SET synchronous_commit = on",), reopen=False)
+        self._connecting = asyncio.Lock()
         self._waiting: list[tuple[int, Waiter]] = []
         self._commits = 0  # transactions the waiting wait for
         self._stopping = False
@@ -90,6 +92,16 @@ class PgSyncer:
             assert self._loop is not None, "start() first"
             call_soon_threadsafe(self._loop, self.after, generation, waiters, commits)
 
+    async def reconnect(self) -> None:
+        """Connect again now if the connection is lost (one attempt): a commit made after
+        a restart then carries the new connection's generation, and the first pass after
+        it vouches for it instead of failing it."""
+        if self._conn.lost:
+            try:
+                await self._connect()
+            except psycopg.Error:  # still down: the next pass tries again (and fails)
+                pass
+
     async def close(self) -> None:
         """Run a last pass for whoever waits, then close. Idempotent."""
         self._stopping = True
@@ -117,17 +129,13 @@ class PgSyncer:
         started = time.perf_counter()
         error: BaseException | None = None
         try:
-            if self._conn.lost:
-                await self._connect()
-            await self._conn.run(_FLUSH, ())
+            await self.reconnect()
+            await self._conn.run(_FLUSH, ())  # lost still: raises
         except psycopg.Error as exc:
             log.warning("WAL flush failed; its waiters are told the store is unavailable",
                         error=repr(exc), waiting=len(batch))
             error = exc
-            try:  # now: a read that runs again may be vouched for at once
-                await self._connect()
-            except psycopg.Error:  # still down: the next pass tries again
-                pass
+            await self.reconnect()  # now: a read that runs again may be vouched for at once
         seconds = time.perf_counter() - started
         self.stats.record_sync(commits, seconds)
         if commits:  # the commit figures of a PostgreSQL store: its flushes (the group commit)
@@ -143,5 +151,7 @@ class PgSyncer:
         settle(settled)
 
     async def _connect(self) -> None:
-        await self._conn.open()
-        self.generation += 1
+        async with self._connecting:  # the passes and the lanes may both ask
+            if self._conn.lost:
+                await self._conn.open()
+                self.generation += 1
