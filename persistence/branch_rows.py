@@ -20,8 +20,9 @@ from typing import Any, Protocol, TypeVar
 import msgpack
 
 from ratchet.persistence.graph_rows import finish_branch_txn
+from ratchet.persistence.pipelined import PipelinedWriter
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
-from ratchet.persistence.writer import LoopWriter, Writer
+from ratchet.persistence.writer import Writer
 from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.secrets import Sealer
 
@@ -134,7 +135,7 @@ class BranchRows:
     """:meth:`finish_branches` of the Store (what it uses of the Store is declared here)."""
 
     _writer: Writer
-    _syncing: LoopWriter | None  # the writer, when its commits may be pipelined
+    _syncing: PipelinedWriter | None  # the writer, when its commits may be pipelined
     secrets: Sealer
 
     def _announce(self, rows: list[OutboxRow]) -> None:

@@ -38,12 +38,15 @@ class BatchQueue:
         self._urgent: collections.deque[Any] = collections.deque()  # thread-safe ends
         self._stopping = False
 
-    def submit(self, fn: Callable[[Any], T], urgent: bool = False) -> asyncio.Future[T]:
+    def submit(self, fn: Callable[[Any], T], urgent: bool = False,
+               bind: bool = True) -> asyncio.Future[T]:
         """Queue ``fn`` (run on the caller's loop); ``urgent``: into the next batch, ahead
-        of everything queued."""
+        of everything queued; ``bind``: run it in the caller's context (False: the caller
+        bound it already, inside a wrapper the thread must see)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[T] = loop.create_future()
-        fn = bind_context(fn)  # the caller's span, for the events it writes (if tracing)
+        if bind:
+            fn = bind_context(fn)  # the caller's span, for the events it writes (if tracing)
         if urgent:
             self._urgent.append((fn, loop, fut))
             self._queue.put(_WAKE)

@@ -15,20 +15,41 @@ import asyncio
 import functools
 import sqlite3
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from ratchet.persistence.txns import ChangeResult, OutboxRow
-from ratchet.persistence.writer import LoopWriter
 
-__all__ = ["apply_pipelined"]
+__all__ = ["PipelinedWriter", "announce_when_durable", "apply_pipelined"]
 
 
-async def apply_pipelined(writer: LoopWriter,
+class PipelinedWriter(Protocol):
+    """A writer whose commits may be handed back before they are durable: SQLite's
+    LoopWriter under FULL, PostgreSQL's PgWriter (persistence/postgres/writer.py)."""
+
+    def submit_pipelined(self, fn: Callable[[Any], Any]
+                         ) -> asyncio.Future[tuple[Any, asyncio.Future[None] | None]]:
+        """``(result, durable)`` at the commit; ``durable`` None when durable already."""
+        ...
+
+    async def synced(self) -> None:
+        """Return once every commit made so far is durable."""
+        ...
+
+
+async def apply_pipelined(writer: PipelinedWriter,
                           txn: Callable[[sqlite3.Connection], tuple[ChangeResult, object]],
                           announce: Callable[[list[OutboxRow]], None]) -> ChangeResult:
     """Run ``txn`` (the store's change transaction, returning ``(result, audit head)``)
     in the next batch; return at its commit with ``durable`` set when it is not yet."""
     (result, _), durable = await writer.submit_pipelined(txn)
     assert isinstance(result, ChangeResult)
+    return announce_when_durable(result, durable, announce)
+
+
+def announce_when_durable(result: ChangeResult, durable: asyncio.Future[None] | None,
+                          announce: Callable[[list[OutboxRow]], None]) -> ChangeResult:
+    """``result`` with ``durable`` set; its outbox rows announced once it resolves (at
+    once when ``durable`` is None: durable already)."""
     if durable is None:  # durable already (NORMAL: as durable as configured)
         announce(result.outbox)
         return result

@@ -391,10 +391,10 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
     (17, "actions not settled, for the action sweeper (sweep_rows.py)", UNSETTLED_DDL),
     (18, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
-    # The intake span's context (W3C traceparent), NULL when tracing was off (tracing.py).
-    (19, "tasks.traceparent: the trace a task's spans continue",
+    (19, "tasks.traceparent: the trace a task's spans continue",  # W3C; NULL: untraced
      "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),
     (20, "tasks.definition_hash: the workflow definition a task started on (definition.py)",
      "ALTER TABLE tasks ADD COLUMN definition_hash TEXT"),
     (21, "tasks.sandbox: a sandbox fork's marks (sandbox_rows.py)", SANDBOX_DDL),
+    (22, "PostgreSQL only: a task change in one call (postgres/change_sql.py)", ""),
 ]

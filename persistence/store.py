@@ -36,7 +36,7 @@ from ratchet.persistence.leases import (
 from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.metric_rows import MetricRows
 from ratchet.persistence.migrations import migrate
-from ratchet.persistence.pipelined import apply_pipelined
+from ratchet.persistence.pipelined import PipelinedWriter, apply_pipelined
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRows
 from ratchet.persistence.settle_rows import SettleRows
@@ -93,7 +93,8 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         self.dead_letter_limits = DeadLetterLimits()
         self._writer = make_writer(self.path, synchronous, writer, wal_limit)
         #: The writer that may hand a commit back before it is durable (FULL on the loop).
-        self._syncing = self._writer if isinstance(self._writer, LoopWriter) else None
+        self._syncing: PipelinedWriter | None = (
+            self._writer if isinstance(self._writer, LoopWriter) else None)
         self._reader: aiosqlite.Connection | None = None
         self._outbox_listeners: list[OutboxListener] = []
         self._closed = False

@@ -16,7 +16,8 @@ from ratchet.protocol.codec import decode_map
 from ratchet.protocol.messages import SCHEMA_VERSION, Event
 from ratchet.protocol.redaction import pack_redacted
 
-__all__ = ["MAX_EVENT_PAYLOAD", "decode_event", "encode_event", "pack_payload"]
+__all__ = ["MAX_EVENT_PAYLOAD", "decode_event", "encode_event", "encode_event_parts",
+           "pack_payload"]
 
 #: Event payloads whose msgpack encoding is larger than this are published truncated.
 MAX_EVENT_PAYLOAD = 256 * 1024
@@ -65,6 +66,39 @@ def encode_event(
             "payload": published,
         },
     )
+
+
+def encode_event_parts(
+    *,
+    event_id: str,
+    task_id: str,
+    tenant: str,
+    event_type: str,
+    occurred_at: float,
+    producer: str,
+    payload: Mapping[str, Any],
+    packed_payload: bytes,
+) -> tuple[bytes, bytes, bytes]:
+    """:func:`encode_event`'s bytes but for the sequence and the aggregate version, which
+    are known only inside the store's transaction: ``(head, mid, tail)`` such that the
+    event's bytes are ``head + packb(sequence) + mid + packb(aggregate_version) + tail``
+    (the PostgreSQL store splices the two in on the server: persistence/postgres/
+    change_sql.py).
+
+    Packed once with two markers in their places (uint64s whose bytes UTF-8 text never
+    holds: only text comes before them), then cut there."""
+    wire = encode_event(event_id=event_id, task_id=task_id, tenant=tenant,
+                        sequence=_SEQ_MARK, event_type=event_type,
+                        aggregate_version=_VERSION_MARK, occurred_at=occurred_at,
+                        producer=producer, payload=payload, packed_payload=packed_payload)
+    at = wire.index(_SEQ_BYTES)
+    to = wire.index(_VERSION_BYTES, at + len(_SEQ_BYTES))
+    return wire[:at], wire[at + len(_SEQ_BYTES):to], wire[to + len(_VERSION_BYTES):]
+
+
+_SEQ_MARK, _VERSION_MARK = 2**64 - 1, 2**64 - 2
+_SEQ_BYTES = b"\xcf" + _SEQ_MARK.to_bytes(8, "big")
+_VERSION_BYTES = b"\xcf" + _VERSION_MARK.to_bytes(8, "big")
 
 
 def decode_event(data: bytes) -> Event:

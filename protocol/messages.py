@@ -29,7 +29,11 @@ __all__ = [
 SCHEMA_VERSION: Literal[1] = 1
 
 #: Strict: no coercion (a bin value is not a str, a str not an int; an int is a float).
-_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+#: ``defer_build``: each model's validator and serializer are built at its first use, not
+#: at import — a restarted node resumes its tasks without building any of them (~20 ms of
+#: its start, pydantic's schema machinery included; docs/operations.md, "Restart (W4)").
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
+_LENIENT = ConfigDict(frozen=True, defer_build=True)
 
 
 class Envelope(BaseModel):
@@ -107,7 +111,7 @@ class GetTask(BaseModel):
 class TaskSnapshot(BaseModel):
     """What a task is now: the row of record, as ``ratchet status`` shows it."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = _LENIENT
 
     task_id: str
     tenant: str
@@ -191,7 +195,7 @@ class Event(BaseModel):
     ``version`` after the change that produced the event.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = _LENIENT
 
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: str
@@ -206,7 +210,7 @@ class Event(BaseModel):
 
 
 class ErrorBody(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = _LENIENT
 
     code: str
     message: str
@@ -217,7 +221,7 @@ class ErrorBody(BaseModel):
 class Reply(BaseModel):
     """Every request/reply answer: ``{ok: true, result}`` or ``{ok: false, error}``."""
 
-    model_config = ConfigDict(frozen=True)
+    model_config = _LENIENT
 
     schema_version: Literal[1] = SCHEMA_VERSION
     ok: bool

@@ -60,7 +60,9 @@ DEADLINE_HEADER = "Ratchet-Deadline"
 MAX_TOOL_MESSAGE_BYTES = 1024 * 1024
 
 M = TypeVar("M", bound=BaseModel)
-_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
+#: ``defer_build``: built at their first use, not as every node starts (a node without
+#: remote tools never builds them; docs/operations.md, "Restart (W4)").
+_STRICT = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 _ID = Field(min_length=1, max_length=128)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 from typing import Any
 
 import pytest
@@ -90,3 +92,24 @@ async def test_names_are_unique_among_live_actors() -> None:
     again = system.spawn(Echo(), "one")
     assert system.lookup("one") is again
     await again.stop_and_wait(1)
+
+
+async def test_a_stopped_actor_is_freed_by_reference_counting_not_left_to_the_collector(
+        ) -> None:
+    """A stopped actor and its ref pointed at each other: every finished task stayed in
+    memory until the cyclic collector's next full pass (docs/operations.md, "Memory")."""
+    system = ActorSystem()
+    exits: list[BaseException | None] = []
+    actor = Echo()
+    ref = system.spawn(actor, "done", on_exit=lambda _, reason: exits.append(reason))
+    gone = weakref.ref(actor)
+    assert await ref.ask("hello", timeout=1) == ("echo", "hello")
+    del actor
+    gc.disable()
+    try:
+        await ref.stop_and_wait(1)
+        assert gone() is None, "the stopped actor waits for the cyclic collector"
+    finally:
+        gc.enable()
+    assert exits == [None] and not ref.is_alive and ref.interrupt() is False
+    assert system.lookup("done") is None

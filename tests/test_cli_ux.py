@@ -19,8 +19,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+import ratchet
 from ratchet.protocol.messages import Event
-from ratchet.supervisors.cli.output import Output, WatchView
+from ratchet.supervisors.cli.human import HumanOutput
+from ratchet.supervisors.cli.output import Output
 from ratchet.supervisors.cli.render import event_line, relative_time, render_answer
 from tests.conftest import RATCHET_BIN, ROOT
 
@@ -257,7 +259,7 @@ WATCHED = [_event(1, "task.queued"), _event(2, "task.started"),
 def test_watch_on_a_terminal_shows_a_line_per_event_above_a_bar_that_ends_full() -> None:
     screen = io.StringIO()
     console = Console(file=screen, width=120, force_terminal=True, color_system=None)
-    with WatchView(Output(console, console), "tsk_a") as view:
+    with HumanOutput(console, console).watch_view("tsk_a") as view:
         for event in WATCHED:
             view.show(event)
     shown = screen.getvalue()
@@ -267,7 +269,7 @@ def test_watch_on_a_terminal_shows_a_line_per_event_above_a_bar_that_ends_full()
 
 def test_watch_into_a_pipe_prints_each_event_as_its_json_line(
         capsys: pytest.CaptureFixture[str]) -> None:
-    with WatchView(Output(None, Console(stderr=True)), "tsk_a") as view:
+    with Output().watch_view("tsk_a") as view:
         for event in WATCHED:
             view.show(event)
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
@@ -318,3 +320,37 @@ def test_logs_are_coloured_lines_with_a_drawn_traceback_on_a_terminal() -> None:
     assert "the cause" in text and "from the standard library asyncio" in text
     assert "not shown" not in text
     assert '{"event"' not in text
+
+
+WITHOUT_RICH = """
+import sys
+import ratchet.__main__ as entry
+entry._structlog_without_rich()
+import structlog
+from ratchet.supervisors.node.log_output import configure_logging
+configure_logging("info", console=True)  # a console rendering all the same: no rich needed
+try:
+    raise ValueError("the cause")
+except ValueError:
+    structlog.get_logger("t").exception("step failed")
+print("rich" in sys.modules, structlog.dev.rich is None)
+import rich.console  # the commands that print for people import it as usual
+print("rich" in sys.modules)
+"""
+
+
+def test_the_command_imports_structlog_without_rich_when_its_logs_are_json_lines() -> None:
+    """stderr piped (JSON log lines): rich, ~50 ms of imports, is never loaded for the logs
+    (ratchet/__main__.py); a console rendering configured anyway draws the standard
+    library's traceback."""
+    done = subprocess.run([sys.executable, "-c", WITHOUT_RICH], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "True"]
+    assert "Traceback" in done.stderr and "ValueError: the cause" in done.stderr
+
+
+def test_version_prints_the_installed_distributions_version() -> None:
+    done = subprocess.run([str(RATCHET_BIN), "--version"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == f"ratchet {ratchet.__version__}"

@@ -20,8 +20,10 @@ FOLDERS = ["protocol", "persistence", "actors", "supervisors", "ratchet/testing"
 #: the demo app), which a serving node must not carry; and what a start does not need is
 #: loaded at its first use — each CLI command its own module, the OpenTelemetry SDK when
 #: traces are on, an agent node's modules at the first agent node a task runs, the metrics
-#: port's and the console's HTTP server when asked for
-#: (docs/operations.md, "Restart (W4)").
+#: port's and the console's HTTP server when asked for, rich's rendering for people when
+#: they read the output, the children a node starts after its tasks resumed (imported on a
+#: thread meanwhile), pykka at the first blocking tool call (docs/operations.md, "Restart
+#: (W4)").
 LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
         *(("supervisors/cli/__init__.py", f"ratchet.supervisors.cli.{command}")
           for command in ("serve", "tasks", "admin", "schedule", "replay", "versions",
@@ -29,6 +31,9 @@ LAZY = {("supervisors/cli/__init__.py", "ratchet.testing.demo"),
         ("supervisors/cli/__init__.py", "ratchet.supervisors.cli"),
         ("supervisors/cli/serve.py", "ratchet.supervisors.node.otel"),
         ("supervisors/cli/serve.py", "ratchet.supervisors.console"),
+        ("supervisors/cli/output.py", "ratchet.supervisors.cli.human"),
+        ("supervisors/node/start_order.py", "ratchet.supervisors.node.later_children"),
+        ("actors/effects/tool_session.py", "ratchet.actors.effects.blocking_runner"),
         ("supervisors/cli/serve_health.py", "ratchet.supervisors.observability.http"),
         ("protocol/tracing.py", "ratchet.protocol.spans"),
         ("actors/task/graph_runtime.py", "ratchet.actors.task.agent_node")}

@@ -25,7 +25,8 @@ import pytest
 
 import ratchet
 from ratchet.persistence.store import Store
-from ratchet.supervisors.node.embedded_nats import free_port
+from ratchet.supervisors.node import embedded_nats
+from ratchet.supervisors.node.embedded_nats import EmbeddedNats, free_port
 from tests.conftest import RATCHET_BIN, ROOT, NodeFactory
 
 #: What a refused start may take, start to exit (the issue's bound).
@@ -197,6 +198,46 @@ def test_sigint_to_the_process_group_of_serve_piped_to_tee_stops_the_node_and_it
         if shell.poll() is None:
             os.killpg(shell.pid, signal.SIGKILL)
             shell.wait()
+
+
+def _running(pid: int) -> bool:
+    """Alive, and not a zombie waiting to be reaped."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_a_node_killed_with_sigkill_takes_its_embedded_nats_server_with_it(
+        tmp_path: Path, procs: list[subprocess.Popen[str]]) -> None:
+    state = tmp_path / "state"
+    proc = _serve(state)
+    procs.append(proc)
+    _banner(proc)
+    nats_pid = int((state / "nats" / "nats-server.pid").read_text())
+    assert _running(nats_pid)
+    proc.kill()
+    proc.wait()
+    _until(lambda: not _running(nats_pid), 10, "the embedded nats-server to follow its node")
+
+
+async def test_a_setpriv_too_old_to_bind_the_server_leaves_it_to_the_fork_hook(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """util-linux before 2.33 has a setpriv without ``--pdeathsig``: it says so and exits;
+    the server is started again bound by the hook, and setpriv is not tried again."""
+    old = tmp_path / "setpriv"
+    old.write_text("#!/bin/sh\necho \"setpriv: unrecognized option '--pdeathsig'\" >&2\n"
+                   "exit 1\n")
+    old.chmod(0o755)
+    monkeypatch.setattr(embedded_nats, "_setpriv", str(old))
+    server = EmbeddedNats(tmp_path / "nats")
+    try:
+        url = await server.start(timeout=20)
+        assert url.startswith("nats://127.0.0.1:") and embedded_nats._setpriv is None
+        assert _running(int(server.pid_file.read_text()))
+    finally:
+        await server.stop()
 
 
 @pytest.mark.slow

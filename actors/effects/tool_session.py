@@ -2,7 +2,8 @@
 
 A session holds its state (tokens, cursors) in the store, reloaded on start, so a restarted
 session resumes its cursor. Async tool code runs on the loop; blocking tool code runs on a
-pykka ``ThreadingActor`` the session owns. The bridge never awaits a pykka future (that
+pykka ``ThreadingActor`` the session owns (actors/effects/blocking_runner.py, imported at
+the first blocking call). The bridge never awaits a pykka future (that
 would block the loop): the session ``tell``s the thread ``(call, loop, asyncio_future)``
 and the thread settles the future with ``loop.call_soon_threadsafe``.
 
@@ -16,9 +17,8 @@ import asyncio
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pykka
 import structlog
 
 from ratchet.actors.core.actor import Actor
@@ -27,38 +27,14 @@ from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import ToolOutcomeUnknown
 
-__all__ = ["ToolSession", "Invoke", "BlockingRunner"]
+if TYPE_CHECKING:
+    import pykka
+
+    from ratchet.actors.effects.blocking_runner import BlockingRunner
+
+__all__ = ["ToolSession", "Invoke"]
 
 log = structlog.get_logger("ratchet.session")
-
-
-def _settle(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
-    if fut.done():
-        return  # the caller gave up (timeout); the late outcome is dropped here
-    if ok:
-        fut.set_result(value)
-    else:
-        fut.set_exception(value)
-
-
-class BlockingRunner(pykka.ThreadingActor):
-    """Runs blocking tool code on its own thread, one call at a time."""
-
-    # A call that never returns must not keep the process alive after the node stopped.
-    use_daemon_thread = True
-
-    def on_receive(self, message: Any) -> None:
-        call, loop, fut = message
-        try:
-            result = call()
-        except BaseException as exc:
-            ok, value = False, exc
-        else:
-            ok, value = True, result
-        try:
-            loop.call_soon_threadsafe(_settle, fut, ok, value)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +106,8 @@ class ToolSession(Actor):
                 raise ToolOutcomeUnknown(f"{ctx.tool} timed out after {timeout}s",
                                          tool=ctx.tool) from None
         if self._runner is None:
+            from ratchet.actors.effects.blocking_runner import BlockingRunner  # pykka: lazily
+
             self._runner = BlockingRunner.start()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()

@@ -264,8 +264,8 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder, MigrationBuilder):
             self._check_node(node, where, as_branch)
         self._check_revalidate(where)  # actors/workflow/revalidate.py
         self._check_reachable(where)
-        self._check_cycles(where)
-        self.looping_nodes = check_node_loops(self.loops, self.nodes, where)
+        self._check_cycles(where, found := cycles(self.nodes))  # found once, used twice
+        self.looping_nodes = check_node_loops(self.loops, self.nodes, where, found)
 
     def _resolve_implicit_next(self) -> None:
         names = list(self.nodes)
@@ -362,8 +362,8 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder, MigrationBuilder):
         if unreachable:
             raise WorkflowDefinitionError(f"{where}: unreachable nodes {unreachable}")
 
-    def _check_cycles(self, where: str) -> None:
-        for cycle in cycles(self.nodes):
+    def _check_cycles(self, where: str, found: list[list[str]]) -> None:
+        for cycle in found:
             if not any(self.nodes[n].max_visits for n in cycle):
                 path = " -> ".join([*cycle, cycle[0]])
                 raise WorkflowDefinitionError(

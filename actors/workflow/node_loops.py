@@ -41,9 +41,11 @@ class NodeLoops:
     on_loop: Mapping[str, str] = field(default_factory=dict)
 
 
-def check_node_loops(policy: NodeLoops, nodes: Mapping[str, Node], where: str) -> frozenset[str]:
+def check_node_loops(policy: NodeLoops, nodes: Mapping[str, Node], where: str,
+                     found: list[list[str]] | None = None) -> frozenset[str]:
     """Validate ``policy`` against the graph; returns the nodes it watches: those on a
-    cycle (the only ones a task can visit twice), but counted loop nodes.
+    cycle (the only ones a task can visit twice), but counted loop nodes. ``found``: the
+    graph's cycles when the caller has them already (``cycles(nodes)``).
 
     Raises:
         WorkflowDefinitionError: a threshold out of range, a route naming an unknown node.
@@ -58,6 +60,7 @@ def check_node_loops(policy: NodeLoops, nodes: Mapping[str, Node], where: str) -
         return frozenset()
     # A loop node is its own cycle (not one of the graph's); without ``until`` it runs its
     # count by design: its iterations are progress.
-    on_cycles = {name for component in cycles(nodes) for name in component}
+    on_cycles = {name for component in (cycles(nodes) if found is None else found)
+                 for name in component}
     loops = {n.name: n.until is not None for n in nodes.values() if isinstance(n, LoopNode)}
     return frozenset(n for n in on_cycles | set(loops) if loops.get(n, True))

@@ -26,9 +26,10 @@ import functools
 import re
 from dataclasses import dataclass
 
+from ratchet.persistence.postgres.change_sql import PG_MIGRATION_22
 from ratchet.persistence.schema import MIGRATIONS
 
-__all__ = ["Statement", "pg_migrations", "translate", "translate_ddl"]
+__all__ = ["PG_ONLY", "Statement", "pg_migrations", "translate", "translate_ddl"]
 
 
 def translate_ddl(sql: str) -> str:
@@ -44,8 +45,13 @@ def translate_ddl(sql: str) -> str:
 
 
 def pg_migrations() -> list[tuple[int, str, str]]:
-    """MIGRATIONS, each translated: the same versions, names and order."""
-    return [(v, name, translate_ddl(sql)) for v, name, sql in MIGRATIONS]
+    """MIGRATIONS, each translated: the same versions, names and order; those of
+    PostgreSQL alone (empty on SQLite) from :data:`PG_ONLY`."""
+    return [(v, name, PG_ONLY.get(v) or translate_ddl(sql)) for v, name, sql in MIGRATIONS]
+
+
+#: Migrations whose PostgreSQL text is not SQLite's translated (SQLite's is empty).
+PG_ONLY = {22: PG_MIGRATION_22}
 
 
 def _strip_comments(sql: str) -> str:

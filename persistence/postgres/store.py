@@ -20,17 +20,26 @@ import psycopg
 
 from ratchet.persistence.audit_seal import AuditSeal
 from ratchet.persistence.leases import LeaseClock, sync_lease_epoch_txn
+from ratchet.persistence.pipelined import announce_when_durable
+from ratchet.persistence.postgres.accept_call import AcceptCall
+from ratchet.persistence.postgres.change_call import (
+    ChangeCall,
+    Fallback,
+    TaskIdentities,
+    fast_path,
+)
 from ratchet.persistence.postgres.connection import (
     RECONNECT_WINDOW_S,
     PgConnection,
-    configure,
     connect,
-    connect_kwargs,
 )
 from ratchet.persistence.postgres.dialect import pg_migrations, translate
+from ratchet.persistence.postgres.loop_conn import LoopConnection
+from ratchet.persistence.postgres.prepared import Prepared
 from ratchet.persistence.postgres.writer import PgWriter
 from ratchet.persistence.records import Fence
 from ratchet.persistence.store import Store
+from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, TaskChange
 from ratchet.protocol.auth import redact_url
 from ratchet.protocol.error_codes import ErrorCode
 from ratchet.protocol.errors import StartRefused, StoreUnavailable
@@ -71,9 +80,9 @@ def migrate_pg(conn: PgConnection) -> int:
         for version, name, sql in migrations:
             if version <= current:
                 continue
-            for statement in sql.split(";"):
-                if statement.strip():
-                    conn.raw.execute(statement)
+            # One script (no parameters: the simple protocol runs every statement): a
+            # function's body holds semicolons.
+            conn.raw.execute(sql)
             conn.raw.execute("INSERT INTO schema_migrations(version, name, applied_at)"
                              " VALUES (%s, %s, %s)", (version, name, time.time()))
             current = version
@@ -133,6 +142,10 @@ class PostgresStore(Store):
                  lease_clock: LeaseClock | None = None,
                  audit_seal: AuditSeal | None = None) -> None:
         clock = lease_clock or PgLeaseClock()
+        import os
+        import sys  # EXPERIMENT
+        if os.environ.get("RATCHET_SWITCH"):
+            sys.setswitchinterval(float(os.environ["RATCHET_SWITCH"]))
         super().__init__(Path("/nonexistent"), "NORMAL", "thread", fence=fence,
                          lease_clock=clock, audit_seal=audit_seal)
         self.dsn = dsn
@@ -140,9 +153,12 @@ class PostgresStore(Store):
         sample = (partial(clock.sample, force=False)
                   if isinstance(clock, PgLeaseClock) else None)
         # NoWal stands for the WAL guard: what the Store reads of it, without a WAL file.
-        self._writer = PgWriter(dsn, on_batch=sample)  # type: ignore[assignment]
-        self._readers: asyncio.Queue[psycopg.AsyncConnection[Any]] = asyncio.Queue()
-        self._all_readers: list[psycopg.AsyncConnection[Any]] = []
+        self._pg_writer = PgWriter(dsn, on_batch=sample)
+        self._writer = self._pg_writer  # type: ignore[assignment]
+        self._syncing = self._pg_writer  # its commits are pipelined (postgres/syncer.py)
+        self._identities = TaskIdentities()
+        self._readers: asyncio.Queue[LoopConnection] = asyncio.Queue()
+        self._all_readers = [LoopConnection(dsn) for _ in range(self.READERS)]
 
     @classmethod
     async def open(cls, path: str | Path, synchronous: str = "NORMAL",
@@ -181,12 +197,9 @@ class PostgresStore(Store):
                 conn.close()
 
         await asyncio.to_thread(_migrate)
-        self._writer.start()
-        for _ in range(self.READERS):
-            reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                           **connect_kwargs(self.dsn))
-            configure(reader)
-            self._all_readers.append(reader)
+        await self._pg_writer.open()
+        for reader in self._all_readers:
+            await reader.open()
             self._readers.put_nowait(reader)
 
     async def close(self) -> None:
@@ -195,26 +208,89 @@ class PostgresStore(Store):
         self._closed = True
         await self._heads.flush()
         for reader in self._all_readers:
-            await reader.close()
+            reader.close()
         await self._writer.close()
+
+    async def apply(self, change: TaskChange) -> ChangeResult:
+        """One call of ``ratchet_apply_change`` when it writes all ``change`` carries
+        (postgres/change_call.py), else the SQLite store's transaction; raises as it does."""
+        if not fast_path(change):
+            return await super().apply(change)
+        # Not held here: Fenced, as the transaction's wrapper says (Store._fenced).
+        fence = self.fence.token_for(change.task_id) if self.fence is not None else None
+        identity = self._identities.get(change.task_id) or await self._identity(change.task_id)
+        if identity is None:  # no such task: the transaction says so
+            return await super().apply(change)
+        call = ChangeCall(change, fence, self.lease_clock.now, identity, self._count_fenced)
+        fast = self._pg_writer.fast
+        durable: asyncio.Future[None] | None = None
+        try:
+            if change.pipelined:  # the caller goes on at the commit; its events wait
+                (result, _), durable = await fast.call_pipelined(call)
+            else:
+                result, _ = await fast.call(call)
+        except Fallback:
+            self._identities.forget(change.task_id)
+            return await super().apply(change)
+        assert isinstance(result, ChangeResult)
+        return announce_when_durable(result, durable, self._announce)
+
+    async def _identity(self, task_id: str) -> tuple[str, bool] | None:
+        """The task's (tenant, is a sandbox), read once (neither ever changes)."""
+        rows = await self._read("SELECT tenant, sandbox IS NOT NULL FROM tasks"
+                                " WHERE task_id = ?", (task_id,))
+        if not rows:
+            return None
+        self._identities.note(task_id, rows[0][0], bool(rows[0][1]))
+        return rows[0][0], bool(rows[0][1])
+
+    def _count_fenced(self) -> None:
+        self.fenced_refused += 1  # a metric (persistence/metric_rows.py)
+
+    async def accept_submission(self, task: NewTask) -> AcceptResult:
+        """As the SQLite store's, in one call of ``ratchet_accept`` (postgres/accept_call.py)."""
+        result: AcceptResult = await self._pg_writer.fast.call(AcceptCall(task))
+        self._announce(result.outbox)
+        if result.created:  # a new task is never a sandbox (a fork is made otherwise)
+            self._identities.note(task.task_id, task.tenant, False)
+        return result
+
+    async def delete_outbox(self, ids: list[int]) -> None:
+        await self._pg_writer.fast.call(_DeleteOutbox(ids))
 
     async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
         """Every row of one read, on a free read connection (autocommit: the read is its
-        own snapshot, so it sees every commit made before it began)."""
+        own snapshot, so it sees every commit made before it began), returned once what it
+        saw is durable (postgres/syncer.py: a commit is visible before its WAL flush)."""
+        for attempt in (1, 2):
+            generation = self._pg_writer.syncer.generation
+            rows = await self._read(sql, args)
+            try:
+                await self._pg_writer.synced(generation)
+            except StoreUnavailable:
+                # The server may have restarted since the read (what it saw may be lost):
+                # a read is idempotent, so it runs again once, vouched for anew.
+                if attempt == 2:
+                    raise
+                continue
+            return rows
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    async def _read(self, sql: str, args: tuple[Any, ...] | list[Any]) -> list[Any]:
+        """Every row of one read on a free read connection (postgres/loop_conn.py)."""
         stmt = translate(sql)
         reader = await self._readers.get()
         try:
             for attempt in (1, 2):
                 try:
-                    if reader.closed or reader.broken:  # lost (a server restart, a partition)
-                        reader = await self._reconnect(reader)
-                    cur = await reader.execute(stmt.sql, tuple(args) if args else None)
-                    return await cur.fetchall() if cur.description is not None else []
+                    if reader.lost:  # a server restart, a partition
+                        await self._reopen(reader)
+                    return await reader.fetch(stmt.sql, tuple(args))
                 except psycopg.OperationalError as exc:
                     # A connection the server dropped is only found out by using it: a
                     # read is idempotent, so it runs once more on a new connection (within
                     # the reconnect window) before its caller sees the store unavailable.
-                    if attempt == 1 and (reader.closed or reader.broken):
+                    if attempt == 1 and reader.lost:
                         continue
                     raise StoreUnavailable(f"the store cannot read: {exc}",
                                            postgres_error=str(exc)) from exc
@@ -222,22 +298,38 @@ class PostgresStore(Store):
         finally:
             self._readers.put_nowait(reader)
 
-    async def _reconnect(self, lost: psycopg.AsyncConnection[Any]) -> psycopg.AsyncConnection[Any]:
-        """A new read connection in place of ``lost`` (raises if the server is unreachable:
-        ``lost`` then stays in the pool, and the next read tries again)."""
+    @staticmethod
+    async def _reopen(reader: LoopConnection) -> None:
+        """Connect ``reader`` again, trying for the reconnect window (a server restarting
+        is back within it); raises if it is not."""
         deadline = time.monotonic() + RECONNECT_WINDOW_S
         delay = 0.05
         while True:
             try:
-                reader = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                               **connect_kwargs(self.dsn))
-                break
+                await reader.open()
+                return
             except psycopg.OperationalError:
                 if time.monotonic() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)  # a server restarting: back within the window
                 delay = min(0.5, delay * 2)
-        configure(reader)
-        self._all_readers[self._all_readers.index(lost)] = reader
-        await lost.close()
-        return reader
+
+
+class _DeleteOutbox:
+    """Published outbox rows deleted: one statement (postgres/fast_lanes.py runs it)."""
+
+    statement = Prepared("ratchet_delete_outbox",
+                         "DELETE FROM outbox WHERE id = ANY($1::int8[])", ("int8[]",))
+    task_id = None
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def args(self) -> tuple[Any, ...]:
+        return (self.ids,)
+
+    def result(self, row: list[Any]) -> int:
+        return len(self.ids)
+
+    def refusal(self, exc: Exception) -> Exception:
+        return exc

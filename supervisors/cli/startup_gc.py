@@ -16,10 +16,12 @@ else as usual meanwhile; only reference cycles made while starting wait (they ar
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 
-__all__ = ["adopt", "release"]
+__all__ = ["adopt", "at_release", "release"]
 
 _held = False
+_then: list[Callable[[], None]] = []
 
 
 def adopt() -> None:
@@ -28,9 +30,19 @@ def adopt() -> None:
     _held = not gc.isenabled()
 
 
+def at_release(then: Callable[[], None]) -> None:
+    """Call ``then`` (once) when the start ends, at :func:`release`: the command's entry
+    point hands over the end of its other start-only measure this way
+    (ratchet/code_cache.py)."""
+    _then.append(then)
+
+
 def release() -> None:
-    """Undo :func:`hold` (nothing if it did nothing): freeze what is allocated, collect again."""
+    """Undo the entry point's hold (nothing if it made none): freeze what is allocated, collect
+    again; and call what :func:`at_release` was given."""
     global _held
+    while _then:
+        _then.pop(0)()
     if _held:
         _held = False
         gc.freeze()

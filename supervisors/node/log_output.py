@@ -120,8 +120,12 @@ def _renderer(console: bool) -> list[Processor]:
     if not console:
         return [structlog.processors.format_exc_info, structlog.processors.JSONRenderer()]
     # No locals in tracebacks: a frame's variables may hold a task's secrets, which the
-    # redacting processor (it sees the event dict only) cannot reach.
-    traceback = structlog.dev.RichTracebackFormatter(show_locals=False, max_frames=20)
+    # redacting processor (it sees the event dict only) cannot reach. The standard
+    # library's traceback where structlog was imported without rich (ratchet/__main__.py:
+    # the command whose log lines are JSON).
+    traceback: Any = structlog.dev.plain_traceback
+    if getattr(structlog.dev, "rich", None) is not None:
+        traceback = structlog.dev.RichTracebackFormatter(show_locals=False, max_frames=20)
     return [structlog.dev.ConsoleRenderer(colors="NO_COLOR" not in os.environ,
                                           exception_formatter=traceback)]
 

@@ -18,7 +18,7 @@ stop the rest → close NATS → close the store → stop the embedded server.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -51,28 +51,18 @@ from ratchet.supervisors.node.shutdown import (
     Drain,
     close_in_order,
 )
-from ratchet.supervisors.node.start_order import split_children, start_the_rest
+from ratchet.supervisors.node.start_order import load_later_children, start_the_rest
 from ratchet.supervisors.node.startup import StartupPhases
 from ratchet.supervisors.node.store_figures import store_figures
-from ratchet.supervisors.services.action_sweeper import ActionSweeper
-from ratchet.supervisors.services.admin import AdminActor
-from ratchet.supervisors.services.admin_keys import KeyringHooks
-from ratchet.supervisors.services.api import ApiActor
-from ratchet.supervisors.services.decisions import DecisionRouter
-from ratchet.supervisors.services.drift import DriftService
-from ratchet.supervisors.services.external import ExternalRouter
-from ratchet.supervisors.services.intake import Acceptor, IntakeActor
 from ratchet.supervisors.services.mail_router import MailRouter
 from ratchet.supervisors.services.outbox_relay import OutboxRelay
-from ratchet.supervisors.services.rate_limits import SubmitLimits
-from ratchet.supervisors.services.recovery import RecoverySweeper
-from ratchet.supervisors.services.retention import RetentionSweeper
-from ratchet.supervisors.services.schedules import ScheduleService
-from ratchet.supervisors.services.timers import TimerService
 from ratchet.supervisors.supervision.restart_policy import Restart
 from ratchet.supervisors.supervision.scheduler import FairScheduler
 from ratchet.supervisors.supervision.supervisor import ChildSpec, Supervisor, WhichChildren
 from ratchet.supervisors.supervision.tasks import TaskSupervision
+
+if TYPE_CHECKING:  # imported on a thread while the node starts (start_order.py)
+    from ratchet.supervisors.node.later_children import LaterDeps
 
 __all__ = ["Node", "NodeConfig"]  # NodeConfig: supervisors/node/config.py
 
@@ -167,24 +157,21 @@ class Node:
         self.switches.load(await self._store.switches())
         self.remote_tools = RemoteTools(bus, cfg.node_id, self.clock)  # remote_tool.py
         self._task_supervision()
-        acceptor = Acceptor(self._store, self.registry, self.clock, cfg.node_id, cfg.partitions,
-                            has_room=self.scheduler.has_room,
-                            wait_for_room=self._wait_for_room, limits=SubmitLimits(
-                                cfg.submit_rate, cfg.tenant_submit_rates, cfg.submit_burst,
-                                self.clock.monotonic), routes=cfg.new_task_routes)
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
         # Resume first: the children the tasks need, the leases and the tasks; then the rest
         # (supervisors/node/start_order.py).
-        first, rest = split_children(self._child_specs(bus, acceptor, leases))
-        root = Supervisor(self.system, "node", first,
+        root = Supervisor(self.system, "node", self._first_children(bus, leases),
                           max_restarts=10, period=60.0, backoff_base=0.1, backoff_cap=5.0)
         self.root = root_ref = self.system.spawn(root, "node", on_exit=self._root_exited)
         self._started = True
         await root_ref.ask(WhichChildren(), timeout=30.0)  # answered after on_start
         await leases.start()  # takes a share of the partitions and recovers their tasks
         self.startup.mark("resume")
-        await start_the_rest(self.system, root_ref, rest)
+        # The other children's modules, imported on a thread while the tasks run
+        # (supervisors/node/start_order.py).
+        deps, children = await load_later_children()
+        await start_the_rest(self.system, root_ref, children(self._later_deps(deps, bus)))
         self.startup.mark("services")
         self._audit_check = asyncio.create_task(self._check_audit())
         log.info("node started", node=cfg.node_id, url=redact_url(self.url), db=cfg.store_name,
@@ -233,12 +220,10 @@ class Node:
             LeaseSettings(ttl=cfg.lease_ttl, interval=cfg.lease_interval), self.holding)
         return leases
 
-    def _child_specs(self, bus: Bus, acceptor: Acceptor, leases: LeaseManager) -> list[ChildSpec]:
-        """The root supervisor's children, in start order."""
-        cfg = self.config
+    def _first_children(self, bus: Bus, leases: LeaseManager) -> list[ChildSpec]:
+        """The root supervisor's children that resumed tasks need, in start order (the
+        others: :meth:`_later_deps`)."""
         store, tasks = self._store, self._tasks
-        keyring = KeyringHooks(changed=self._keyring_changed,
-                               reserved=frozenset({self.node_key}))
 
         def relay(_: int) -> OutboxRelay:
             self.relay = OutboxRelay(bus, store, self.clock, self.seal)
@@ -247,37 +232,20 @@ class Node:
         return [
             ChildSpec("outbox", relay, Restart.PERMANENT, shutdown_timeout=10.0),
             tasks.root_spec(),
-            ChildSpec("api", lambda _: ApiActor(bus, self.authn, acceptor, store),
-                      Restart.PERMANENT),
-            ChildSpec("admin", lambda _: AdminActor(bus, self.authn, store, self.system,
-                                                    self.clock, cfg.node_id, tasks,
-                                                    self.switches, self.leases, keyring),
-                      Restart.PERMANENT),
             # One mail router per partition held, started and stopped by the lease manager.
             ChildSpec("mail", lambda _: Supervisor(self.system, "mail", [], max_restarts=50,
                                                    period=60.0), Restart.PERMANENT),
-            ChildSpec("timers", lambda _: TimerService(store, tasks, self.clock), Restart.PERMANENT),
-            ChildSpec("schedules", lambda _: ScheduleService(store, tasks, acceptor, self.clock),
-                      Restart.PERMANENT),
-            ChildSpec("drift", lambda _: DriftService(store, self.registry, tasks, self.clock,
-                                                      cfg.node_id, cfg.partitions), Restart.PERMANENT),
-            ChildSpec("recovery", lambda _: RecoverySweeper(store, tasks, self.clock,
-                                                            cfg.recovery_interval),
-                      Restart.PERMANENT),
-            ChildSpec("retention", lambda _: RetentionSweeper(store, self.clock, cfg.retention),
-                      Restart.PERMANENT),
-            ChildSpec("settle", lambda _: ActionSweeper(store, tasks, self.clock,
-                                                        cfg.settle_interval, cfg.settle_after),
-                      Restart.PERMANENT),
-            ChildSpec("external", lambda _: ExternalRouter(bus, tasks, store, self.clock,
-                                                           self.authn), Restart.PERMANENT),
-            ChildSpec("decisions", lambda _: DecisionRouter(bus, tasks, store, self.clock,
-                                                            self.authn), Restart.PERMANENT),
-            ChildSpec("intake", lambda _: IntakeActor(bus, acceptor, self.authn,
-                                                      rescan_interval=cfg.intake_rescan_interval),
-                      Restart.PERMANENT),
             ChildSpec("leases", lambda _: leases, Restart.PERMANENT, shutdown_timeout=5.0),
         ]
+
+    def _later_deps(self, deps: type[LaterDeps], bus: Bus) -> LaterDeps:
+        """What the children started after the resume are made of (later_children.py)."""
+        assert self.leases is not None
+        return deps(config=self.config, store=self._store, bus=bus, registry=self.registry,
+                    clock=self.clock, system=self.system, tasks=self._tasks,
+                    scheduler=self.scheduler, authn=self.authn, switches=self.switches,
+                    leases=self.leases, node_key=self.node_key,
+                    wait_for_room=self._wait_for_room, keyring_changed=self._keyring_changed)
 
     def writer_summary(self) -> dict[str, Any]:
         """Group-commit and WAL figures (supervisors/node/store_figures.py)."""

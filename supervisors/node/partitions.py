@@ -1,8 +1,10 @@
 """What a node does as partitions come and go: the lease manager's hooks.
 
-- acquired: start the partition's mail router, then recover its unfinished tasks from their
-  checkpoints (each records ``task.recovered``; after a failover, naming the previous
-  owner).
+- acquired: recover the partition's unfinished tasks from their checkpoints (each records
+  ``task.recovered``; after a failover, naming the previous owner), then start its mail
+  router. Tasks first: they run while the routers start (a JetStream consumer each, one
+  round trip), and mail for them waits in its stream until its router consumes it, as at
+  any other moment the router is not running (docs/operations.md, "Restart (W4)").
 - lost (the lease was taken by another node — this node was paused or cut off): stop the
   mail router and the tasks at once. Their writes are already refused by fencing.
 - handing over (drain, rebalance, clean stop): stop the mail router, stop each task at its
@@ -55,6 +57,7 @@ class PartitionWork:
         self.forget = forget
 
     async def acquired(self, rows: list[LeaseRow]) -> None:
+        await self.recover({r.partition for r in rows})
         sup = self.mail_supervisor()
         for row in rows:
             if sup is not None:
@@ -62,7 +65,6 @@ class PartitionWork:
                 await sup.ask(StartChild(ChildSpec(
                     f"p{partition}", lambda _, p=partition: self.make_router(p),  # type: ignore[misc]
                     Restart.PERMANENT, shutdown_timeout=10.0)), timeout=30.0)
-        await self.recover({r.partition for r in rows})
 
     async def recover(self, partitions: set[int]) -> int:
         """Activate the QUEUED and RUNNING tasks of these partitions (waiting ones stay

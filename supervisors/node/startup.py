@@ -16,7 +16,8 @@ Phases of a restart, in the order a node goes through them:
   reached, the connection and the streams;
 - ``resume``: the essential children (outbox relay, tasks, mail, leases) started, the
   leases taken and the unfinished tasks activated — from here they run;
-- ``services``: the rest (requests, admin, timers, schedules, sweepers, intake);
+- ``services``: the rest (requests, admin, timers, schedules, sweepers, intake), their
+  modules imported on a thread while the resumed tasks run (later_children.py);
 - ``ready``: ``serve``'s readiness check passed.
 
 The marks are monotonic time; the process's start is read from ``/proc/self/stat``
