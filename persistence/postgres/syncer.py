@@ -45,6 +45,12 @@ log = structlog.get_logger("ratchet.store.syncer")
 
 _FLUSH = Prepared("ratchet_flush", FLUSH_SQL, ())
 
+#: The syncer's commits must wait for the WAL flush: ``on`` unless the server or the DSN
+#: says more (``remote_write``, ``remote_apply``: a synchronous standby's copy too) or
+#: ``local``; never ``off``.
+_FLUSHES = ("SELECT set_config('synchronous_commit', 'on', false)"
+            " WHERE current_setting('synchronous_commit') = 'off'")
+
 #: A future to settle with an outcome ``(ok, value)`` once durable.
 Waiter = tuple["asyncio.Future[Any]", tuple[bool, Any]]
 
@@ -56,7 +62,7 @@ class PgSyncer:
     def __init__(self, dsn: str, stats: WriterStats) -> None:
         self.stats = stats
         # Never reconnected behind the syncer's back: each connection is a generation.
-        self._conn = LoopConnection(dsn, setup=("SET synchronous_commit = on",), reopen=False)
+        self._conn = LoopConnection(dsn, setup=(_FLUSHES,), reopen=False)
         self._connecting = asyncio.Lock()
         self._waiting: list[tuple[int, Waiter]] = []
         self._commits = 0  # transactions the waiting wait for
