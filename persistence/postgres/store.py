@@ -1,6 +1,8 @@
-"""The Store on PostgreSQL: the same class, its writes through :class:`PgWriter`'s group
-commit and its reads through a few autocommit psycopg connections (each read its own
-snapshot, as the SQLite store's reads are).
+"""The Store on PostgreSQL: the same class; a task change and an acceptance each one call
+of a server-side function (postgres/change_call.py, accept_call.py), its other writes
+through :class:`PgWriter`'s writer thread, and its reads through a few autocommit
+connections on the event loop (each read its own snapshot, as the SQLite store's reads
+are), answered once what they saw is durable (postgres/syncer.py).
 
 Isolation: READ COMMITTED, PostgreSQL's default, with the locks the SQL dialect adds
 (persistence/postgres/dialect.py) — docs/operations.md, "PostgreSQL", says why no anomaly
@@ -131,8 +133,8 @@ class PgLeaseClock:
 
 class PostgresStore(Store):
     """A :class:`Store` whose database is PostgreSQL (``postgresql://…``). ``synchronous``,
-    ``writer`` and ``wal_limit`` are SQLite's: accepted and ignored (PostgreSQL's own
-    ``synchronous_commit`` decides durability)."""
+    ``writer`` and ``wal_limit`` are SQLite's: accepted and ignored (a commit is durable
+    once the syncer's flush covers it: postgres/syncer.py)."""
 
     #: Read connections: reads run side by side up to this many.
     READERS = 4
