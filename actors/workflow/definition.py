@@ -19,21 +19,44 @@ import json
 import textwrap
 from typing import Any
 
-__all__ = ["definition_hash"]
+__all__ = ["Definition", "definition_hash"]
+
+
+class Definition:
+    """A workflow's definition, read when it is registered, hashed when first asked.
+
+    The steps' code is read at once (:func:`_code_of`): the hash must be of the code that
+    runs, and a source file replaced later (a deploy beside a running node) must not stand
+    for it. The tools' argument and result schemas come from their models, which do not
+    change: they are built at the first :meth:`hash` — a node that resumes a task of one
+    workflow builds no other workflow's tool models first (pydantic's schema machinery and
+    its plugin scan, ~10 ms of the bench app's start; docs/operations.md, "Restart (W4)").
+    """
+
+    def __init__(self, workflow: Any) -> None:
+        self._tools = {t.name: t for node in workflow.nodes.values()
+                       for t in getattr(node, "tools", ())}
+        nodes = {}
+        for name, node in sorted(workflow.nodes.items()):
+            fn = getattr(node, "fn", None)
+            nodes[name] = {"kind": node.kind, "code": _code_of(fn) if callable(fn) else None}
+        self._shape: dict[str, Any] = {"start": workflow.start, "nodes": nodes,
+                                       "edges": sorted(map(list, workflow.transition_table()))}
+        self._hash: str | None = None
+
+    def hash(self) -> str:
+        """``sha256:`` of the graph, its declared tools and its steps' code."""
+        if self._hash is None:
+            shape = {**self._shape, "tools": {name: _tool_of(tool)
+                                              for name, tool in sorted(self._tools.items())}}
+            data = json.dumps(shape, sort_keys=True, default=str).encode()
+            self._hash = "sha256:" + hashlib.sha256(data).hexdigest()
+        return self._hash
 
 
 def definition_hash(workflow: Any) -> str:
     """``sha256:`` of the workflow's graph, its declared tools and its steps' code."""
-    tools = {t.name: t for node in workflow.nodes.values() for t in getattr(node, "tools", ())}
-    nodes = {}
-    for name, node in sorted(workflow.nodes.items()):
-        fn = getattr(node, "fn", None)
-        nodes[name] = {"kind": node.kind, "code": _code_of(fn) if callable(fn) else None}
-    shape = {"start": workflow.start, "nodes": nodes,
-             "edges": sorted(map(list, workflow.transition_table())),
-             "tools": {name: _tool_of(tool) for name, tool in sorted(tools.items())}}
-    data = json.dumps(shape, sort_keys=True, default=str).encode()
-    return "sha256:" + hashlib.sha256(data).hexdigest()
+    return Definition(workflow).hash()
 
 
 #: Step functions' hashes by code object: a graph built in a loop (a thousand steps of one

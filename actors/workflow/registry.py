@@ -18,7 +18,7 @@ from typing import Any
 
 import structlog
 
-from ratchet.actors.workflow.definition import definition_hash
+from ratchet.actors.workflow.definition import Definition
 from ratchet.actors.workflow.graph import Workflow
 from ratchet.actors.workflow.nodes import StepContext, StepFn
 from ratchet.actors.workflow.tools import Tool
@@ -34,7 +34,7 @@ class Registry:
     def __init__(self, workflows: Iterable[Workflow] = (), *, tools: Iterable[Tool[Any, Any]] = (),
                  resources: Mapping[str, Any] | None = None) -> None:
         self._by_name: dict[str, dict[int, Workflow]] = {}
-        self._hashes: dict[tuple[str, int], str] = {}  # definition.py, at registration
+        self._definitions: dict[tuple[str, int], Definition] = {}  # read at registration
         self._tools: dict[str, Tool[Any, Any]] = {}
         self.resources: dict[str, Any] = dict(resources or {})
         for wf in workflows:
@@ -70,12 +70,13 @@ class Registry:
                 f"workflow {workflow.name} v{workflow.version} is registered twice"
             )
         versions[workflow.version] = workflow
-        self._hashes[(workflow.name, workflow.version)] = definition_hash(workflow)
+        self._definitions[(workflow.name, workflow.version)] = Definition(workflow)
         return workflow
 
     def definition_hash(self, name: str, version: int) -> str | None:
         """The registered definition's hash (actors/workflow/definition.py)."""
-        return self._hashes.get((name, version))
+        definition = self._definitions.get((name, version))
+        return definition.hash() if definition is not None else None
 
     def get(self, name: str, version: int | None = None) -> Workflow:
         """The workflow of that name (latest version when ``version`` is None).
