@@ -9,9 +9,10 @@ Prints one JSON object as its last line (figures in docs/operations.md, "Postgre
     on, so every commit waits for its WAL flush). With each, the node's group-commit
     figures at stop (``*_largest_batch``, ``*_commit_p99_ms``).
 (b) pg_changes_per_s_1 / pg_changes_per_s_64: state changes (an event each, CAS on the
-    version) committed per second by one PostgresStore, one at a time and 64 at once
-    (64 tasks): what group commit buys when each commit waits for a flush; with
-    pg_mean_batch_64, the changes per transaction.
+    version) made durable per second by one PostgresStore, one at a time and 64 at once
+    (64 tasks): what group commit buys — each change waits for a WAL flush
+    (persistence/postgres/syncer.py) that covers every commit made before it began; with
+    pg_mean_batch_64, the changes per flush.
 
     python bench/pg_store.py [--quick] [--dsn postgresql://...]
 """

@@ -221,6 +221,10 @@ class OutboxStore(Protocol):
     def remove_outbox_listener(self, listener: OutboxListener) -> None:
         ...
 
+    def add_outbox_resync(self, callback: Callable[[], None]) -> None:
+        """``callback()`` on the loop when rows may have committed unannounced."""
+        ...
+
 
 @runtime_checkable
 class AdminStore(Protocol):

@@ -202,6 +202,10 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         if listener in self._outbox_listeners:
             self._outbox_listeners.remove(listener)
 
+    def add_outbox_resync(self, callback: Callable[[], None]) -> None:
+        """Never called here (after a failed WAL sync the writer refuses every write);
+        PostgresStore's: when a commit's durability is unknown (postgres/syncer.py)."""
+
     def _announce(self, rows: list[OutboxRow]) -> None:
         if rows:
             for listener in self._outbox_listeners:

@@ -11,7 +11,7 @@ from nats.js.errors import APIError
 from ratchet.actors.core.actor import ActorSystem
 from ratchet.actors.transport.bus import Bus, StreamLimits, stream_configs
 from ratchet.persistence.store import Store
-from ratchet.persistence.txns import NewTask, TaskChange
+from ratchet.persistence.txns import NewTask, TaskChange, apply_change_txn
 from ratchet.protocol.clock import FakeClock, SystemClock
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.mail_seal import MailSeal
@@ -107,6 +107,43 @@ async def test_an_outbox_relay_holding_few_rows_still_publishes_every_event_in_o
         assert seen == list(range(1, 82))
         assert relay.overflows >= 1
         assert await relay.flush(timeout=10)
+        await ref.stop_and_wait(timeout=10)
+    finally:
+        await store.close()
+        await bus.close()
+
+
+async def test_rows_committed_unannounced_go_out_before_later_ones_once_the_store_asks(
+    nats_url: str, tmp_path: Path,
+) -> None:
+    """A PostgreSQL store that cannot vouch for a commit (the server went down) announces
+    nothing of it, yet it may have survived: asked to read the table back, the relay takes
+    no announcement until it has, so the task's events still go out in order."""
+    bus = await Bus.connect(nats_url)
+    store = await Store.open(tmp_path / "r.db", "NORMAL")
+    system = ActorSystem(SystemClock())
+    relay = OutboxRelay(bus, store, SystemClock(), MailSeal(await store.cluster_secret("mail")),
+                        linger=0)  # sweep_interval 5 s: only the read back can find it soon
+    try:
+        await bus.ensure_streams()
+        ref = system.spawn(relay, "outbox")
+        await store.accept_submission(NewTask(
+            task_id="t1", tenant="acme", workflow="w", workflow_version=1,
+            idempotency_key="k1", request_hash="sha256:aa", input=b"\x80", steps_total=3,
+            deadline_at=None, now=1.0, producer="test", message_id="m",
+            start_mail=("ratchet.mail.0.t1.task", "start-t1", b"\x80")))
+        sub = await bus.js.subscribe("ratchet.events.acme.t1.>", ordered_consumer=True)
+        first = decode_map((await sub.next_msg(timeout=10)).data)["sequence"]
+        assert first == 1  # the relay has swept the table at its start and published it
+        unannounced = TaskChange(task_id="t1", expected_version=1, producer="test", now=2.0,
+                                 events=[("step.completed", {"i": 1})])
+        await store.run_txn(lambda c: apply_change_txn(c, unannounced))  # no announcement
+        relay._read_back()  # what the store calls then (add_outbox_resync)
+        await store.apply(TaskChange(task_id="t1", expected_version=2, producer="test",
+                                     now=3.0, events=[("step.completed", {"i": 2})]))
+        seen = [decode_map((await sub.next_msg(timeout=10)).data)["sequence"]
+                for _ in range(2)]
+        assert seen == [2, 3]
         await ref.stop_and_wait(timeout=10)
     finally:
         await store.close()

@@ -138,11 +138,22 @@ async def test_nothing_read_or_committed_before_a_server_restart_is_vouched_for_
         assert isinstance(store, PostgresStore)
         try:
             await store.accept_submission(_new_task("t1"))
+            read_back: list[bool] = []
+            store.add_outbox_resync(lambda: read_back.append(True))
             writer = store._pg_writer
             before = writer.syncer.generation  # what a commit made now would carry
             await asyncio.to_thread(pg.restart, "immediate")
             with pytest.raises(StoreUnavailable):
                 await writer.synced(before)  # its WAL may have been lost: not durable
+            assert not read_back  # a read was refused, no commit: nothing to read back
+            # A commit it cannot vouch for: the relay must read the outbox back.
+            before = writer.syncer.generation
+            await asyncio.to_thread(pg.restart, "immediate")
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            writer.syncer.after(before, [(done, (True, None))], commits=1)
+            with pytest.raises(StoreUnavailable):
+                await done
+            assert read_back == [True]
             # Writes made after it go on without an error (the reconnect window).
             await store.accept_submission(_new_task("t2"))
             assert (await store.load_task("t2")).version == 1

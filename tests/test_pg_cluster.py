@@ -73,6 +73,10 @@ def _unfinished(url: str, node: str | None = None) -> set[str]:
     mine = {p for p, (o, _) in owners(url).items() if o == node} if node else None
     done = {t for (t,) in rows(url, "SELECT task_id FROM tasks WHERE status = ANY(%s)",
                                (list(TERMINAL),))}
+    # The nodes commit without waiting for the WAL flush (persistence/postgres/syncer.py): a
+    # task read finished may not be durable yet, and a crash may take it back. Flushed past
+    # the read, the snapshot holds (what the nodes' own reads do before they answer).
+    rows(url, "SELECT ratchet_flush()")
     return {t for t in SUBMITTED - done if mine is None or partition_of(t) in mine}
 
 

@@ -153,16 +153,22 @@ class LoopConnection:
         pgconn = self._pgconn
         assert pgconn is not None
         send(pgconn)
-        while pgconn.flush():  # a large argument: the rest once the socket takes it
-            await self._wait(writable=True)
         last: pq.abc.PGresult | None = None
-        while True:
-            while pgconn.is_busy():
-                await self._wait()
-            res = pgconn.get_result()
-            if res is None:
-                break
-            last = res
+        try:
+            while pgconn.flush():  # a large argument: the rest once the socket takes it
+                await self._wait(writable=True)
+            while True:
+                while pgconn.is_busy():
+                    await self._wait()
+                res = pgconn.get_result()
+                if res is None:
+                    break
+                last = res
+        except asyncio.CancelledError:
+            # Its results would come to the next statement: the connection goes (a read
+            # or a flush pass, both safe to run again; the next use connects anew).
+            self.close()
+            raise
         if last is None or pgconn.status == pq.ConnStatus.BAD:
             raise psycopg.OperationalError("the connection is lost: "
                                            + pgconn.get_error_message())

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,8 @@ class PostgresStore(Store):
         self._writer = self._pg_writer  # type: ignore[assignment]
         self._syncing = self._pg_writer  # its commits are pipelined (postgres/syncer.py)
         self._identities = TaskIdentities()
+        self._resyncs: list[Callable[[], None]] = []
+        self._pg_writer.syncer.on_unsure = self._unsure
         self._readers: asyncio.Queue[LoopConnection] = asyncio.Queue()
         self._all_readers = [LoopConnection(dsn) for _ in range(self.READERS)]
 
@@ -245,6 +248,17 @@ class PostgresStore(Store):
             return None
         self._identities.note(task_id, rows[0][0], bool(rows[0][1]))
         return rows[0][0], bool(rows[0][1])
+
+    def add_outbox_resync(self, callback: Callable[[], None]) -> None:
+        """``callback()`` on the loop when commits may have happened that the syncer could
+        not vouch for (the server went down meanwhile): their outbox rows, if they
+        survived, were never announced — the relay reads the table back, in id order, so
+        no task's events go out of order."""
+        self._resyncs.append(callback)
+
+    def _unsure(self) -> None:
+        for callback in self._resyncs:
+            callback()
 
     def _count_fenced(self) -> None:
         self.fenced_refused += 1  # a metric (persistence/metric_rows.py)

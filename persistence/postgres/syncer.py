@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -81,6 +82,9 @@ class PgSyncer:
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Bumped at each (re)connection: what a waiter's commit was made under.
         self.generation = 0
+        #: Called on the loop when a pass fails commits it cannot vouch for: they may have
+        #: committed (and survived) all the same, their outbox rows unannounced.
+        self.on_unsure: Callable[[], None] | None = None
 
     async def start(self) -> None:
         """Connect (raises if the server cannot be reached) and run the passes."""
@@ -167,6 +171,9 @@ class PgSyncer:
                     f"the store cannot vouch that a commit is durable: {reason!r}",
                     postgres_error=str(reason)))
             settled.append((fut, outcome))
+        if commits and self.on_unsure is not None and any(
+                not ok and isinstance(value, StoreUnavailable) for _, (ok, value) in settled):
+            self.on_unsure()  # before anything later is announced
         settle(settled)
 
     async def _connect(self) -> None:

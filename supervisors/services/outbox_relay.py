@@ -85,8 +85,16 @@ class OutboxRelay(ServiceActor):
         self._idle.clear()
         self._wake.set()
 
+    def _read_back(self) -> None:
+        """Rows may have committed unannounced (the store cannot vouch for some commits):
+        take no announcement until the table is read back, in id order."""
+        self._overflow = True
+        self._idle.clear()
+        self._wake.set()
+
     async def on_start(self) -> None:
         self.store.add_outbox_listener(self._on_rows)
+        self.store.add_outbox_resync(self._read_back)
         await super().on_start()
 
     async def on_stop(self) -> None:
