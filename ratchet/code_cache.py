@@ -22,7 +22,8 @@ number: another Python version reads none of it. A file that cannot be read is n
 
 Written (atomically: a temporary file renamed) by ``make install`` (``python -m
 ratchet.code_cache``: the texts of what a serving node imports, afresh), and by the command
-at the end of a start (:func:`release`) when the start compiled texts the file lacked —
+at the end of a start (:func:`release`) when the start compiled texts the file lacked (up
+to :data:`MAX_KEPT` texts) —
 unless byte code is not written (``PYTHONDONTWRITEBYTECODE``, ``-B``), as for ``.pyc``
 files. Only the ``ratchet`` command installs it (``ratchet/__main__.py``), until the end of
 its start; ``import ratchet`` in a user's process leaves the standard library alone.
@@ -42,7 +43,12 @@ from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
 
-__all__ = ["cache_file", "install", "release"]
+__all__ = ["MAX_KEPT", "cache_file", "install", "release"]
+
+#: The most texts a start adds to the file (a start's own are ~1,200): texts of code
+#: changed since (an application's dataclasses, deploy after deploy) are never dropped
+#: from it but by ``make install``, so past this bound a start compiles them as before.
+MAX_KEPT = 20_000
 
 _kept: dict[bytes, CodeType] = {}
 _new: dict[bytes, CodeType] = {}
@@ -142,7 +148,8 @@ def release() -> None:
     while _patched:
         module, name = _patched.pop()
         vars(module).pop(name, None)
-    if _new and _file is not None and not sys.dont_write_bytecode:
+    if _new and _file is not None and not sys.dont_write_bytecode \
+            and len(_kept) + len(_new) <= MAX_KEPT:
         _write(_file, {**_kept, **_new})
     _kept.clear()
     _new.clear()

@@ -20,6 +20,7 @@ import json, sys
 sys.dont_write_bytecode = False
 from pathlib import Path
 from ratchet import code_cache
+code_cache.MAX_KEPT = int(sys.argv[2])
 code_cache.install(Path(sys.argv[1]))
 import collections, dataclasses, typing
 
@@ -50,8 +51,8 @@ print(json.dumps(report))
 """
 
 
-def _start(cache: Path) -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", START, str(cache)], cwd=ROOT,
+def _start(cache: Path, max_kept: int = 20_000) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", START, str(cache), str(max_kept)], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.splitlines()[-1])
@@ -73,6 +74,13 @@ def test_a_second_start_runs_the_code_the_first_compiled_and_compiles_none(
         assert report["pair"] == "Pair(left=1, right=2)"
         assert report["ref"] == ["dict", "str", "list", "int"]
         assert "Forward reference must be an expression" in str(report["bad"])
+
+
+def test_a_file_at_its_bound_takes_no_more_texts(tmp_path: Path) -> None:
+    cache = tmp_path / "code.bin"
+    first = _start(cache, max_kept=1)  # more than one text compiled: nothing written
+    assert first["compiled"] > 1 and not cache.exists()
+    assert _start(cache)["kept"] == 0
 
 
 def test_the_end_of_the_start_gives_the_standard_library_its_builtins_back(
