@@ -141,7 +141,8 @@ class NodeProcess:
         self.args = [str(RATCHET_BIN), "--state-dir", str(state_dir),
                      "--log-level", log_level, "serve", "--app", app_spec, "--nats-url",
                      nats_url, *args]
-        self.env = {**os.environ, **env}
+        # faulthandler: a node that will not stop is made to print its threads' stacks.
+        self.env = {**os.environ, "PYTHONFAULTHANDLER": "1", **env}
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 30.0) -> None:
@@ -159,7 +160,14 @@ class NodeProcess:
     def interrupt(self, timeout: float = 30.0) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGINT)
-        return self.proc.wait(timeout=timeout)
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Its stacks go to the test's captured stderr: where the stop hangs.
+            self.proc.send_signal(signal.SIGABRT)
+            self.proc.wait(timeout=10)
+            pytest.fail(f"the node did not stop within {timeout} s of SIGINT"
+                        " (its threads' stacks: captured stderr)")
 
 
 @pytest.fixture
