@@ -26,7 +26,8 @@ from ratchet.persistence.writer import Writer
 from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.secrets import Sealer
 
-__all__ = ["BranchRows", "BranchSettlement", "BranchStore", "finish_branches_txn"]
+__all__ = ["BranchProgress", "BranchRows", "BranchSettlement", "BranchStore",
+           "finish_branches_txn"]
 
 T = TypeVar("T")
 
@@ -41,6 +42,17 @@ class BranchSettlement:
     result: Any
     error: dict[str, Any] | None
     event: tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class BranchProgress:
+    """Where a running branch goes on: the node after its last committed step, its state
+    and node visits there, the steps committed so far (migration 23)."""
+
+    next_node: str
+    state: dict[str, Any]
+    visits: dict[str, int]
+    steps: int
 
 
 class BranchStore(Protocol):
@@ -67,6 +79,12 @@ class BranchStore(Protocol):
         ...
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
+        ...
+
+    async def branch_progress(self, task_id: str, node: str,
+                              branches: list[str] | None = None) -> dict[str, BranchProgress]:
+        """The progress of the fan-out ``node``'s RUNNING branches that committed a step
+        (of ``branches`` only, if given), secrets opened."""
         ...
 
 
@@ -144,6 +162,23 @@ class BranchRows:
     def _fenced(self, task_id: str, fn: Callable[[sqlite3.Connection], T]
                 ) -> Callable[[sqlite3.Connection], T]:
         raise NotImplementedError
+
+    async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    async def branch_progress(self, task_id: str, node: str,
+                              branches: list[str] | None = None) -> dict[str, BranchProgress]:
+        sql = ("SELECT branch, next_node, state, visits, steps FROM branches WHERE task_id = ?"
+               " AND node = ? AND status = 'RUNNING' AND next_node IS NOT NULL")
+        rows: list[Any] = []
+        if branches is None:
+            rows = await self._rows(sql, (task_id, node))
+        for i in range(0, len(branches or ()), _IN_CHUNK):
+            chunk = (branches or [])[i:i + _IN_CHUNK]
+            rows += await self._rows(f"{sql} AND branch IN ({','.join('?' * len(chunk))})",
+                                     (task_id, node, *chunk))
+        unpack = self.secrets.unpack
+        return {r[0]: BranchProgress(r[1], unpack(r[2]), unpack(r[3]), int(r[4])) for r in rows}
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
                               settled: list[BranchSettlement], *,

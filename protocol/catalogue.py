@@ -159,6 +159,8 @@ class EventType(StrEnum):
     ROUTE_TAKEN = "route.taken"
     #: A fan-out's branch rows committed.
     FANOUT_STARTED = "fanout.started"
+    #: A branch committed a step (its progress: where it goes on after a crash).
+    BRANCH_STEP_COMPLETED = "branch.step_completed"
     #: A branch succeeded.
     BRANCH_COMPLETED = "branch.completed"
     #: A branch raised or tried to suspend.

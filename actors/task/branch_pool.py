@@ -1,14 +1,17 @@
 """The branches of one fan-out visit, run as asyncio tasks of one actor (:class:`BranchPool`).
 
-A branch is a small graph with its own state; it is the unit of recovery: its result is
-committed once, when it finishes (``branch_settle.py``), and a branch interrupted by a crash
-runs again from its start. An actor per branch gave each one a task, a mailbox, a spawn and
+A branch is a small graph with its own state. Its result is committed once, when it
+finishes (``branch_settle.py``); before each step but its first it commits its progress
+(:meth:`BranchRun._checkpoint`: the node it goes on at, its state and node visits, with a
+``branch.step_completed`` event), so a branch interrupted by a crash runs again from its last
+committed step, not from its start: at most the step in flight runs twice. A one-step
+branch commits nothing but its settlement. An actor per branch gave each one a task, a mailbox, a spawn and
 an exit handled by the task's supervisor, which was most of what a one-step branch cost.
 So a fan-out's branches run as tasks of one pool, a child of the task's supervisor; the pool
 supervises them the way that supervisor did (OTP's one-for-one, within the pool):
 
-- a branch that raises (its body's errors are its result, ``FAILED``: what raises is its
-  settlement's commit) runs again from its start after a backoff, with a fresh state;
+- a branch that raises (its body's errors are its result, ``FAILED``: what raises is a
+  commit of its own) runs again after a backoff, from its last committed step;
 - more than :data:`MAX_RESTARTS` runs of one branch within :data:`RESTART_PERIOD` seconds
   crash the pool, which the task's supervisor restarts (within its own intensity);
 - a pool that starts again reads the branch rows and runs only the branches still
@@ -29,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import structlog
 
 from ratchet.actors.core.actor import Actor
@@ -49,11 +53,15 @@ from ratchet.actors.workflow.nodes import (
     StepContext,
     StepNode,
 )
+from ratchet.persistence.branch_rows import BranchProgress
+from ratchet.persistence.graph_rows import BranchStep, BranchWrites
 from ratchet.persistence.ports import TaskStore
 from ratchet.persistence.txns import TaskChange
 from ratchet.protocol import tracing
+from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.redaction import redact
+from ratchet.protocol.errors import BranchSettled
+from ratchet.protocol.redaction import redact, secret_values
 
 __all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "BranchPool", "BranchRun", "FanoutShared",
            "StopBranch"]
@@ -98,20 +106,27 @@ class BranchRun:
     """One run of one branch: slot, time budget, body, settlement.
 
     Args:
+        state: its initial state (unused when it resumes).
         arm_timeout: the branch's time budget, armed as its durable timer when it gets its
             slot; None when it has none, or when the fan-out's start armed it already.
+        resume: its progress as last committed (None: it committed no step yet).
     """
 
-    __slots__ = ("arm_timeout", "branch", "graph", "input", "secrets", "shared", "state")
+    __slots__ = ("arm_timeout", "branch", "graph", "input", "resume", "secrets", "shared",
+                 "state")
 
     def __init__(self, shared: FanoutShared, branch: str, graph: BranchGraph,
-                 state: dict[str, Any], arm_timeout: float | None) -> None:
-        self.shared, self.branch, self.graph, self.state = shared, branch, graph, state
+                 state: dict[str, Any], arm_timeout: float | None,
+                 resume: BranchProgress | None = None) -> None:
+        self.shared, self.branch, self.graph = shared, branch, graph
+        self.state = state if resume is None else resume.state
         self.input = {**shared.task_input, "branch": branch}
-        self.arm_timeout = arm_timeout
+        self.arm_timeout, self.resume = arm_timeout, resume
         # Its task's secrets: what its commits show is cut free of them, as the task's is.
         self.secrets = TaskSecrets(shared.task_id)
         self.secrets.note(shared.input_secrets)
+        if resume is not None:
+            self.secrets.note(secret_values(resume.state))
 
     async def run(self) -> None:
         """Runs in the branch's own task. Raises what its settlement's commit raised (the
@@ -126,6 +141,8 @@ class BranchRun:
                     sh.task_id, sh.key, sh.node, self.branch, sh.clock.now() + self.arm_timeout)])
             try:
                 result = await self._body()
+            except BranchSettled:
+                return  # settled meanwhile (its timeout, its join's verdict): nothing to do
             except TaskSuspended as signal:  # a branch cannot park the task: it fails instead
                 status, error = "FAILED", {"type": type(signal).__name__, "message": str(signal)}
             except Exception as exc:
@@ -142,7 +159,11 @@ class BranchRun:
 
     async def _body(self) -> Any:
         sh = self.shared
-        current, visits = self.graph.start, dict[str, int]()
+        current, visits, steps = self.graph.start, dict[str, int](), 0
+        if self.resume is not None:
+            current, visits = self.resume.next_node, dict(self.resume.visits)
+            steps = self.resume.steps
+        ran = False  # a step ran since the last committed progress
         runner = runner_for(CallEnv(
             task_id=sh.task_id, tenant=sh.tenant, step_index=0, store=sh.store,
             clock=sh.clock, commit=self._side_commit, session=sh.session, deadline=None,
@@ -150,6 +171,11 @@ class BranchRun:
             remote_ask=sh.remote_ask), sh.sandbox)
         while current != END:
             node = self.graph.node(current)
+            if ran and isinstance(node, StepNode):
+                # Before a step, not after one: a branch's last step commits nothing but
+                # its settlement, and the choices and routes between steps are replayed.
+                await self._checkpoint(current, visits, steps)
+                ran = False
             visits[current] = visits.get(current, 0) + 1
             if node.max_visits is not None and visits[current] > node.max_visits:
                 raise RuntimeError(f"branch node {current} entered more than {node.max_visits} times")
@@ -170,7 +196,7 @@ class BranchRun:
                     update = await node.fn(ctx)
                 if update:
                     self.state.update(update)
-                current = node.next
+                current, steps, ran = node.next, steps + 1, True
             elif isinstance(node, ChoiceNode):
                 target = node.guard(self.state)
                 if target not in node.targets:
@@ -181,6 +207,21 @@ class BranchRun:
             else:  # validation keeps other kinds out of branches
                 raise RuntimeError(f"{node.kind} node {node.name} cannot run in a branch")
         return self.state.get("output", self.state)
+
+    async def _checkpoint(self, next_node: str, visits: dict[str, int], steps: int) -> None:
+        """Commit the branch's progress: it goes on at ``next_node`` with its state and
+        ``visits`` as they are, ``steps`` committed. Pipelined: its next step runs while it
+        syncs; that step's writes commit after it in the same WAL, so none is durable
+        without it. Raises ``BranchSettled`` if the branch was settled meanwhile."""
+        sh = self.shared
+        packed = msgpack.packb(self.state, use_bin_type=True, default=sh.store.secrets.default)
+        await self._side_commit(
+            branches=BranchWrites(sh.key, steps=[BranchStep(
+                self.branch, next_node, packed, msgpack.packb(visits), steps)]),
+            events=[(EventType.BRANCH_STEP_COMPLETED, {
+                "node": sh.node, "key": sh.key, "branch": self.branch, "steps": steps,
+                "next": next_node})],
+            pipelined=True)
 
     async def _side_commit(self, **kwargs: Any) -> None:
         sh = self.shared
@@ -209,28 +250,39 @@ class BranchPool(Actor):
 
     Args:
         branches: the branches to run, in order.
-        make: a fresh run of a branch (a fresh state each time it runs).
+        make: a run of a branch from its progress as last committed (None: from its start).
         running: None to run ``branches``; else read which of them are still RUNNING (a
             restarted pool: what settled meanwhile never runs again).
+        progress: reads the committed progress of the branches named (each one run again
+            after a crash; all of them at start unless ``fresh``); None: none is read.
+        fresh: the fan-out's rows were just written: no branch has progress to read.
     """
 
-    def __init__(self, *, branches: Iterable[str], make: Callable[[str], BranchRun],
+    def __init__(self, *, branches: Iterable[str],
+                 make: Callable[[str, BranchProgress | None], BranchRun],
                  clock: Clock, rng: random.Random,
-                 running: Callable[[], Awaitable[set[str]]] | None = None) -> None:
+                 running: Callable[[], Awaitable[set[str]]] | None = None,
+                 progress: Callable[[list[str]], Awaitable[dict[str, BranchProgress]]]
+                 | None = None, fresh: bool = True) -> None:
         self.branches, self.make, self.clock, self.rng = list(branches), make, clock, rng
-        self.running = running
+        self.running, self.progress, self.fresh = running, progress, fresh
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
     async def on_start(self) -> None:
-        """Runs in the pool's task: starts a task per branch. A raise (the rows unreadable)
-        is a crash: the task's supervisor starts the pool again."""
+        """Runs in the pool's task: starts a task per branch, each from its committed
+        progress. A raise (the rows unreadable) is a crash: the task's supervisor starts
+        the pool again."""
         names = self.branches
         if self.running is not None:
             still = await self.running()
             names = [b for b in names if b in still]
+        resumes: dict[str, BranchProgress] = {}
+        if self.progress is not None and not self.fresh and names:
+            resumes = await self.progress(names)
         loop = asyncio.get_running_loop()
         for branch in names:
-            task = loop.create_task(self._supervise(branch), name=f"branch:{branch}")
+            task = loop.create_task(self._supervise(branch, resumes.get(branch)),
+                                    name=f"branch:{branch}")
             self.tasks[branch] = task
             task.add_done_callback(self._ended)
         if not self.tasks:
@@ -245,12 +297,15 @@ class BranchPool(Actor):
             if not self.tasks:
                 self.ref.stop()  # every branch ended: the pool's work is done
 
-    async def _supervise(self, branch: str) -> None:
-        """Runs ``branch`` until it settles, again after each crash (with a backoff)."""
+    async def _supervise(self, branch: str, resume: BranchProgress | None) -> None:
+        """Runs ``branch`` until it settles, again after each crash (with a backoff), from
+        its progress as last committed."""
         restarts: list[float] = []
         while True:
             try:
-                await self.make(branch).run()
+                if restarts and self.progress is not None:
+                    resume = (await self.progress([branch])).get(branch)
+                await self.make(branch, resume).run()
                 return
             except Exception as exc:
                 now = self.clock.monotonic()

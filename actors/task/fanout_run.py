@@ -29,6 +29,7 @@ from ratchet.actors.task.fanout import (
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import BranchGraph, JoinPolicy
+from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol import tracing
@@ -88,7 +89,8 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     # theirs at once, so their timers are armed with the fan-out; each later one (and each
     # one run again after a restart) arms its own when its turn comes.
     armed: set[str] = set()
-    if not rows:
+    fresh = not rows  # its rows written now: no branch has committed a step
+    if fresh:
         timers = []
         if visit.branch_timeout:
             armed = set(names[:limit])
@@ -116,7 +118,8 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     # Finished before a crash: never run again.
     running = [b for b in names if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"]
     if running:
-        specs.append((f"branches:{key}", _pool_factory(actor, visit, limit, running, armed),
+        specs.append((f"branches:{key}", _pool_factory(actor, visit, limit, running, armed,
+                                                         fresh),
                       STOP_WAIT + 1.0))
     refs = await actor.deps.children.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
@@ -124,7 +127,7 @@ async def start_visit(actor: TaskKernel, visit: Visit,
 
 
 def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str],
-                  armed: set[str]) -> Callable[[int], BranchPool]:
+                  armed: set[str], fresh: bool) -> Callable[[int], BranchPool]:
     """The factory of the visit's branch pool (``restarts`` > 0: a pool started again reads
     which branches still run). What the branches share is found once for the visit (a copy
     of the input per branch was a measurable share of a one-step branch)."""
@@ -145,19 +148,23 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
         traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng,
         spent=lambda: _unspent.get(actor, set()).discard(key), remote_ask=deps.remote_ask)
 
-    def make(branch: str) -> BranchRun:
+    def make(branch: str, resume: BranchProgress | None) -> BranchRun:
         # A branch whose timer the fan-out's start armed does not arm it again.
         arm = None if branch in armed else visit.branch_timeout
         return BranchRun(shared, branch, visit.graph_of(branch),
-                         dict(visit.inputs[branch]), arm)
+                         dict(visit.inputs[branch]), arm, resume)
 
     async def still_running() -> set[str]:
         rows = await deps.store.branches(task_id, key)
         return {b for b in running if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"}
 
+    async def progress(branches: list[str]) -> dict[str, BranchProgress]:
+        return await deps.store.branch_progress(task_id, key, branches)
+
     def factory(restarts: int) -> BranchPool:
         return BranchPool(branches=running, make=make, clock=deps.clock, rng=deps.rng,
-                          running=still_running if restarts else None)
+                          running=still_running if restarts else None, progress=progress,
+                          fresh=fresh and not restarts)
 
     return factory
 
