@@ -46,13 +46,15 @@ class BranchSettlement:
 
 @dataclass(frozen=True, slots=True)
 class BranchProgress:
-    """Where a running branch goes on: the node after its last committed step, its state
-    and node visits there, the steps committed so far (migration 23)."""
+    """Where a running branch goes on: the node after its last committed step (None: it
+    committed none), its state and node visits there, the steps committed so far and its
+    failed runs retried so far (migration 23)."""
 
-    next_node: str
+    next_node: str | None
     state: dict[str, Any]
     visits: dict[str, int]
     steps: int
+    attempts: int = 0
 
 
 class BranchStore(Protocol):
@@ -83,8 +85,8 @@ class BranchStore(Protocol):
 
     async def branch_progress(self, task_id: str, node: str,
                               branches: list[str] | None = None) -> dict[str, BranchProgress]:
-        """The progress of the fan-out ``node``'s RUNNING branches that committed a step
-        (of ``branches`` only, if given), secrets opened."""
+        """The progress of the fan-out ``node``'s RUNNING branches that committed a step or
+        were retried (of ``branches`` only, if given), secrets opened."""
         ...
 
 
@@ -168,8 +170,9 @@ class BranchRows:
 
     async def branch_progress(self, task_id: str, node: str,
                               branches: list[str] | None = None) -> dict[str, BranchProgress]:
-        sql = ("SELECT branch, next_node, state, visits, steps FROM branches WHERE task_id = ?"
-               " AND node = ? AND status = 'RUNNING' AND next_node IS NOT NULL")
+        sql = ("SELECT branch, next_node, state, visits, steps, attempts FROM branches"
+               " WHERE task_id = ? AND node = ? AND status = 'RUNNING'"
+               " AND (next_node IS NOT NULL OR attempts > 0)")
         rows: list[Any] = []
         if branches is None:
             rows = await self._rows(sql, (task_id, node))
@@ -177,8 +180,9 @@ class BranchRows:
             chunk = (branches or [])[i:i + _IN_CHUNK]
             rows += await self._rows(f"{sql} AND branch IN ({','.join('?' * len(chunk))})",
                                      (task_id, node, *chunk))
-        unpack = self.secrets.unpack
-        return {r[0]: BranchProgress(r[1], unpack(r[2]), unpack(r[3]), int(r[4])) for r in rows}
+        unpack = self.secrets.unpack_optional
+        return {r[0]: BranchProgress(r[1], unpack(r[2]) or {}, unpack(r[3]) or {}, int(r[4]),
+                                     int(r[5])) for r in rows}
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
                               settled: list[BranchSettlement], *,

@@ -37,13 +37,16 @@ class BranchStep:
 @dataclass(slots=True)
 class BranchWrites:
     """Start branches of a fan-out (``start``), record a running branch's progress
-    (``steps``), or settle the ones still RUNNING (``settle``: branch → status) when the
-    join decided."""
+    (``steps``), count a retry of a running branch (``retried``), run a settled one again
+    (``reopen``: FAILED or TIMED_OUT back to RUNNING, keeping its progress), or settle the
+    ones still RUNNING (``settle``: branch → status) when the join decided."""
 
     node: str
     start: list[str] = field(default_factory=list)
     settle: dict[str, str] = field(default_factory=dict)
     steps: list[BranchStep] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    reopen: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -73,14 +76,30 @@ def write_branches(conn: sqlite3.Connection, task_id: str, b: BranchWrites, now:
             " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
             (step.next_node, step.state, step.visits, step.steps, task_id, b.node,
              step.branch))
-        if cur.rowcount != 1:
-            raise BranchSettled(f"branch {step.branch} of {b.node} is no longer running",
-                                task_id=task_id)
+        _one(cur, task_id, b.node, step.branch)
+    for branch in b.retried:
+        _one(conn.execute(
+            "UPDATE branches SET attempts = attempts + 1 WHERE task_id = ? AND node = ?"
+            " AND branch = ? AND status = 'RUNNING'", (task_id, b.node, branch)),
+            task_id, b.node, branch)
+    for branch in b.reopen:
+        _one(conn.execute(
+            "UPDATE branches SET status = 'RUNNING', result = NULL, error = NULL,"
+            " finished_at = NULL, attempts = attempts + 1 WHERE task_id = ? AND node = ?"
+            " AND branch = ? AND status IN ('FAILED', 'TIMED_OUT')", (task_id, b.node, branch)),
+            task_id, b.node, branch, "is not FAILED or TIMED_OUT")
     if b.settle:
         conn.executemany(
             "UPDATE branches SET status = ?, finished_at = ? WHERE task_id = ? AND node = ?"
             " AND branch = ? AND status = 'RUNNING'",
             [(status, now, task_id, b.node, name) for name, status in b.settle.items()])
+
+
+def _one(cur: sqlite3.Cursor, task_id: str, node: str, branch: str,
+         why: str = "is no longer running") -> None:
+    """The branch's row was updated, or the whole change rolls back."""
+    if cur.rowcount != 1:
+        raise BranchSettled(f"branch {branch} of {node} {why}", task_id=task_id)
 
 
 def finish_branch_txn(conn: sqlite3.Connection, task_id: str, node: str, branch: str,

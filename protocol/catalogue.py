@@ -161,6 +161,9 @@ class EventType(StrEnum):
     FANOUT_STARTED = "fanout.started"
     #: A branch committed a step (its progress: where it goes on after a crash).
     BRANCH_STEP_COMPLETED = "branch.step_completed"
+    #: A failed branch runs again from its last committed step (``branch_retries``, or an
+    #: operator's ``retry-branch``).
+    BRANCH_RETRIED = "branch.retried"
     #: A branch succeeded.
     BRANCH_COMPLETED = "branch.completed"
     #: A branch raised or tried to suspend.

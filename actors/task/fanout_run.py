@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool, BranchRun, FanoutShared
+from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool, HoldBranches
+from ratchet.actors.task.branch_run import BranchHold, BranchRun, FanoutShared
 from ratchet.actors.task.branch_settle import Notify
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
@@ -34,10 +35,11 @@ from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
-from ratchet.protocol.errors import RatchetError
+from ratchet.protocol.errors import ActorStopped, AskTimeout, RatchetError
 from ratchet.protocol.redaction import secret_values
 
-__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
+__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "hold_branches", "join_notifier",
+           "start_visit"]
 
 
 #: Per task actor, the fan-out visits it started itself whose branches have committed no
@@ -64,6 +66,7 @@ class Visit:
     branch_timeout: float | None
     max_concurrency: int | None
     started: dict[str, Any]  # the ``fanout.started`` payload
+    retries: int = 0  # runs again of a branch whose body raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +149,8 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
         # The fan-out's span, if tracing: the branches' calls are its children (the pool
         # is started by the task's supervisor, in a context of its own).
         traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng,
-        spent=lambda: _unspent.get(actor, set()).discard(key), remote_ask=deps.remote_ask)
+        spent=lambda: _unspent.get(actor, set()).discard(key), remote_ask=deps.remote_ask,
+        deadline_at=actor.record.deadline_at, retries=visit.retries, hold=BranchHold())
 
     def make(branch: str, resume: BranchProgress | None) -> BranchRun:
         # A branch whose timer the fan-out's start armed does not arm it again.
@@ -164,9 +168,26 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
     def factory(restarts: int) -> BranchPool:
         return BranchPool(branches=running, make=make, clock=deps.clock, rng=deps.rng,
                           running=still_running if restarts else None, progress=progress,
-                          fresh=fresh and not restarts)
+                          fresh=fresh and not restarts, hold=shared.hold)
 
     return factory
+
+
+async def hold_branches(actor: TaskKernel, reason: str) -> None:
+    """Stop the branches of the task's fan-outs in progress at their next safe point (each
+    commits its progress there and stays RUNNING), waiting for a step in flight up to the
+    cancel timeout; the task then pauses, and its resume starts them again from there."""
+    for key in list(actor.joins):
+        pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
+        if pool is None:
+            continue
+        timeout = actor.deps.cancel_timeout
+        try:
+            late = await pool.ask(HoldBranches(reason, timeout), timeout=timeout + 5.0)
+        except (ActorStopped, AskTimeout):
+            continue  # ended meanwhile (every branch settled), or stuck: the stop cancels it
+        if late:
+            actor.log.warning("branches cut at the pause", key=key, branches=late)
 
 
 def join_notifier(actor: TaskKernel, key: str) -> Notify:
