@@ -31,11 +31,13 @@ import structlog
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.core.backoff import backoff_delay
 from ratchet.actors.task.branch_run import BranchHold, BranchRun
+from ratchet.actors.task.kernel import TaskKernel
 from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.protocol.clock import Clock
+from ratchet.protocol.errors import ActorStopped, AskTimeout
 
 __all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "STOP_WAIT", "BranchPool", "HoldBranches",
-           "RunBranch", "StopBranch"]
+           "RunBranch", "StopBranch", "hold_branches"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -203,3 +205,20 @@ class BranchPool(Actor):
             if pending:
                 log.warning("branches still running after their pool stopped",
                             branches=sorted(t.get_name() for t in pending))
+
+
+async def hold_branches(actor: TaskKernel, reason: str) -> None:
+    """Stop the branches of the task's fan-outs in progress at their next safe point (each
+    commits its progress there and stays RUNNING), waiting for a step in flight up to the
+    cancel timeout; the task then pauses, and its resume starts them again from there."""
+    for key in list(actor.joins):
+        pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
+        if pool is None:
+            continue
+        timeout = actor.deps.cancel_timeout
+        try:
+            late = await pool.ask(HoldBranches(reason, timeout), timeout=timeout + 5.0)
+        except (ActorStopped, AskTimeout):
+            continue  # ended meanwhile (every branch settled), or stuck: the stop cancels it
+        if late:
+            actor.log.warning("branches cut at the pause", key=key, branches=late)

@@ -29,7 +29,6 @@ from ratchet.actors.effects.actions import HandoffRequired
 from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.task.branch_retry import retry_branch
 from ratchet.actors.task.definition_guard import definition_change
-from ratchet.actors.task.fanout_run import hold_branches
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import pause, suspend
 from ratchet.persistence.ledger import ActionWrite
@@ -67,7 +66,6 @@ async def handle_control(actor: TaskKernel, env: Envelope) -> str:
     if action == "pause":
         if actor.status not in _PAUSABLE:
             return f"not paused: {actor.status.value}"
-        await hold_branches(actor, "pause")  # a fan-out's: each at its next safe point
         await pause(actor, request)
         return "paused"
     if action == "resume":

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool, HoldBranches
+from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool
 from ratchet.actors.task.branch_run import BranchHold, BranchRun, FanoutShared
 from ratchet.actors.task.branch_settle import Notify
 from ratchet.actors.task.fanout import (
@@ -35,11 +35,10 @@ from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
-from ratchet.protocol.errors import ActorStopped, AskTimeout, RatchetError
+from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.redaction import secret_values
 
-__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "hold_branches", "join_notifier",
-           "start_visit"]
+__all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
 
 
 #: Per task actor, the fan-out visits it started itself whose branches have committed no
@@ -171,23 +170,6 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
                           fresh=fresh and not restarts, hold=shared.hold)
 
     return factory
-
-
-async def hold_branches(actor: TaskKernel, reason: str) -> None:
-    """Stop the branches of the task's fan-outs in progress at their next safe point (each
-    commits its progress there and stays RUNNING), waiting for a step in flight up to the
-    cancel timeout; the task then pauses, and its resume starts them again from there."""
-    for key in list(actor.joins):
-        pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
-        if pool is None:
-            continue
-        timeout = actor.deps.cancel_timeout
-        try:
-            late = await pool.ask(HoldBranches(reason, timeout), timeout=timeout + 5.0)
-        except (ActorStopped, AskTimeout):
-            continue  # ended meanwhile (every branch settled), or stuck: the stop cancels it
-        if late:
-            actor.log.warning("branches cut at the pause", key=key, branches=late)
 
 
 def join_notifier(actor: TaskKernel, key: str) -> Notify:
