@@ -97,7 +97,12 @@ async def total(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"branches": len(ctx.state["each"])}}
 
 
+async def size(ctx: ratchet.StepContext) -> dict[str, Any]:
+    return {"n": int(ctx.input["n"])}
+
+
 wide = ratchet.Workflow("steps.map")
+wide.add_step("size", size)
 wide.map("each", items=_items, branch=stepped("steps.item"), max_items=5000, next="total")
 wide.add_step("total", total)
 
