@@ -106,9 +106,16 @@ wide.add_step("size", size)
 wide.map("each", items=_items, branch=stepped("steps.item"), max_items=5000, next="total")
 wide.add_step("total", total)
 
+wide_retry = ratchet.Workflow("steps.map_retry")
+wide_retry.add_step("size", size)
+wide_retry.map("each", items=_items, branch=stepped("steps.item"), item_retries=1,
+               next="total")
+wide_retry.add_step("total", total)
+
 app = ratchet.Registry([
     fan("steps.fan", JoinPolicy("all")),
     fan("steps.retry", JoinPolicy("all"), retries=2),
     fan("steps.optional", JoinPolicy("required", required=frozenset({"b0", "b1", "b2"}))),
     wide,
+    wide_retry,
 ])

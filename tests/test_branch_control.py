@@ -91,6 +91,7 @@ async def test_branches_past_the_task_deadline_fail_at_their_safe_point(
                                    deadline_s=0.45)).task_id
     events = await wait_terminal(client, task_id)
     assert events[-1].type == "task.failed"
+    assert events[-1].payload["reason"] == "deadline passed"
     failed = [e.payload for e in events if e.type == "branch.failed"]
     assert failed and all(p["error"] == {"type": "DeadlinePassed",
                                          "message": "task deadline passed"} for p in failed)
@@ -143,3 +144,17 @@ async def test_an_operator_retries_one_failed_branch_and_the_join_counts_it_agai
     assert runs[("b3", 0)] == runs[("b3", 1)] == 1 and runs[("b3", 2)] == 2
     [again] = [e.payload for e in events if e.type == "branch.retried"]
     assert again["by"] and again["attempt"] is None and again["key"] == "spread#0"
+
+
+async def test_a_maps_item_retries_run_a_failed_item_again_from_its_last_committed_step(
+    start_node: NodeFactory, client: ratchet.Client,
+) -> None:
+    await start_node(branch_app)
+    task_id = (await client.submit("steps.map_retry", {"n": 3, "fail": {"1": [3, 1]}},
+                                   key="map-retry")).task_id
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded"
+    assert [(e.payload["branch"], e.payload["attempt"]) for e in events
+            if e.type == "branch.retried"] == [("1", 1)]
+    runs = runs_of(task_id)
+    assert runs[("1", 3)] == 2 and sum(runs.values()) == 3 * STEPS + 1

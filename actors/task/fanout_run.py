@@ -203,6 +203,11 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
     if not v.ok:
         await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
                            cancel_timers=timers)
+        deadline = actor.record.deadline_at if actor.record is not None else None
+        if deadline is not None and actor.deps.clock.due_now() >= deadline:
+            # Its branches failed at the task's deadline: the task's reason, as a step's.
+            await fail_with_saga(actor, RatchetError("task deadline passed"), "deadline passed")
+            return
         await fail_with_saga(actor, RatchetError(f"join {joined.join} failed: {v.reason}"),
                              "join failed")
         return
