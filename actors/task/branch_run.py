@@ -170,7 +170,10 @@ class BranchRun:
                     except Exception as exc:
                         status, error = "FAILED", _error_of(exc)
                         if self.attempts < sh.retries and not isinstance(exc, DeadlinePassed):
-                            await self._retry(error)
+                            try:
+                                await self._retry(error)
+                            except BranchSettled:
+                                return  # settled meanwhile (its timeout): nothing to retry
                             status, error = "SUCCEEDED", None
                             continue
                     break
