@@ -131,3 +131,23 @@ async def test_a_branch_step_records_where_it_goes_on_and_a_settled_branch_takes
             branches=_step("c", "s1", {}, 1),
             events=[("branch.step_completed", {"branch": "c", "steps": 1})]))
     assert await store.events("t1") == before  # rolled back whole: no event either
+
+
+async def test_a_group_of_branch_steps_records_the_running_ones_with_their_events(
+    store: Store,
+) -> None:
+    await _fanout(store, ["a", "b", "c"])
+    await store.finish_branches("t1", "spread#0", "test", 3.0, [_done("c")])
+
+    def write(branch: str) -> tuple[BranchStep, tuple[str, dict[str, object]]]:
+        return (BranchStep(branch, "s1", msgpack.packb({"x": branch}), msgpack.packb({}), 1),
+                ("branch.step_completed", {"branch": branch, "steps": 1}))
+
+    assert await store.record_branch_steps("t1", "spread#0", "test", 4.0,
+                                           [write("a"), write("c"), write("b")]) == {"a", "b"}
+    progress = await store.branch_progress("t1", "spread#0")
+    assert {b: p.state for b, p in progress.items()} == {"a": {"x": "a"}, "b": {"x": "b"}}
+    events = await store.events("t1")
+    assert [e["payload"]["branch"] for e in events if e["type"] == "branch.step_completed"] \
+        == ["a", "b"]
+    assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))

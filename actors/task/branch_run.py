@@ -36,7 +36,7 @@ from ratchet.actors.effects.actions import ActionRunner, CallEnv, TaskSuspended
 from ratchet.actors.effects.remote_tool import RemoteAsk, no_remote_tools
 from ratchet.actors.effects.sandbox import runner_for
 from ratchet.actors.effects.switches import Switches
-from ratchet.actors.task.branch_settle import Notify, settle_branch
+from ratchet.actors.task.branch_settle import Notify, checkpoint_branch, settle_branch
 from ratchet.actors.task.fanout import branch_settlement, branch_slot, branch_timer
 from ratchet.actors.task.heartbeat import StepHeartbeat
 from ratchet.actors.task.task_secrets import TaskSecrets
@@ -272,18 +272,21 @@ class BranchRun:
 
     async def _checkpoint(self, next_node: str, visits: dict[str, int], steps: int) -> None:
         """Commit the branch's progress: it goes on at ``next_node`` with its state and
-        ``visits`` as they are, ``steps`` committed. Pipelined: its next step runs while it
-        syncs; that step's writes commit after it in the same WAL, so none is durable
-        without it. Raises ``BranchSettled`` if the branch was settled meanwhile."""
+        ``visits`` as they are, ``steps`` committed (with the fan-out's other branches at
+        their safe point: ``branch_settle.Checkpointer``). Pipelined: its next step runs
+        while it syncs; that step's writes commit after it in the same WAL, so none is
+        durable without it. Raises ``BranchSettled`` if the branch was settled meanwhile."""
         sh = self.shared
         packed = msgpack.packb(self.state, use_bin_type=True, default=sh.store.secrets.default)
-        await self._side_commit(
-            branches=BranchWrites(sh.key, steps=[BranchStep(
-                self.branch, next_node, packed, msgpack.packb(visits), steps)]),
-            events=[(EventType.BRANCH_STEP_COMPLETED, {
-                "node": sh.node, "key": sh.key, "branch": self.branch, "steps": steps,
-                "next": next_node})],
-            pipelined=True)
+        step = BranchStep(self.branch, next_node, packed, msgpack.packb(visits), steps)
+        event = (EventType.BRANCH_STEP_COMPLETED.value, {
+            "node": sh.node, "key": sh.key, "branch": self.branch, "steps": steps,
+            "next": next_node})
+        # Group-committed with the fan-out's other branches at their safe point.
+        if not await checkpoint_branch(sh.store, sh.clock, sh.task_id, sh.key, sh.producer,
+                                       (step, event)):
+            raise BranchSettled(f"branch {self.branch} of {sh.key} is no longer running",
+                                task_id=sh.task_id)
 
     async def _retry(self, error: dict[str, Any]) -> None:
         """Count a retry on the branch's row (with ``branch.retried``), then go on from its
