@@ -12,7 +12,9 @@
   ``task.succeeded`` seen by the client, the median of ``FANOUT_100_RUNS`` runs after a
   warm-up task; ``fanout_100_join_ms`` is the one of the node's default setting
   (``RATCHET_BENCH_SYNCHRONOUS``, as for the other figures); ``fanout_100_node_cpu_ms_*``:
-  the node's CPU time per run (mean), which a shared machine disturbs less than the wall.
+  the node's CPU time per run (mean), which a shared machine disturbs less than the wall;
+- fanout_100x10_join_ms, fanout_100x10_node_cpu_ms: the same with branches of ten trivial
+  steps (``bench.fan100x10``: 900 branch checkpoints a run), the node's default setting.
 
 The node is a real ``ratchet serve`` subprocess joined to a real nats-server.
 """
@@ -111,22 +113,24 @@ async def _outcome(client: ratchet.Client, task_id: str) -> str:
     raise RuntimeError(f"task {task_id}: no terminal event")
 
 
-async def join_100(tmp: Path, synchronous: str) -> dict[str, float]:
+async def join_100(tmp: Path, synchronous: str, workflow: str = "bench.fan100"
+                   ) -> dict[str, float]:
     """W3 on a fresh node of its own: the median submit → ``task.succeeded`` (ms) and the
-    node's mean CPU per run (ms)."""
-    node = NodeProc(tmp / f"w3-{synchronous}", None, app="bench.fanout_app:app",
+    node's mean CPU per run (ms). ``workflow``: ``bench.fan100x10`` for ten-step branches
+    (which log nothing)."""
+    node = NodeProc(tmp / f"w3-{synchronous}-{workflow}", None, app="bench.fanout_app:app",
                     synchronous=synchronous)
     node.start()
     assert node.url is not None
     client = await ratchet.Client.connect(node.url, "bench", creds=node.creds)
-    log = str(tmp / f"w3-{synchronous}.log")
+    log = str(tmp / f"w3-{synchronous}-{workflow}.log")
     walls, cpus = [], []
     try:
         warm = await client.submit("bench.warm", {}, key=f"warm-{time.time_ns()}")
         assert await _outcome(client, warm.task_id) == "task.succeeded"
         for run in range(FANOUT_100_RUNS):
             cpu0, started = node.cpu_seconds(), time.perf_counter()
-            handle = await client.submit("bench.fan100", {"log": log}, key=f"w3-{run}")
+            handle = await client.submit(workflow, {"log": log}, key=f"w3-{run}")
             outcome = await _outcome(client, handle.task_id)
             walls.append((time.perf_counter() - started) * 1000)
             cpus.append((node.cpu_seconds() - cpu0) * 1000)
@@ -134,8 +138,9 @@ async def join_100(tmp: Path, synchronous: str) -> dict[str, float]:
     finally:
         await client.close()
         node.stop()
-    lines = Path(log).read_text().splitlines()
-    assert len(lines) == 100 * FANOUT_100_RUNS, len(lines)  # each branch ran once
+    if workflow == "bench.fan100":
+        lines = Path(log).read_text().splitlines()
+        assert len(lines) == 100 * FANOUT_100_RUNS, len(lines)  # each branch ran once
     return {"ms": round(statistics.median(walls), 1),
             "cpu_ms": round(statistics.fmean(cpus), 1)}
 
@@ -162,6 +167,9 @@ async def main() -> None:
             results[f"fanout_100_join_ms_{synchronous.lower()}"] = w3["ms"]
             results[f"fanout_100_node_cpu_ms_{synchronous.lower()}"] = w3["cpu_ms"]
         results["fanout_100_join_ms"] = results[f"fanout_100_join_ms_{SYNCHRONOUS.lower()}"]
+        ten = await join_100(Path(tmp), SYNCHRONOUS, "bench.fan100x10")
+        results["fanout_100x10_join_ms"] = ten["ms"]
+        results["fanout_100x10_node_cpu_ms"] = ten["cpu_ms"]
     print(json.dumps(results))
 
 

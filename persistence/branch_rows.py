@@ -19,14 +19,15 @@ from typing import Any, Protocol, TypeVar
 
 import msgpack
 
-from ratchet.persistence.graph_rows import finish_branch_txn
+from ratchet.persistence.graph_rows import BranchStep, finish_branch_txn
 from ratchet.persistence.pipelined import PipelinedWriter
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
 from ratchet.persistence.writer import Writer
 from ratchet.protocol.redaction import pack_redacted
 from ratchet.protocol.secrets import Sealer
 
-__all__ = ["BranchRows", "BranchSettlement", "BranchStore", "finish_branches_txn"]
+__all__ = ["BranchProgress", "BranchRows", "BranchSettlement", "BranchStore",
+           "branch_steps_txn", "finish_branches_txn"]
 
 T = TypeVar("T")
 
@@ -41,6 +42,19 @@ class BranchSettlement:
     result: Any
     error: dict[str, Any] | None
     event: tuple[str, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class BranchProgress:
+    """Where a running branch goes on: the node after its last committed step (None: it
+    committed none), its state and node visits there, the steps committed so far and its
+    failed runs retried so far (migration 23)."""
+
+    next_node: str | None
+    state: dict[str, Any]
+    visits: dict[str, int]
+    steps: int
+    attempts: int = 0
 
 
 class BranchStore(Protocol):
@@ -63,10 +77,24 @@ class BranchStore(Protocol):
         it is: as a task change's ``pipelined``)."""
         ...
 
+    async def record_branch_steps(self, task_id: str, node: str, producer: str, now: float,
+                                  steps: list[tuple[BranchStep, tuple[str, dict[str, Any]]]],
+                                  *, pipelined: bool = False) -> set[str]:
+        """Record the progress of those of ``steps``' branches still RUNNING, each with its
+        event, in one transaction; returns the branches recorded (one settled meanwhile is
+        left alone, its event not written). ``pipelined``: as :meth:`finish_branches`."""
+        ...
+
     async def branches(self, task_id: str, node: str) -> dict[str, dict[str, Any]]:
         ...
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
+        ...
+
+    async def branch_progress(self, task_id: str, node: str,
+                              branches: list[str] | None = None) -> dict[str, BranchProgress]:
+        """The progress of the fan-out ``node``'s RUNNING branches that committed a step or
+        were retried (of ``branches`` only, if given), secrets opened."""
         ...
 
 
@@ -103,6 +131,26 @@ def finish_branches_txn(conn: sqlite3.Connection, task_id: str, node: str, produ
     change = TaskChange(task_id=task_id, expected_version=None, producer=producer, now=now,
                         events=[s.event for s in done])
     return packed, apply_change_txn(conn, change)
+
+
+def branch_steps_txn(conn: sqlite3.Connection, task_id: str, node: str, producer: str,
+                     now: float, steps: list[tuple[BranchStep, tuple[str, dict[str, Any]]]]
+                     ) -> tuple[set[str], ChangeResult | None]:
+    """Record the progress of the RUNNING ones of ``steps``' branches, and their events as
+    one side-channel change of the task (the branches that reach their safe point together
+    share one task-row update)."""
+    running = _running(conn, task_id, node, [st.branch for st, _ in steps])
+    done = [(st, ev) for st, ev in steps if st.branch in running]
+    if not done:
+        return set(), None
+    conn.executemany(
+        "UPDATE branches SET next_node = ?, state = ?, visits = ?, steps = ?"
+        " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
+        [(st.next_node, st.state, st.visits, st.steps, task_id, node, st.branch)
+         for st, _ in done])
+    change = TaskChange(task_id=task_id, expected_version=None, producer=producer, now=now,
+                        events=[ev for _, ev in done])
+    return {st.branch for st, _ in done}, apply_change_txn(conn, change)
 
 
 def _pack(result: Any, default: Callable[[Any], Any] | None) -> bytes | None:
@@ -145,6 +193,25 @@ class BranchRows:
                 ) -> Callable[[sqlite3.Connection], T]:
         raise NotImplementedError
 
+    async def _rows(self, sql: str, args: tuple[Any, ...] | list[Any] = ()) -> list[Any]:
+        raise NotImplementedError
+
+    async def branch_progress(self, task_id: str, node: str,
+                              branches: list[str] | None = None) -> dict[str, BranchProgress]:
+        sql = ("SELECT branch, next_node, state, visits, steps, attempts FROM branches"
+               " WHERE task_id = ? AND node = ? AND status = 'RUNNING'"
+               " AND (next_node IS NOT NULL OR attempts > 0)")
+        rows: list[Any] = []
+        if branches is None:
+            rows = await self._rows(sql, (task_id, node))
+        for i in range(0, len(branches or ()), _IN_CHUNK):
+            chunk = (branches or [])[i:i + _IN_CHUNK]
+            rows += await self._rows(f"{sql} AND branch IN ({','.join('?' * len(chunk))})",
+                                     (task_id, node, *chunk))
+        unpack = self.secrets.unpack_optional
+        return {r[0]: BranchProgress(r[1], unpack(r[2]) or {}, unpack(r[3]) or {}, int(r[4]),
+                                     int(r[5])) for r in rows}
+
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
                               settled: list[BranchSettlement], *,
                               pipelined: bool = False) -> dict[str, Any]:
@@ -152,18 +219,35 @@ class BranchRows:
             return finish_branches_txn(conn, task_id, node, producer, now, settled,
                                        self.secrets.default)
 
+        packed = await self._side_txn(task_id, txn, pipelined)
+        # Unpacked as a read of the row would (secrets opened, msgpack's types): the join
+        # decides on these without reading the rows back.
+        return {b: self.secrets.unpack_optional(p) for b, p in packed.items()}
+
+    async def record_branch_steps(self, task_id: str, node: str, producer: str, now: float,
+                                  steps: list[tuple[BranchStep, tuple[str, dict[str, Any]]]],
+                                  *, pipelined: bool = False) -> set[str]:
+        def txn(conn: sqlite3.Connection) -> tuple[set[str], ChangeResult | None]:
+            return branch_steps_txn(conn, task_id, node, producer, now, steps)
+
+        return await self._side_txn(task_id, txn, pipelined)
+
+    async def _side_txn(self, task_id: str,
+                        txn: Callable[[sqlite3.Connection], tuple[T, ChangeResult | None]],
+                        pipelined: bool) -> T:
+        """Run a branch group's transaction (fenced); its events leave once durable."""
         durable: asyncio.Future[None] | None = None
+        out: T
+        applied: ChangeResult | None
         if pipelined and self._syncing is not None:
-            (packed, applied), durable = await self._syncing.submit_pipelined(
+            (out, applied), durable = await self._syncing.submit_pipelined(
                 self._fenced(task_id, txn))
         else:
-            packed, applied = await self._writer.submit(self._fenced(task_id, txn))
+            out, applied = await self._writer.submit(self._fenced(task_id, txn))
         if applied is not None and durable is None:
             self._announce(applied.outbox)
         elif applied is not None and applied.outbox:
             assert durable is not None
             durable.add_done_callback(functools.partial(_announce_durable, self._announce,
                                                         applied.outbox))
-        # Unpacked as a read of the row would (secrets opened, msgpack's types): the join
-        # decides on these without reading the rows back.
-        return {b: self.secrets.unpack_optional(p) for b, p in packed.items()}
+        return out

@@ -9,10 +9,12 @@ from typing import Any
 
 import msgpack
 
+from ratchet.protocol.errors import BranchSettled
 from ratchet.protocol.redaction import pack_redacted
 
 __all__ = [
     "ApprovalWrite",
+    "BranchStep",
     "BranchWrites",
     "finish_branch_txn",
     "write_approval",
@@ -20,14 +22,31 @@ __all__ = [
 ]
 
 
+@dataclass(frozen=True, slots=True)
+class BranchStep:
+    """A branch's progress after a committed step: where it goes on, its state and node
+    visits there (msgpack, secrets sealed) and how many steps it has committed."""
+
+    branch: str
+    next_node: str
+    state: bytes
+    visits: bytes
+    steps: int
+
+
 @dataclass(slots=True)
 class BranchWrites:
-    """Start branches of a fan-out (``start``), or settle the ones still RUNNING
-    (``settle``: branch → status) when the join decided."""
+    """Start branches of a fan-out (``start``), record a running branch's progress
+    (``steps``), count a retry of a running branch (``retried``), run a settled one again
+    (``reopen``: FAILED or TIMED_OUT back to RUNNING, keeping its progress), or settle the
+    ones still RUNNING (``settle``: branch → status) when the join decided."""
 
     node: str
     start: list[str] = field(default_factory=list)
     settle: dict[str, str] = field(default_factory=dict)
+    steps: list[BranchStep] = field(default_factory=list)
+    retried: list[str] = field(default_factory=list)
+    reopen: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -49,11 +68,38 @@ def write_branches(conn: sqlite3.Connection, task_id: str, b: BranchWrites, now:
         conn.executemany(
             "INSERT OR IGNORE INTO branches(task_id, node, branch, status, started_at)"
             " VALUES (?,?,?,'RUNNING',?)", [(task_id, b.node, name, now) for name in b.start])
+    for step in b.steps:
+        # Only a RUNNING branch goes on; one settled meanwhile (its timeout, its join's
+        # verdict) rolls the whole change back: its step's event must not be recorded.
+        cur = conn.execute(
+            "UPDATE branches SET next_node = ?, state = ?, visits = ?, steps = ?"
+            " WHERE task_id = ? AND node = ? AND branch = ? AND status = 'RUNNING'",
+            (step.next_node, step.state, step.visits, step.steps, task_id, b.node,
+             step.branch))
+        _one(cur, task_id, b.node, step.branch)
+    for branch in b.retried:
+        _one(conn.execute(
+            "UPDATE branches SET attempts = attempts + 1 WHERE task_id = ? AND node = ?"
+            " AND branch = ? AND status = 'RUNNING'", (task_id, b.node, branch)),
+            task_id, b.node, branch)
+    for branch in b.reopen:
+        _one(conn.execute(
+            "UPDATE branches SET status = 'RUNNING', result = NULL, error = NULL,"
+            " finished_at = NULL, attempts = attempts + 1 WHERE task_id = ? AND node = ?"
+            " AND branch = ? AND status IN ('FAILED', 'TIMED_OUT')", (task_id, b.node, branch)),
+            task_id, b.node, branch, "is not FAILED or TIMED_OUT")
     if b.settle:
         conn.executemany(
             "UPDATE branches SET status = ?, finished_at = ? WHERE task_id = ? AND node = ?"
             " AND branch = ? AND status = 'RUNNING'",
             [(status, now, task_id, b.node, name) for name, status in b.settle.items()])
+
+
+def _one(cur: sqlite3.Cursor, task_id: str, node: str, branch: str,
+         why: str = "is no longer running") -> None:
+    """The branch's row was updated, or the whole change rolls back."""
+    if cur.rowcount != 1:
+        raise BranchSettled(f"branch {branch} of {node} {why}", task_id=task_id)
 
 
 def finish_branch_txn(conn: sqlite3.Connection, task_id: str, node: str, branch: str,

@@ -1,10 +1,9 @@
-"""The schema, as an ordered list of migrations (version, name, SQL); each runs once, in
-its own transaction (persistence/migrations.py applies them). Never edit a released
-migration: append a new one.
-"""
+"""The schema, as ordered migrations (version, name, SQL), each run once in its own transaction
+(persistence/migrations.py applies them). Never edit a released migration: append a new one."""
 
 from __future__ import annotations
 
+from ratchet.persistence.branch_schema import BRANCH_STEPS_DDL
 from ratchet.persistence.drift_schema import RECONCILE_DDL
 from ratchet.persistence.ops_schema import OPS_DDL
 from ratchet.persistence.sandbox_schema import SANDBOX_DDL
@@ -397,4 +396,5 @@ MIGRATIONS: list[tuple[int, str, str]] = [
      "ALTER TABLE tasks ADD COLUMN definition_hash TEXT"),
     (21, "tasks.sandbox: a sandbox fork's marks (sandbox_rows.py)", SANDBOX_DDL),
     (22, "PostgreSQL only: a task change in one call (postgres/change_sql.py)", ""),
+    (23, "a fan-out branch's progress: next node, state, steps, attempts", BRANCH_STEPS_DDL),
 ]

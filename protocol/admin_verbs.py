@@ -16,7 +16,7 @@ VERB_ROLES: dict[str, str] = {
     "state": "viewer", "diff": "viewer", "bisect": "viewer",
     # Settling what a machine could not (supervisors/services/admin_settle.py).
     "resolve": "approver", "retry-action": "approver", "skip-step": "approver",
-    "approvals": "viewer",
+    "approvals": "viewer", "retry-branch": "operator",
     # Workflow versions (supervisors/services/admin_versions.py).
     "migrate": "operator", "versions": "viewer",
     # The dead-letter queue (docs/admin.md, "Dead letters"): on a tenant's subject its own

@@ -159,6 +159,11 @@ class EventType(StrEnum):
     ROUTE_TAKEN = "route.taken"
     #: A fan-out's branch rows committed.
     FANOUT_STARTED = "fanout.started"
+    #: A branch committed a step (its progress: where it goes on after a crash).
+    BRANCH_STEP_COMPLETED = "branch.step_completed"
+    #: A failed branch runs again from its last committed step (``branch_retries``, or an
+    #: operator's ``retry-branch``).
+    BRANCH_RETRIED = "branch.retried"
     #: A branch succeeded.
     BRANCH_COMPLETED = "branch.completed"
     #: A branch raised or tried to suspend.

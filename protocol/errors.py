@@ -42,7 +42,7 @@ __all__ = [
     "PermissionDenied", "Unauthenticated", "CommandConflict", "InvalidStateValue",
     "HandlingFailed", "SecretUnreadable", "StartRefused", "TooManyItems", "UsageError",
     "NatsUnreachable",
-    "RateLimited", "MigrationRefused",
+    "RateLimited", "MigrationRefused", "BranchSettled",
 ]
 
 
@@ -328,6 +328,13 @@ class NotOwner(RatchetError):
 
 class TaskFinished(RatchetError):
     """Mail for a task that already reached a terminal state: nothing to deliver."""
+
+    code = ErrorCode.CONFLICT
+
+
+class BranchSettled(RatchetError):
+    """A branch's step commit found its row settled meanwhile (its timeout fired, its join
+    decided): the commit is rolled back and the branch stops where it is."""
 
     code = ErrorCode.CONFLICT
 

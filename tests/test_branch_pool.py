@@ -25,9 +25,11 @@ class _Runs:
         self.release = asyncio.Event()
         self.waiting: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
         self.gone: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
+        self.resumed: defaultdict[str, list[Any]] = defaultdict(list)  # each run's progress
 
-    def make(self, branch: str) -> Any:
+    def make(self, branch: str, resume: Any = None) -> Any:
         runs = self
+        runs.resumed[branch].append(resume)
 
         class Run:
             async def run(self) -> None:
@@ -107,3 +109,36 @@ async def test_stopping_one_branch_leaves_the_others_running() -> None:
     runs.release.set()
     await _until(exited, clock)
     assert exited.result() is None and runs.count == {"a": 1, "b": 1}
+
+
+async def test_a_branch_run_again_goes_on_from_the_progress_it_committed() -> None:
+    clock, runs = FakeClock(), _Runs(fail={"a": 1})
+    reads: list[list[str]] = []
+
+    async def progress(names: list[str]) -> dict[str, Any]:
+        reads.append(names)
+        return {"a": "after s6"}  # what the store holds: its last committed step
+
+    exited: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    pool = BranchPool(branches=["a", "b"], make=runs.make, clock=clock, rng=random.Random(7),
+                      progress=progress)  # fresh: nothing to read at start
+    ActorSystem(clock).spawn(pool, "tasks/t1/branches:spread#0",
+                             lambda _, reason: exited.set_result(reason))
+    await _until(exited, clock)
+    assert exited.result() is None
+    assert runs.resumed == {"a": [None, "after s6"], "b": [None]} and reads == [["a"]]
+
+
+async def test_a_pool_of_a_resumed_fanout_starts_each_branch_from_its_progress() -> None:
+    clock, runs = FakeClock(), _Runs()
+
+    async def progress(names: list[str]) -> dict[str, Any]:
+        return {"b": "after s3"}
+
+    exited: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    pool = BranchPool(branches=["a", "b"], make=runs.make, clock=clock, rng=random.Random(7),
+                      progress=progress, fresh=False)
+    ActorSystem(clock).spawn(pool, "tasks/t1/branches:spread#0",
+                             lambda _, reason: exited.set_result(reason))
+    await _until(exited, clock)
+    assert runs.resumed == {"a": [None], "b": ["after s3"]}

@@ -7,15 +7,17 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from ratchet.actors.task.fanout import branch_settlement
 from ratchet.persistence import NewTask, Store, TaskChange
-from ratchet.persistence.branch_rows import BranchSettlement
-from ratchet.persistence.graph_rows import BranchWrites
+from ratchet.persistence.branch_rows import BranchProgress, BranchSettlement
+from ratchet.persistence.graph_rows import BranchStep, BranchWrites
 from ratchet.persistence.store_select import open_store
 from ratchet.persistence.txns import OutboxRow
 from ratchet.persistence.writer import LoopWriter
+from ratchet.protocol.errors import BranchSettled
 from tests.test_durability import SyncGate
 
 
@@ -101,3 +103,51 @@ async def test_a_pipelined_group_returns_at_its_commit_and_its_events_leave_once
     finally:
         gate.open()
         await store.close()
+
+
+def _step(branch: str, next_node: str, state: dict[str, object], steps: int) -> BranchWrites:
+    return BranchWrites("spread#0", steps=[BranchStep(
+        branch, next_node, msgpack.packb(state), msgpack.packb({"s0": 1}), steps)])
+
+
+async def test_a_branch_step_records_where_it_goes_on_and_a_settled_branch_takes_none(
+    store: Store,
+) -> None:
+    await _fanout(store, ["a", "b", "c"])
+    assert await store.branch_progress("t1", "spread#0") == {}  # nothing committed yet
+    for steps in (1, 2):
+        await store.apply(TaskChange(
+            task_id="t1", expected_version=None, producer="test", now=3.0,
+            branches=_step("a", f"s{steps}", {"done": list(range(steps))}, steps),
+            events=[("branch.step_completed", {"branch": "a", "steps": steps})]))
+    await store.finish_branches("t1", "spread#0", "test", 4.0, [_done("c")])
+    assert await store.branch_progress("t1", "spread#0") == {
+        "a": BranchProgress("s2", {"done": [0, 1]}, {"s0": 1}, 2)}
+    assert await store.branch_progress("t1", "spread#0", ["b", "c"]) == {}
+    before = await store.events("t1")
+    with pytest.raises(BranchSettled):  # its join decided, its timeout fired: it stops
+        await store.apply(TaskChange(
+            task_id="t1", expected_version=None, producer="test", now=5.0,
+            branches=_step("c", "s1", {}, 1),
+            events=[("branch.step_completed", {"branch": "c", "steps": 1})]))
+    assert await store.events("t1") == before  # rolled back whole: no event either
+
+
+async def test_a_group_of_branch_steps_records_the_running_ones_with_their_events(
+    store: Store,
+) -> None:
+    await _fanout(store, ["a", "b", "c"])
+    await store.finish_branches("t1", "spread#0", "test", 3.0, [_done("c")])
+
+    def write(branch: str) -> tuple[BranchStep, tuple[str, dict[str, object]]]:
+        return (BranchStep(branch, "s1", msgpack.packb({"x": branch}), msgpack.packb({}), 1),
+                ("branch.step_completed", {"branch": branch, "steps": 1}))
+
+    assert await store.record_branch_steps("t1", "spread#0", "test", 4.0,
+                                           [write("a"), write("c"), write("b")]) == {"a", "b"}
+    progress = await store.branch_progress("t1", "spread#0")
+    assert {b: p.state for b, p in progress.items()} == {"a": {"x": "a"}, "b": {"x": "b"}}
+    events = await store.events("t1")
+    assert [e["payload"]["branch"] for e in events if e["type"] == "branch.step_completed"] \
+        == ["a", "b"]
+    assert [e["sequence"] for e in events] == list(range(1, len(events) + 1))

@@ -17,6 +17,8 @@ switches no operator has to throw, read on the same calls; and the tenants' risk
 
 from __future__ import annotations
 
+import asyncio
+
 from ratchet.actors.effects.breakers import CircuitBreakers
 from ratchet.actors.effects.risk_policy import RiskPolicy
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT
@@ -35,6 +37,13 @@ class Switches:
         self.breakers = CircuitBreakers()
         #: Tenants' tightening of tool tiers (which calls wait for a human's approval).
         self.risk: RiskPolicy = risk or {}
+        #: Set when the switches change (then replaced): what a frozen branch waits on.
+        self._changed: asyncio.Event | None = None
+
+    def _touch(self) -> None:
+        if self._changed is not None:
+            self._changed.set()
+            self._changed = None
 
     def load(self, rows: list[tuple[str, str, str]]) -> None:
         """Replace every switch with the store's ``(scope, kind, name)`` rows."""
@@ -44,12 +53,23 @@ class Switches:
                 tools.setdefault(scope, set()).add(name)
         self._tools = tools
         self._frozen = {scope for scope, kind, _ in rows if kind == "freeze"}
+        self._touch()
 
     # -- read on every step and call: a set lookup or two ---------------------------------
 
     def frozen_for(self, tenant: str) -> bool:
         """Whether ``tenant``'s tasks may start no new step (its freeze, or the cluster's)."""
         return bool(self._frozen) and (SYSTEM_TENANT in self._frozen or tenant in self._frozen)
+
+    async def wait_thawed(self, tenant: str) -> None:
+        """Return once ``tenant``'s tasks may start steps again (at once if they may): a
+        fan-out branch held at its safe point (actors/task/branch_pool.py). Woken by the
+        admin service's ``thaw`` on this node, and by the lease tick's reload of the
+        switches on the others."""
+        while self.frozen_for(tenant):
+            if self._changed is None:
+                self._changed = asyncio.Event()
+            await self._changed.wait()
 
     def tool_disabled(self, tenant: str, tool: str) -> bool:
         """Whether ``tenant``'s tasks may not call ``tool`` (its switch, or the cluster's)."""
@@ -76,6 +96,7 @@ class Switches:
             self._frozen.add(scope)
         else:
             self._frozen.discard(scope)
+        self._touch()
 
     def set_tool(self, scope: str, tool: str, disabled: bool) -> None:
         if disabled:

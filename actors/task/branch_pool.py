@@ -1,30 +1,27 @@
 """The branches of one fan-out visit, run as asyncio tasks of one actor (:class:`BranchPool`).
 
-A branch is a small graph with its own state; it is the unit of recovery: its result is
-committed once, when it finishes (``branch_settle.py``), and a branch interrupted by a crash
-runs again from its start. An actor per branch gave each one a task, a mailbox, a spawn and
-an exit handled by the task's supervisor, which was most of what a one-step branch cost.
-So a fan-out's branches run as tasks of one pool, a child of the task's supervisor; the pool
-supervises them the way that supervisor did (OTP's one-for-one, within the pool):
+A branch (``branch_run.py``: :class:`BranchRun`) is a small graph with its own state; its
+progress is committed before each of its steps but the first, its result once, when it
+finishes. An actor per branch gave each one a task, a mailbox, a spawn and an exit handled
+by the task's supervisor, which was most of what a one-step branch cost. So a fan-out's
+branches run as tasks of one pool, a child of the task's supervisor; the pool supervises
+them the way that supervisor did (OTP's one-for-one, within the pool):
 
-- a branch that raises (its body's errors are its result, ``FAILED``: what raises is its
-  settlement's commit) runs again from its start after a backoff, with a fresh state;
+- a branch that raises (its body's errors are its result, ``FAILED``: what raises is a
+  commit of its own) runs again after a backoff, from its last committed step;
 - more than :data:`MAX_RESTARTS` runs of one branch within :data:`RESTART_PERIOD` seconds
   crash the pool, which the task's supervisor restarts (within its own intensity);
 - a pool that starts again reads the branch rows and runs only the branches still
-  RUNNING: a settled branch never runs again;
+  RUNNING, each from its progress: a settled branch never runs again;
 - the pool stops once every branch has ended; stopping it (the join decided, the task was
-  cancelled) cancels the branches still running or waiting for a slot.
-
-:class:`BranchRun` is one run of one branch: it waits for a slot of its fan-out
-(:func:`fanout.branch_slot`), arms its time budget, runs its graph and settles it.
+  cancelled) cancels the branches still running or waiting for a slot; holding it (the
+  task pauses: :class:`HoldBranches`) stops each branch at its next safe point.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-import traceback
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -33,30 +30,14 @@ import structlog
 
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.core.backoff import backoff_delay
-from ratchet.actors.effects.actions import CallEnv, TaskSuspended
-from ratchet.actors.effects.remote_tool import RemoteAsk, no_remote_tools
-from ratchet.actors.effects.sandbox import runner_for
-from ratchet.actors.effects.switches import Switches
-from ratchet.actors.task.branch_settle import Notify, settle_branch
-from ratchet.actors.task.fanout import branch_settlement, branch_slot, branch_timer
-from ratchet.actors.task.heartbeat import StepHeartbeat
-from ratchet.actors.task.task_secrets import TaskSecrets
-from ratchet.actors.workflow.nodes import (
-    END,
-    BranchGraph,
-    ChoiceNode,
-    RouteNode,
-    StepContext,
-    StepNode,
-)
-from ratchet.persistence.ports import TaskStore
-from ratchet.persistence.txns import TaskChange
-from ratchet.protocol import tracing
+from ratchet.actors.task.branch_run import BranchHold, BranchRun
+from ratchet.actors.task.kernel import TaskKernel
+from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.redaction import redact
+from ratchet.protocol.errors import ActorStopped, AskTimeout
 
-__all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "BranchPool", "BranchRun", "FanoutShared",
-           "StopBranch"]
+__all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "STOP_WAIT", "BranchPool", "HoldBranches",
+           "RunBranch", "StopBranch", "hold_branches"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -71,131 +52,28 @@ STOP_WAIT = 0.5
 
 
 @dataclass(frozen=True, slots=True)
-class FanoutShared:
-    """What the branches of one fan-out visit share (found once per visit, not per branch)."""
-
-    task_id: str
-    tenant: str
-    key: str
-    node: str
-    task_input: dict[str, Any]
-    input_secrets: set[str]  # of ``task_input``
-    store: TaskStore
-    clock: Clock
-    producer: str
-    session: Callable[[str], Awaitable[Any]]
-    switches: Switches | None
-    max_concurrency: int
-    notify: Notify
-    traceparent: str | None
-    sandbox: dict[str, Any] | None
-    rng: random.Random
-    spent: Callable[[], None]  # called when a branch commits a spend of the task's budget
-    remote_ask: RemoteAsk = no_remote_tools  # calls of remote tools (effects/remote_tool.py)
-
-
-class BranchRun:
-    """One run of one branch: slot, time budget, body, settlement.
-
-    Args:
-        arm_timeout: the branch's time budget, armed as its durable timer when it gets its
-            slot; None when it has none, or when the fan-out's start armed it already.
-    """
-
-    __slots__ = ("arm_timeout", "branch", "graph", "input", "secrets", "shared", "state")
-
-    def __init__(self, shared: FanoutShared, branch: str, graph: BranchGraph,
-                 state: dict[str, Any], arm_timeout: float | None) -> None:
-        self.shared, self.branch, self.graph, self.state = shared, branch, graph, state
-        self.input = {**shared.task_input, "branch": branch}
-        self.arm_timeout = arm_timeout
-        # Its task's secrets: what its commits show is cut free of them, as the task's is.
-        self.secrets = TaskSecrets(shared.task_id)
-        self.secrets.note(shared.input_secrets)
-
-    async def run(self) -> None:
-        """Runs in the branch's own task. Raises what its settlement's commit raised (the
-        pool runs it again); a cancel while it waits for its slot takes no slot."""
-        sh = self.shared
-        tracing.enter_task(sh.traceparent)  # its calls' spans: children of the fan-out's
-        status, result, error = "SUCCEEDED", None, None
-        async with branch_slot(sh.task_id, sh.key, sh.max_concurrency):
-            if self.arm_timeout is not None:
-                # Its budget starts now, not when the fan-out started.
-                await self._side_commit(timers=[branch_timer(
-                    sh.task_id, sh.key, sh.node, self.branch, sh.clock.now() + self.arm_timeout)])
-            try:
-                result = await self._body()
-            except TaskSuspended as signal:  # a branch cannot park the task: it fails instead
-                status, error = "FAILED", {"type": type(signal).__name__, "message": str(signal)}
-            except Exception as exc:
-                status = "FAILED"
-                error = {"type": type(exc).__name__, "message": str(exc)[:2000],
-                         "trace": "".join(traceback.format_exception(exc))[-2000:]}
-        payload: dict[str, Any] = {"key": sh.key}
-        if error is not None:
-            error = redact(error, self.secrets.values)
-            payload["error"] = {k: v for k, v in error.items() if k != "trace"}
-        await settle_branch(sh.store, sh.clock, sh.task_id, sh.key, sh.producer, sh.notify,
-                            branch_settlement(sh.node, self.branch, status, payload, result,
-                                              error))
-
-    async def _body(self) -> Any:
-        sh = self.shared
-        current, visits = self.graph.start, dict[str, int]()
-        runner = runner_for(CallEnv(
-            task_id=sh.task_id, tenant=sh.tenant, step_index=0, store=sh.store,
-            clock=sh.clock, commit=self._side_commit, session=sh.session, deadline=None,
-            rng=sh.rng, switches=sh.switches, note_secrets=self.secrets.note,
-            remote_ask=sh.remote_ask), sh.sandbox)
-        while current != END:
-            node = self.graph.node(current)
-            visits[current] = visits.get(current, 0) + 1
-            if node.max_visits is not None and visits[current] > node.max_visits:
-                raise RuntimeError(f"branch node {current} entered more than {node.max_visits} times")
-            if isinstance(node, StepNode):
-                ctx = StepContext(task_id=sh.task_id, tenant=sh.tenant,
-                                  workflow=self.graph.name, step_name=node.name, step_index=0,
-                                  attempt=1, input=self.input, state=self.state, clock=sh.clock,
-                                  log=log.bind(task_id=sh.task_id, branch=self.branch),
-                                  runner=runner, branch=self.branch,
-                                  beat=StepHeartbeat(sh.store, sh.clock, sh.task_id,
-                                                     self.branch, sh.producer))
-                if node.timeout is not None:
-                    # A deadline on the branch's own task (one timer handle), not a task
-                    # of its own per step as ``wait_for`` makes.
-                    async with asyncio.timeout(node.timeout):
-                        update = await node.fn(ctx)
-                else:
-                    update = await node.fn(ctx)
-                if update:
-                    self.state.update(update)
-                current = node.next
-            elif isinstance(node, ChoiceNode):
-                target = node.guard(self.state)
-                if target not in node.targets:
-                    raise RuntimeError(f"guard of {node.name} chose undeclared target {target!r}")
-                current = target
-            elif isinstance(node, RouteNode):
-                current = node.table.get(node.key(self.state), node.default or END)
-            else:  # validation keeps other kinds out of branches
-                raise RuntimeError(f"{node.kind} node {node.name} cannot run in a branch")
-        return self.state.get("output", self.state)
-
-    async def _side_commit(self, **kwargs: Any) -> None:
-        sh = self.shared
-        if kwargs.get("spend"):
-            sh.spent()
-        await sh.store.apply(TaskChange(task_id=sh.task_id, expected_version=None,
-                                        producer=sh.producer, now=sh.clock.now(),
-                                        **self.secrets.scrub(kwargs)))
-
-
-@dataclass(frozen=True, slots=True)
 class StopBranch:
     """Cancel this branch (its row was settled otherwise: its time budget ran out)."""
 
     branch: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunBranch:
+    """Run this branch again, from its committed progress (an operator's ``retry-branch``
+    reopened its row); nothing if it runs already."""
+
+    branch: str
+
+
+@dataclass(frozen=True, slots=True)
+class HoldBranches:
+    """Stop every branch at its next safe point (the task pauses), waiting at most
+    ``timeout`` seconds for those in a step; answers how many branches were still running
+    past it (then cancelled: their step runs again when the task resumes)."""
+
+    reason: str
+    timeout: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,32 +87,47 @@ class BranchPool(Actor):
 
     Args:
         branches: the branches to run, in order.
-        make: a fresh run of a branch (a fresh state each time it runs).
+        make: a run of a branch from its progress as last committed (None: from its start).
         running: None to run ``branches``; else read which of them are still RUNNING (a
             restarted pool: what settled meanwhile never runs again).
+        progress: reads the committed progress of the branches named (each one run again
+            after a crash; all of them at start unless ``fresh``); None: none is read.
+        fresh: the fan-out's rows were just written: no branch has progress to read.
+        hold: what the visit's branches read at their safe points (shared with them).
     """
 
-    def __init__(self, *, branches: Iterable[str], make: Callable[[str], BranchRun],
+    def __init__(self, *, branches: Iterable[str],
+                 make: Callable[[str, BranchProgress | None], BranchRun],
                  clock: Clock, rng: random.Random,
-                 running: Callable[[], Awaitable[set[str]]] | None = None) -> None:
+                 running: Callable[[], Awaitable[set[str]]] | None = None,
+                 progress: Callable[[list[str]], Awaitable[dict[str, BranchProgress]]]
+                 | None = None, fresh: bool = True, hold: BranchHold | None = None) -> None:
         self.branches, self.make, self.clock, self.rng = list(branches), make, clock, rng
-        self.running = running
+        self.running, self.progress, self.fresh = running, progress, fresh
+        self.hold = hold or BranchHold()
         self.tasks: dict[str, asyncio.Task[None]] = {}
 
     async def on_start(self) -> None:
-        """Runs in the pool's task: starts a task per branch. A raise (the rows unreadable)
-        is a crash: the task's supervisor starts the pool again."""
+        """Runs in the pool's task: starts a task per branch, each from its committed
+        progress. A raise (the rows unreadable) is a crash: the task's supervisor starts
+        the pool again."""
         names = self.branches
         if self.running is not None:
             still = await self.running()
             names = [b for b in names if b in still]
-        loop = asyncio.get_running_loop()
+        resumes: dict[str, BranchProgress] = {}
+        if self.progress is not None and not self.fresh and names:
+            resumes = await self.progress(names)
         for branch in names:
-            task = loop.create_task(self._supervise(branch), name=f"branch:{branch}")
-            self.tasks[branch] = task
-            task.add_done_callback(self._ended)
+            self._start(branch, resumes.get(branch), read=False)
         if not self.tasks:
             self.ref.stop()
+
+    def _start(self, branch: str, resume: BranchProgress | None, read: bool) -> None:
+        task = asyncio.get_running_loop().create_task(self._supervise(branch, resume, read),
+                                                      name=f"branch:{branch}")
+        self.tasks[branch] = task
+        task.add_done_callback(self._ended)
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled():
@@ -245,12 +138,16 @@ class BranchPool(Actor):
             if not self.tasks:
                 self.ref.stop()  # every branch ended: the pool's work is done
 
-    async def _supervise(self, branch: str) -> None:
-        """Runs ``branch`` until it settles, again after each crash (with a backoff)."""
+    async def _supervise(self, branch: str, resume: BranchProgress | None,
+                         read: bool = False) -> None:
+        """Runs ``branch`` until it settles, again after each crash (with a backoff), from
+        its progress as last committed (``read``: read it first)."""
         restarts: list[float] = []
         while True:
             try:
-                await self.make(branch).run()
+                if (read or restarts) and self.progress is not None:
+                    resume = (await self.progress([branch])).get(branch)
+                await self.make(branch, resume).run()
                 return
             except Exception as exc:
                 now = self.clock.monotonic()
@@ -269,11 +166,33 @@ class BranchPool(Actor):
             task = self.tasks.get(message.branch)
             if task is not None:
                 task.cancel()
+        elif isinstance(message, RunBranch):
+            if message.branch not in self.tasks and self.hold.reason is None:
+                self._start(message.branch, None, read=True)
+        elif isinstance(message, HoldBranches):
+            return await self._hold(message)
         elif isinstance(message, _BranchGaveUp):
             raise message.error
         else:
             return await super().receive(message)
         return None
+
+    async def _hold(self, message: HoldBranches) -> int:
+        """Runs in the pool's task (its other mail waits: nothing else is asked of a pool
+        that holds). The branches in a step finish it and stop at their safe point; those
+        parked (waiting for a slot or a thaw) are cancelled at once."""
+        self.hold.reason = message.reason
+        for branch in list(self.hold.parked):
+            task = self.tasks.get(branch)
+            if task is not None:
+                task.cancel()
+        tasks = list(self.tasks.values())
+        if not tasks:
+            return 0
+        _, pending = await asyncio.wait(tasks, timeout=message.timeout)
+        for task in pending:
+            task.cancel()
+        return len(pending)
 
     async def on_stop(self) -> None:
         """Runs in the pool's task: cancels the branches still running and waits for them
@@ -286,3 +205,20 @@ class BranchPool(Actor):
             if pending:
                 log.warning("branches still running after their pool stopped",
                             branches=sorted(t.get_name() for t in pending))
+
+
+async def hold_branches(actor: TaskKernel, reason: str) -> None:
+    """Stop the branches of the task's fan-outs in progress at their next safe point (each
+    commits its progress there and stays RUNNING), waiting for a step in flight up to the
+    cancel timeout; the task then pauses, and its resume starts them again from there."""
+    for key in list(actor.joins):
+        pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
+        if pool is None:
+            continue
+        timeout = actor.deps.cancel_timeout
+        try:
+            late = await pool.ask(HoldBranches(reason, timeout), timeout=timeout + 5.0)
+        except (ActorStopped, AskTimeout):
+            continue  # ended meanwhile (every branch settled), or stuck: the stop cancels it
+        if late:
+            actor.log.warning("branches cut at the pause", key=key, branches=late)

@@ -20,6 +20,10 @@ runs those branches again, as after a crash before they settled.
 The flush runs in a task of the settler's own, not in a branch's actor: a branch stopped
 while its settlement commits (its join decided) neither cancels the others' commit nor
 leaves them waiting.
+
+A branch's progress before each of its steps (``branch_run.py``) is group-committed the same
+way by its fan-out's :class:`Checkpointer` (``record_branch_steps``): the branches that reach
+their safe point together share one transaction.
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ratchet.persistence.branch_rows import BranchSettlement
+from ratchet.persistence.graph_rows import BranchStep
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
 
-__all__ = ["Notify", "Settler", "settle_branch"]
+__all__ = ["Checkpointer", "Notify", "Settler", "checkpoint_branch", "settle_branch"]
 
 #: Tells a fan-out's join which branches were just settled, and how (branch -> status), with
 #: their results as the store holds them (branch -> result; None but for SUCCEEDED).
@@ -109,3 +114,72 @@ async def settle_branch(store: TaskStore, clock: Clock, task_id: str, key: str, 
         settler = _settlers[(task_id, key)] = Settler(store, clock, task_id, key, producer,
                                                       notify)
     return await settler.add(settlement)
+
+
+#: One branch's progress and its ``branch.step_completed`` event.
+StepWrite = tuple[BranchStep, tuple[str, dict[str, Any]]]
+
+
+class Checkpointer:
+    """The progress writes of one fan-out visit's branches waiting to be committed."""
+
+    def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
+                 producer: str) -> None:
+        self.store, self.clock = store, clock
+        self.task_id, self.key, self.producer = task_id, key, producer
+        self.pending: list[tuple[StepWrite, asyncio.Future[bool]]] = []
+        self.flusher: asyncio.Task[None] | None = None
+
+    def add(self, write: StepWrite) -> asyncio.Future[bool]:
+        """Queue ``write``; the future says whether it was recorded (False: the branch was
+        settled meanwhile)."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.pending.append((write, fut))
+        if self.flusher is None:
+            self.flusher = asyncio.get_running_loop().create_task(self._flush())
+        return fut
+
+    async def _flush(self) -> None:
+        try:
+            while self.pending:
+                group, self.pending = self.pending, []
+                try:
+                    done = await self.store.record_branch_steps(
+                        self.task_id, self.key, self.producer, self.clock.now(),
+                        [w for w, _ in group], pipelined=True)
+                except BaseException as exc:  # each branch crashes with it and runs again
+                    for _, fut in group:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                for (step, _), fut in group:
+                    if not fut.done():
+                        fut.set_result(step.branch in done)
+        finally:
+            self.flusher = None
+            for _, fut in self.pending:
+                if not fut.done():
+                    fut.set_exception(asyncio.CancelledError())
+            self.pending = []
+            if _checkpointers.get((self.task_id, self.key)) is self:
+                del _checkpointers[(self.task_id, self.key)]
+
+
+_checkpointers: dict[tuple[str, str], Checkpointer] = {}
+
+
+async def checkpoint_branch(store: TaskStore, clock: Clock, task_id: str, key: str,
+                            producer: str, write: StepWrite) -> bool:
+    """Commit a branch's progress in its fan-out's next group; False if the branch was
+    settled meanwhile (nothing of it written).
+
+    Raises:
+        whatever the store raised for the group (the branch's run crashes; the pool runs
+        it again from its last committed step).
+    """
+    cp = _checkpointers.get((task_id, key))
+    if cp is None:
+        cp = _checkpointers[(task_id, key)] = Checkpointer(store, clock, task_id, key, producer)
+    return await cp.add(write)

@@ -13,7 +13,10 @@ actor was parked, or crashed) is acted on at once.
   sweeper (which compensates a detached one found done, if the workflow asks); CANCELLED
   (never FAILED; a late result can never make it SUCCEEDED: terminal states absorb).
 - pause → PAUSED at the next safe point (from QUEUED, RUNNING or SLEEPING); the actor
-  passivates.
+  passivates. A fan-out's branches stop first, each at its own next safe point, their
+  progress committed (actors/task/branch_run.py); the resumed task starts them from there.
+- retry-branch → one failed branch of the fan-out waiting for its join runs again
+  (actors/task/branch_retry.py).
 - resume → re-checks the workflow version, the deadline and the budget, then QUEUED and on
   from the latest checkpoint.
 """
@@ -24,6 +27,7 @@ from typing import Any
 
 from ratchet.actors.effects.actions import HandoffRequired
 from ratchet.actors.effects.saga import compensate_task
+from ratchet.actors.task.branch_retry import retry_branch
 from ratchet.actors.task.definition_guard import definition_change
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import pause, suspend
@@ -66,6 +70,8 @@ async def handle_control(actor: TaskKernel, env: Envelope) -> str:
         return "paused"
     if action == "resume":
         return await resume(actor, request)
+    if action == "retry-branch":
+        return await retry_branch(actor, request)
     return "ignored"
 
 

@@ -1,8 +1,9 @@
 """Fan-out / fan-in: a pool runs the branches; a join actor applies the policy.
 
 A branch is a small graph (steps, choices, routes) with its own state. It is the unit of
-recovery: its result is committed once, when it finishes, with its event; a branch
-interrupted by a crash runs again from its start, a finished one never does. The branches
+recovery: its progress is committed before each of its steps but the first, its result
+once, when it finishes, with its event; a branch interrupted by a crash goes on after its
+last committed step, a finished one never runs again. The branches
 of a fan-out visit run as tasks of one actor (``actors/task/branch_pool.py``), which
 supervises them. Branch commits are side-channel changes (no compare-and-set on the task),
 so branches never conflict with each other; the branches of a fan-out that finish together

@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool, BranchRun, FanoutShared
+from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool
+from ratchet.actors.task.branch_run import BranchHold, BranchRun, FanoutShared
 from ratchet.actors.task.branch_settle import Notify
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
@@ -29,6 +30,7 @@ from ratchet.actors.task.fanout import (
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import BranchGraph, JoinPolicy
+from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol import tracing
@@ -63,6 +65,7 @@ class Visit:
     branch_timeout: float | None
     max_concurrency: int | None
     started: dict[str, Any]  # the ``fanout.started`` payload
+    retries: int = 0  # runs again of a branch whose body raised
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,8 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     # theirs at once, so their timers are armed with the fan-out; each later one (and each
     # one run again after a restart) arms its own when its turn comes.
     armed: set[str] = set()
-    if not rows:
+    fresh = not rows  # its rows written now: no branch has committed a step
+    if fresh:
         timers = []
         if visit.branch_timeout:
             armed = set(names[:limit])
@@ -116,7 +120,8 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     # Finished before a crash: never run again.
     running = [b for b in names if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"]
     if running:
-        specs.append((f"branches:{key}", _pool_factory(actor, visit, limit, running, armed),
+        specs.append((f"branches:{key}", _pool_factory(actor, visit, limit, running, armed,
+                                                         fresh),
                       STOP_WAIT + 1.0))
     refs = await actor.deps.children.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
@@ -124,7 +129,7 @@ async def start_visit(actor: TaskKernel, visit: Visit,
 
 
 def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str],
-                  armed: set[str]) -> Callable[[int], BranchPool]:
+                  armed: set[str], fresh: bool) -> Callable[[int], BranchPool]:
     """The factory of the visit's branch pool (``restarts`` > 0: a pool started again reads
     which branches still run). What the branches share is found once for the visit (a copy
     of the input per branch was a measurable share of a one-step branch)."""
@@ -143,21 +148,26 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
         # The fan-out's span, if tracing: the branches' calls are its children (the pool
         # is started by the task's supervisor, in a context of its own).
         traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng,
-        spent=lambda: _unspent.get(actor, set()).discard(key), remote_ask=deps.remote_ask)
+        spent=lambda: _unspent.get(actor, set()).discard(key), remote_ask=deps.remote_ask,
+        deadline_at=actor.record.deadline_at, retries=visit.retries, hold=BranchHold())
 
-    def make(branch: str) -> BranchRun:
+    def make(branch: str, resume: BranchProgress | None) -> BranchRun:
         # A branch whose timer the fan-out's start armed does not arm it again.
         arm = None if branch in armed else visit.branch_timeout
         return BranchRun(shared, branch, visit.graph_of(branch),
-                         dict(visit.inputs[branch]), arm)
+                         dict(visit.inputs[branch]), arm, resume)
 
     async def still_running() -> set[str]:
         rows = await deps.store.branches(task_id, key)
         return {b for b in running if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"}
 
+    async def progress(branches: list[str]) -> dict[str, BranchProgress]:
+        return await deps.store.branch_progress(task_id, key, branches)
+
     def factory(restarts: int) -> BranchPool:
         return BranchPool(branches=running, make=make, clock=deps.clock, rng=deps.rng,
-                          running=still_running if restarts else None)
+                          running=still_running if restarts else None, progress=progress,
+                          fresh=fresh and not restarts, hold=shared.hold)
 
     return factory
 
@@ -193,6 +203,11 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
     if not v.ok:
         await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
                            cancel_timers=timers)
+        deadline = actor.record.deadline_at if actor.record is not None else None
+        if deadline is not None and actor.deps.clock.due_now() >= deadline:
+            # Its branches failed at the task's deadline: the task's reason, as a step's.
+            await fail_with_saga(actor, RatchetError("task deadline passed"), "deadline passed")
+            return
         await fail_with_saga(actor, RatchetError(f"join {joined.join} failed: {v.reason}"),
                              "join failed")
         return

@@ -149,7 +149,7 @@ async def start_fanout(actor: TaskKernel, node: FanoutNode) -> None:
     await start_visit(actor, Visit(
         key=key, node=node.name, names=names, graph_of=node.branches.__getitem__,
         inputs=inputs, policy=join.policy, branch_timeout=node.branch_timeout,
-        max_concurrency=node.max_concurrency,
+        max_concurrency=node.max_concurrency, retries=node.branch_retries,
         started={"node": node.name, "key": key, "branches": names},
     ), await actor.deps.store.branches(actor.task_id, key))
 

@@ -54,7 +54,7 @@ async def start_map(actor: TaskKernel, node: MapNode) -> None:
         inputs={name: {"item": item, "index": i}
                 for i, (name, item) in enumerate(zip(names, items, strict=True))},
         policy=node.policy, branch_timeout=node.item_timeout,
-        max_concurrency=node.max_concurrency,
+        max_concurrency=node.max_concurrency, retries=node.item_retries,
         started={"node": node.name, "key": key, "items": len(names), "branches": names},
     ), rows)
 

@@ -18,6 +18,7 @@ from ratchet.actors.effects.actions import (
 )
 from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.effects.settle import registered_tool, settle_action
+from ratchet.actors.task.branch_pool import hold_branches
 from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.handoff_package import Where, build_package
 from ratchet.actors.task.kernel import TaskKernel
@@ -156,6 +157,7 @@ async def pause(actor: TaskKernel, request: dict[str, Any] | None = None,
     """Pause now; ``request`` defaults to the one recorded on the task."""
     if request is None:
         request = dict(actor.record.control.get("pause") or {}) if actor.record else {}
+    await hold_branches(actor, "pause")  # a fan-out's: each at its own next safe point
     actor.pause_requested = False
     await actor.commit(status_event=TaskEvent.PAUSED, control={},
                        events=[(EventType.TASK_PAUSED, {"by": request.get("by"),

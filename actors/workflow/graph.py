@@ -12,7 +12,6 @@ transition table and a Mermaid diagram.
                 on_timeout="director")         # suspension with escalation
 
 A guard returning an undeclared target is an error at run time, never a jump.
-
 ``Workflow(..., input_model=Model)`` declares the input a task is submitted with: intake
 validates it (a bad submission is refused up front) and a ``SecretStr`` field of it is a
 secret — sealed at rest, redacted wherever shown (docs/security-secrets.md).
@@ -31,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from ratchet.actors.workflow.cycles import cycles
 from ratchet.actors.workflow.edges import node_edges
 from ratchet.actors.workflow.loop_node import LoopBuilder, LoopNode, check_loop
-from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map
+from ratchet.actors.workflow.map_node import MapBuilder, MapNode, check_map, check_retries
 from ratchet.actors.workflow.migrations import MigrationBuilder
 from ratchet.actors.workflow.node_loops import NodeLoops, check_node_loops
 from ratchet.actors.workflow.nodes import (
@@ -162,15 +161,15 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder, MigrationBuilder):
     def fanout(self, name: str, branches: Mapping[str, Workflow], join: str, *,
                branch_timeout: float | None = None,
                branch_input: Callable[[Mapping[str, Any], str], dict[str, Any]] | None = None,
-               max_concurrency: int | None = None, max_visits: int | None = None) -> None:
-        """Start one branch actor per branch (each a small graph of steps/choices/routes).
-
-        ``max_concurrency``: at most this many of the task's branches run at once, the
-        others wait their turn (None: ``actors.task.fanout.DEFAULT_BRANCH_CONCURRENCY``);
-        ``branch_timeout`` counts from when a branch starts running, not from its wait.
-        """
+               max_concurrency: int | None = None, max_visits: int | None = None,
+               branch_retries: int = 0) -> None:
+        """Run one branch per graph (each a small graph of steps/choices/routes). At most
+        ``max_concurrency`` of the task's branches run at once, the others wait their turn
+        (None: ``actors.task.fanout.DEFAULT_BRANCH_CONCURRENCY``); ``branch_timeout`` counts
+        from when a branch starts running; a branch that raises runs again, from its last
+        committed step, ``branch_retries`` times."""
         self._add(FanoutNode(name, dict(branches), join, branch_timeout, branch_input,
-                             max_concurrency, max_visits=max_visits))
+                             max_concurrency, branch_retries, max_visits=max_visits))
 
     def join(self, name: str, of: str, policy: JoinPolicy | None = None, next: str | None = None,
              *, max_visits: int | None = None) -> None:
@@ -314,6 +313,7 @@ class Workflow(MapBuilder, LoopBuilder, RevalidateBuilder, MigrationBuilder):
                                   or limit < 1):
             raise WorkflowDefinitionError(
                 f"{here}: max_concurrency must be an int >= 1, got {limit!r}")
+        check_retries(node.branch_retries, "branch_retries", here)
         join = self.nodes.get(node.join)
         if not isinstance(join, JoinNode) or join.of != node.name:
             raise WorkflowDefinitionError(f"{here}: its join {node.join!r} must be a join of it")

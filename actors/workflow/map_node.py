@@ -35,7 +35,7 @@ from ratchet.actors.workflow.nodes import (
 from ratchet.protocol.errors import WorkflowDefinitionError
 
 __all__ = ["DEFAULT_MAX_ITEMS", "MAX_MAP_ITEMS", "MapBuilder", "MapNode", "StepGraph",
-           "check_map", "map_edges"]
+           "check_map", "check_retries", "map_edges"]
 
 #: The most items a map may be declared to take (``max_items``): each is a branch row, a
 #: branch actor and an entry of the join's completion set.
@@ -81,6 +81,9 @@ class MapNode(Node):
     #: A longer list fails the task (``TooManyItems``) before any item runs.
     max_items: int = DEFAULT_MAX_ITEMS
     next: str = END
+    #: An item's branch whose body raises runs again, from its last committed step, this
+    #: many times (a static fan-out's ``branch_retries``).
+    item_retries: int = 0
     kind = "map"
 
     def successors(self) -> list[str]:
@@ -104,10 +107,12 @@ class MapBuilder:
             into: str | None = None, policy: JoinPolicy | None = None,
             max_concurrency: int | None = None, item_timeout: float | None = None,
             max_items: int = DEFAULT_MAX_ITEMS, next: str | None = None,
-            max_visits: int | None = None) -> None:
+            max_visits: int | None = None, item_retries: int = 0) -> None:
         """A fan-out over ``items(state)``: ``branch`` runs once per item, at most
         ``max_concurrency`` at once, and ``state[into]`` (default: the node's name) gets
-        the results in item order. ``next``: the node declared after it by default."""
+        the results in item order. ``next``: the node declared after it by default.
+        ``item_retries``: an item's branch that raises runs again, from its last committed
+        step, this many times."""
         graph: BranchGraph
         if inspect.iscoroutinefunction(branch):
             step = StepNode(getattr(branch, "__name__", "item"), branch)
@@ -119,11 +124,18 @@ class MapBuilder:
                                           " an async function or a Workflow")
         self._add(MapNode(name, items, graph, into or name, policy or JoinPolicy(),
                           max_concurrency, item_timeout, max_items, next or END,
-                          max_visits=max_visits), implicit_next=next is None)
+                          max_visits=max_visits, item_retries=item_retries),
+                  implicit_next=next is None)
 
 
 def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_retries(value: Any, name: str, here: str) -> None:
+    """A fan-out's retries of a failed branch: an int >= 0."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise WorkflowDefinitionError(f"{here}: {name} must be an int >= 0, got {value!r}")
 
 
 def check_map(node: MapNode, here: str) -> None:
@@ -132,6 +144,7 @@ def check_map(node: MapNode, here: str) -> None:
         raise WorkflowDefinitionError(f"{here}: items must be a function of the state")
     if not isinstance(node.into, str) or not node.into:
         raise WorkflowDefinitionError(f"{here}: into must be a state key (a non-empty str)")
+    check_retries(node.item_retries, "item_retries", here)
     if node.max_concurrency is not None and not _positive_int(node.max_concurrency):
         raise WorkflowDefinitionError(
             f"{here}: max_concurrency must be an int >= 1, got {node.max_concurrency!r}")

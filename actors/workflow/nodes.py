@@ -275,6 +275,8 @@ class FanoutNode(Node):
     #: At most this many branches of one task run their body at once (the others wait
     #: their turn); None: ``actors.task.fanout.DEFAULT_BRANCH_CONCURRENCY``.
     max_concurrency: int | None = None
+    #: A branch whose body raises runs again, from its last committed step, this many times.
+    branch_retries: int = 0
     kind = "fanout"
 
     def successors(self) -> list[str]:

@@ -1,5 +1,6 @@
 """The admin service's verbs for settling what a machine could not — ``resolve``,
-``retry-action``, ``skip-step`` (role approver) and ``approvals`` (role viewer) — and what
+``retry-action``, ``skip-step`` (role approver), ``retry-branch`` (role operator) and
+``approvals`` (role viewer) — and what
 ``get`` adds for a task waiting for a human: a mixin of
 :class:`~supervisors.services.admin.AdminActor`. Like every verb they are role-checked,
 deduplicated by command id and audited (requested, then the outcome) by
@@ -112,6 +113,27 @@ class SettleVerbs(ReadVerbs):
         step ``skippable``; optionally ``args.reason``."""
         return await self._settle(tenant, cmd, "skip-step", {
             "reason": self._str_arg(cmd, "reason", max_length=2000)})
+
+    async def _retry_branch(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
+        """Run one failed (or timed-out) branch of a fan-out again, from its last committed
+        step, while its join has not decided: ``args.fanout`` (the fan-out's key,
+        ``<node>#<visit>``, or its node's name) and ``args.branch``. The task's actor
+        reopens the row and answers (actors/task/branch_retry.py)."""
+        rec = await self._task(tenant, cmd)
+        if rec.status != TaskStatus.RUNNING.value:
+            raise IllegalTransition(f"the task is {rec.status}, not RUNNING", status=rec.status)
+        fanout = self._str_arg(cmd, "fanout", required=True, max_length=512)
+        branch = self._str_arg(cmd, "branch", required=True, max_length=512)
+        answer = str(await self._tell_task(rec, Envelope(
+            type=MessageType.TASK_CONTROL, message_id=new_id("msg"),
+            correlation_id=cmd.command_id, body={"action": "retry-branch", "request": {
+                "fanout": fanout, "branch": branch, "by": self._who(cmd)}})))
+        if answer.startswith("refused:"):
+            code, _, why = answer.removeprefix("refused:").partition(": ")
+            raise _REFUSALS.get(code, IllegalTransition)(why, task_id=rec.task_id)
+        if answer != "retried":
+            raise IllegalTransition(f"not applied: {answer}", task_id=rec.task_id)
+        return {"task_id": rec.task_id, "fanout": fanout, "branch": branch, "status": answer}
 
     async def _approvals(self, tenant: str, cmd: AdminCommand) -> dict[str, Any]:
         """The tenant's pending approvals and open handoffs, oldest first, with their age

@@ -1,0 +1,20 @@
+"""The DDL of migration 23 (persistence/schema.py): a fan-out branch's progress, kept on its
+``branches`` row so that a branch interrupted at step 7 of 10 resumes at step 8
+(persistence/branch_rows.py writes and reads it; actors/task/branch_pool.py runs it)."""
+
+from __future__ import annotations
+
+__all__ = ["BRANCH_STEPS_DDL"]
+
+# next_node NULL: the branch has committed no step yet (it starts at its graph's start, from
+# its initial state). state and visits: msgpack, secrets sealed, as of the step committed
+# last. steps: the steps committed so far. attempts: the branch's failed runs retried so far
+# (a fan-out's ``branch_retries``, an operator's ``retry-branch``). No index: the rows are
+# read by their primary key's prefix (task, fan-out).
+BRANCH_STEPS_DDL = """
+ALTER TABLE branches ADD COLUMN next_node TEXT;
+ALTER TABLE branches ADD COLUMN state BLOB;
+ALTER TABLE branches ADD COLUMN visits BLOB;
+ALTER TABLE branches ADD COLUMN steps INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE branches ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0
+"""
