@@ -25,8 +25,10 @@ class Position(BaseModel):
     worker: str
 
 
-cursor = ratchet.remote_tool("cursor", kind="read", args=Step, result=Position, timeout=10.0,
-                             session="db")
+cursor = ratchet.remote_tool("cursor", kind="read", args=Step, result=Position, timeout=2.0,
+                             session="db", retry=ratchet.RetryPolicy(max_attempts=5,
+                                                                     base_delay=0.1,
+                                                                     max_delay=0.2))
 release = asyncio.Event()
 
 walk = ratchet.Workflow("pinned.walk", version=1)
@@ -115,6 +117,33 @@ async def test_a_session_stays_on_its_worker_and_survives_the_workers_restart(
         assert [s["position"] for s in output["seen"][:3]] == [1, 2, 3]
         assert calls.opened == {holder: 1, f"{holder}#2": 1}
         assert restarted.sessions.started == 1
+    finally:
+        release.set()
+        for w in workers:
+            await w.stop()
+
+
+async def test_a_session_whose_worker_is_gone_moves_to_another_with_its_state(
+        nats_url: str, start_node: NodeFactory, client: ratchet.Client) -> None:
+    release.clear()
+    await start_node(app)
+    calls = Calls()
+    workers = [worker(nats_url, "wa", calls), worker(nats_url, "wb", calls)]
+    for w in workers:
+        await w.start()
+    try:
+        handle = await client.submit("pinned.walk", {}, key="walk-2")
+        await asyncio.wait_for(calls.three.wait(), 30)
+        holder = calls.answered[0].worker
+        # The holder goes for good: the next call, sent to its subject, gets no reply
+        # within the tool's timeout (2 s); the node drops the pin, the read is retried on
+        # the shared subject, and the other worker takes the session from its state.
+        await workers[0 if holder == "wa" else 1].stop()
+        release.set()
+        output = await handle.result(timeout=30)
+        other = "wb" if holder == "wa" else "wa"
+        assert output["seen"][-1] == {"position": 13, "worker": other}
+        assert calls.opened == {holder: 1, other: 1}
     finally:
         release.set()
         for w in workers:
