@@ -61,7 +61,8 @@ SIGNATURE_WINDOW_S = 300.0
 _DOMAIN = b"ratchet-sig-v1\n"
 
 #: Every role. ``_IMPLIES``: an operator or an approver may also read (viewer).
-ROLES = frozenset({"producer", "subscriber", "viewer", "operator", "approver", "confirmer"})
+ROLES = frozenset({"producer", "subscriber", "viewer", "operator", "approver", "confirmer",
+                   "tool_worker"})
 _IMPLIES = {"operator": frozenset({"viewer"}), "approver": frozenset({"viewer"})}
 #: The role a request on each signed service needs (admin: by verb, protocol/admin_verbs).
 _SERVICE_ROLES = {"api": "producer", "decisions": "approver", "external": "confirmer"}

@@ -19,6 +19,15 @@ it may not delete consumers (the server removes an idle one by itself). Sandbox 
 events (``ratchet.sandbox.events.<tenant>.…``, stream RATCHET_SANDBOX) are the subscriber's
 too, on their own subjects and consumers: following them is a choice, never a side effect of
 following production's.
+
+A ``tool_worker`` serves its tenant's remote tools (docs/protocol.md, "Serving a tool from
+another process or language"): it may read its tenant's tool stream and consumers, pull
+from and ack them (``$JS.API.CONSUMER.MSG.NEXT.RATCHET_TOOLS_<t>.*``, ``$JS.ACK.RATCHET_TOOLS_<t>.>``:
+the stream token is the tenant, which is why each tenant has its own stream), publish
+replies on ``ratchet.toolreply.<t>.*`` and dead letters on ``ratchet.dlq.tools.<t>``. It
+may not create streams or consumers (a consumer's config could aim a push delivery at any
+subject); nodes create them. A ``_system`` principal gets no tool subjects: a worker
+serves one tenant per key.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from collections.abc import Iterable
 
 from ratchet.protocol.admin_verbs import CLUSTER_VERBS, SYSTEM_TENANT, VERB_ROLES
 from ratchet.protocol.auth import Principal, inbox_prefix
-from ratchet.protocol.subjects import STREAM_EVENTS, STREAM_SANDBOX
+from ratchet.protocol.subjects import STREAM_EVENTS, STREAM_SANDBOX, dlq_subject, tool_stream
 
 __all__ = ["Permissions", "authorization_block", "node_permissions", "permissions"]
 
@@ -70,7 +79,17 @@ def permissions(who: Principal) -> Permissions:
         pub.append(f"ratchet.decisions.{scope}")
     if who.has("confirmer"):
         pub.append(f"ratchet.external.{scope}")
+    if who.has("tool_worker") and who.tenant != SYSTEM_TENANT:
+        pub += _tool_worker_subjects(who.tenant)
     return sorted(pub), sorted(sub)
+
+
+def _tool_worker_subjects(tenant: str) -> list[str]:
+    """What serving ``tenant``'s tools takes, and nothing of another tenant's."""
+    stream = tool_stream(tenant)
+    return [f"$JS.API.STREAM.INFO.{stream}", f"$JS.API.CONSUMER.INFO.{stream}.*",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.*", f"$JS.ACK.{stream}.>",
+            f"ratchet.toolreply.{tenant}.*", dlq_subject("tools", tenant)]
 
 
 def node_permissions() -> Permissions:

@@ -17,10 +17,12 @@ __all__ = [
     "STREAM_EXTERNAL",
     "STREAM_DECISIONS",
     "STREAM_SANDBOX",
-    "STREAM_TOOLS",
+    "LEGACY_STREAM_TOOLS",
     "decision_subject",
     "external_subject",
     "check_token",
+    "check_worker_id",
+    "is_worker_id",
     "is_token",
     "partition_of",
     "submit_subject",
@@ -36,8 +38,12 @@ __all__ = [
     "request_route",
     "tenant_of",
     "tool_durable",
+    "tool_pinned_durable",
+    "tool_pinned_subject",
     "tool_reply_route",
     "tool_reply_subject",
+    "tool_stream",
+    "tool_stream_subjects",
     "tool_subject",
 ]
 
@@ -50,7 +56,9 @@ STREAM_DLQ = "RATCHET_DLQ"
 STREAM_EXTERNAL = "RATCHET_EXTERNAL"
 STREAM_DECISIONS = "RATCHET_DECISIONS"
 STREAM_SANDBOX = "RATCHET_SANDBOX"
-STREAM_TOOLS = "RATCHET_TOOLS"
+#: The first release's one stream for every tenant's tool requests (``ratchet.tools.>``),
+#: replaced by one stream per tenant (:func:`tool_stream`); a node deletes it.
+LEGACY_STREAM_TOOLS = "RATCHET_TOOLS"
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
@@ -130,14 +138,57 @@ def decision_subject(tenant: str) -> str:
 
 
 def tool_subject(tenant: str, tool: str) -> str:
-    """Where a remote tool's requests go (stream RATCHET_TOOLS; protocol/tool_wire.py)."""
+    """Where a remote tool's requests go (stream ``tool_stream(tenant)``;
+    protocol/tool_wire.py)."""
     return f"ratchet.tools.{check_token(tenant, 'tenant')}.{check_token(tool, 'tool')}"
 
 
+def tool_stream(tenant: str) -> str:
+    """The stream of ``tenant``'s remote tool requests, ``RATCHET_TOOLS_<tenant>``: one per
+    tenant, so that NATS permissions on the ``$JS`` subjects (which name a stream and a
+    consumer, no subject) can keep a tenant's workers to its own requests."""
+    return f"RATCHET_TOOLS_{check_token(tenant, 'tenant')}"
+
+
+def tool_stream_subjects(tenant: str) -> str:
+    """What ``tool_stream(tenant)`` holds: ``ratchet.tools.<tenant>.>``."""
+    return f"ratchet.tools.{check_token(tenant, 'tenant')}.>"
+
+
 def tool_durable(tenant: str, tool: str) -> str:
-    """The durable pull consumer every worker of ``tool`` for ``tenant`` shares: one per
-    (tenant, tool), so that a slow tool never holds up another's requests."""
+    """The durable pull consumer (in ``tool_stream(tenant)``) every worker of ``tool`` for
+    ``tenant`` shares: one per (tenant, tool), so that a slow tool never holds up another's
+    requests."""
     return f"tools-{check_token(tenant, 'tenant')}-{check_token(tool, 'tool')}"
+
+
+_WORKER = re.compile(r"^[A-Za-z0-9_]{1,32}$")
+
+
+def is_worker_id(worker: str) -> bool:
+    return _WORKER.match(worker) is not None
+
+
+def check_worker_id(worker: str) -> str:
+    """A tool worker's id: ``[A-Za-z0-9_]{1,32}`` — no ``-``, so that the consumer name
+    ``pin-<tenant>-<tool>-<worker>`` reads back one way only."""
+    if _WORKER.match(worker) is None:
+        raise InvalidMessage(f"worker id must match {_WORKER.pattern}", field="worker",
+                             value=worker[:80])
+    return worker
+
+
+def tool_pinned_subject(tenant: str, tool: str, worker: str) -> str:
+    """Where the calls of a session pinned to ``worker`` go: ``ratchet.tools.<tenant>.<tool>.
+    <worker>`` (five tokens: the tool's shared consumer, filtering four, never sees them)."""
+    return f"{tool_subject(tenant, tool)}.{check_worker_id(worker)}"
+
+
+def tool_pinned_durable(tenant: str, tool: str, worker: str) -> str:
+    """The consumer of :func:`tool_pinned_subject`, ``worker``'s alone:
+    ``pin-<tenant>-<tool>-<worker>``."""
+    return (f"pin-{check_token(tenant, 'tenant')}-{check_token(tool, 'tool')}"
+            f"-{check_worker_id(worker)}")
 
 
 def tool_reply_subject(tenant: str, inbox: str) -> str:

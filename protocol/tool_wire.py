@@ -2,7 +2,8 @@
 "Serving a tool from another process or language").
 
 A node calls a remote tool by publishing a :class:`ToolRequest` on the JetStream subject
-``ratchet.tools.<tenant>.<tool>`` (stream ``RATCHET_TOOLS``, work queue); a worker, in any
+``ratchet.tools.<tenant>.<tool>`` (stream ``RATCHET_TOOLS_<tenant>``, work queue), or
+``ratchet.tools.<tenant>.<tool>.<worker>`` for a session pinned to that worker; a worker, in any
 language, answers with a :class:`ToolReply` published (core NATS) on the request's
 ``reply_to``. Both are msgpack maps; a worker needs a NATS client and msgpack only.
 
@@ -88,6 +89,11 @@ class ToolRequest(BaseModel):
     attempt: int = Field(ge=1, le=1_000_000)
     deadline: float
     reply_to: str = Field(min_length=1, max_length=256)
+    #: A tool with a session (``remote_tool(..., session=...)``): the session, one per
+    #: (task, session name), and its state as the node last stored it — the truth, from
+    #: which a worker that does not hold the session (a restart) builds it again.
+    session_id: str | None = Field(default=None, max_length=200)
+    session_state: dict[str, Any] | None = None
 
 
 class ToolReplyError(BaseModel):
@@ -133,6 +139,10 @@ class ToolReply(BaseModel):
     result: Any = None
     accepted: ToolAccepted | None = None
     error: ToolReplyError | None = None
+    #: For a request with a session: its state after the call (the node stores it), and
+    #: the worker holding it, whose pinned subject the session's next calls go to.
+    session_state: dict[str, Any] | None = None
+    worker: str | None = Field(default=None, max_length=64)
 
 
 def request_msg_id(key: str | None, attempt: int, op: str, correlation_id: str) -> str:

@@ -8,11 +8,12 @@
 //
 //   node node_tool_worker.js <nats-url> <tenant>     (env: RATCHET_FINANCE_URL)
 "use strict";
-const { connect, AckPolicy, headers, nanos } = require("nats");
+const { connect, AckPolicy, DiscardPolicy, RetentionPolicy, StorageType, headers, nanos } =
+  require("nats");
 const { encode, decode } = require("@msgpack/msgpack");
 
-const STREAM = "RATCHET_TOOLS";
 const [url, tenant] = process.argv.slice(2);
+const STREAM = `RATCHET_TOOLS_${tenant}`;  // one stream per tenant
 const finance = process.env.RATCHET_FINANCE_URL;
 
 // Tool code: each returns the result (an object), or null for a query that found nothing,
@@ -46,6 +47,25 @@ const tools = {
     },
   },
 };
+
+async function ensureStream(jsm) {
+  // A node creates it at its first call; a worker that may (this one: no NATS users) and
+  // comes first creates it with the same configuration.
+  try {
+    await jsm.streams.info(STREAM);
+  } catch {
+    try {
+      await jsm.streams.add({
+        name: STREAM, subjects: [`ratchet.tools.${tenant}.>`],
+        retention: RetentionPolicy.Workqueue, storage: StorageType.File,
+        discard: DiscardPolicy.New, duplicate_window: nanos(120_000),
+        max_msgs: 100_000, max_bytes: 256 * 1024 * 1024,
+      });
+    } catch (e) {
+      await jsm.streams.info(STREAM);  // made meanwhile by a node; else this throws
+    }
+  }
+}
 
 async function bind(js, jsm, name) {
   const durable = `tools-${tenant}-${name}`;
@@ -102,6 +122,7 @@ async function serve(nc, consumer, name) {
   const nc = await connect({ servers: url, name: "node-tool-worker" });
   const jsm = await nc.jetstreamManager();
   const js = nc.jetstream();
+  await ensureStream(jsm);
   const names = Object.keys(tools);
   const consumers = await Promise.all(names.map((name) => bind(js, jsm, name)));
   const loops = names.map((name, i) => serve(nc, consumers[i], name));

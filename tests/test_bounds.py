@@ -10,12 +10,13 @@ from nats.js.errors import APIError
 
 from ratchet.actors.core.actor import ActorSystem
 from ratchet.actors.transport.bus import Bus, StreamLimits, stream_configs
+from ratchet.actors.transport.tool_queues import tool_stream_config
 from ratchet.persistence.store import Store
 from ratchet.persistence.txns import NewTask, TaskChange, apply_change_txn
 from ratchet.protocol.clock import FakeClock, SystemClock
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.mail_seal import MailSeal
-from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT, STREAM_TOOLS
+from ratchet.protocol.subjects import STREAM_DLQ, STREAM_EVENTS, STREAM_SUBMIT
 from ratchet.supervisors.services.mail_router import RecentIds
 from ratchet.supervisors.services.outbox_relay import OutboxRelay
 
@@ -49,9 +50,11 @@ def test_every_stream_has_a_byte_limit_and_says_what_goes_at_it() -> None:
     assert configs[STREAM_DLQ].discard == DiscardPolicy.OLD
     assert configs[STREAM_DLQ].max_msgs == StreamLimits().dlq_max_msgs > 0
     queues = [c for c in configs.values() if c.retention == RetentionPolicy.WORK_QUEUE]
-    assert len(queues) == 5  # submit, mail, external, decisions, tools
-    assert configs[STREAM_TOOLS].max_msgs == StreamLimits().tools_max_msgs > 0
-    assert all(c.discard == DiscardPolicy.NEW for c in queues)
+    assert len(queues) == 4  # submit, mail, external, decisions; tools per tenant:
+    tools = tool_stream_config("acme", StreamLimits())
+    assert tools.max_msgs == StreamLimits().tools_max_msgs > 0
+    assert tools.max_bytes == StreamLimits().tools_max_bytes > 0
+    assert all(c.discard == DiscardPolicy.NEW for c in [*queues, tools])
 
 
 async def test_a_full_work_queue_refuses_new_messages_and_a_full_events_stream_drops_old(

@@ -61,6 +61,27 @@ def test_sandbox_events_are_a_subject_space_of_their_own_that_production_filters
     assert not _matches("ratchet.events.>", "ratchet.sandbox.events.acme.tsk_f.task.queued")
 
 
+def test_a_tool_worker_pulls_acks_and_answers_its_tenants_tool_requests_only() -> None:
+    pub, sub = permissions(_who("acme", "tool_worker"))
+    assert sub == [INBOX]  # deliveries come to its inbox, through a consumer
+    for subject in ("$JS.API.CONSUMER.MSG.NEXT.RATCHET_TOOLS_acme.tools-acme-pay",
+                    "$JS.ACK.RATCHET_TOOLS_acme.tools-acme-pay.1.7.7.1733220000000000000.0",
+                    "$JS.API.CONSUMER.INFO.RATCHET_TOOLS_acme.tools-acme-pay",
+                    "$JS.API.STREAM.INFO.RATCHET_TOOLS_acme",
+                    "ratchet.toolreply.acme.n1-0a1b2c", "ratchet.dlq.tools.acme"):
+        assert _may(pub, subject), subject
+    for subject in ("$JS.API.CONSUMER.MSG.NEXT.RATCHET_TOOLS_globex.tools-globex-pay",
+                    "$JS.ACK.RATCHET_TOOLS_globex.tools-globex-pay.1.7.7.1.0",
+                    "ratchet.toolreply.globex.n1-0a1b2c",
+                    "$JS.API.CONSUMER.CREATE.RATCHET_TOOLS_acme.w.ratchet.tools.acme.pay",
+                    "$JS.API.CONSUMER.DURABLE.CREATE.RATCHET_TOOLS_acme.w",
+                    "$JS.API.STREAM.CREATE.RATCHET_TOOLS_acme",
+                    "ratchet.tools.acme.pay", "ratchet.dlq.mail.acme"):
+        assert not _may(pub, subject), subject
+    # A worker serves one tenant per key: _system's would be every tenant's.
+    assert permissions(_who("_system", "tool_worker")) == ([], [INBOX])
+
+
 def test_admin_roles_publish_the_verbs_of_their_roles_in_their_tenant() -> None:
     viewer_verbs = {v for v, r in VERB_ROLES.items() if r == "viewer"} - CLUSTER_VERBS
     pub, _ = permissions(_who("acme", "viewer"))

@@ -17,9 +17,10 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 import ratchet
+from ratchet.actors.transport.tool_queues import tool_stream_config
 from ratchet.protocol.codec import encode
 from ratchet.protocol.errors import ToolInvalidArgument
-from ratchet.protocol.subjects import STREAM_TOOLS, tool_durable, tool_reply_subject, tool_subject
+from ratchet.protocol.subjects import tool_durable, tool_reply_subject, tool_stream, tool_subject
 from ratchet.protocol.tool_wire import decode_request
 from ratchet.testing import FinanceClient
 from tests import tool_apps
@@ -31,10 +32,11 @@ RATCHET_BIN = Path(sys.executable).with_name("ratchet")
 class WorkerProcess:
     """``ratchet tool-worker`` serving tests/tool_apps.py's tools for tenant acme."""
 
-    def __init__(self, nats_url: str, env: dict[str, str], ack_wait: float) -> None:
+    def __init__(self, nats_url: str, env: dict[str, str], ack_wait: float,
+                 app: str = "tests.tool_apps:worker_tools") -> None:
         self.proc = subprocess.Popen(
             [str(RATCHET_BIN), "--log-level", "warning", "tool-worker", "--app",
-             "tests.tool_apps:worker_tools", "--nats-url", nats_url, "--tenant", "acme",
+             app, "--nats-url", nats_url, "--tenant", "acme",
              "--ack-wait", str(ack_wait)],
             cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=None)
 
@@ -60,8 +62,8 @@ def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
     procs: list[WorkerProcess] = []
 
     def factory(nats_url: str, env: dict[str, str] | None = None,
-                ack_wait: float = 2.0) -> WorkerProcess:
-        p = WorkerProcess(nats_url, env or {}, ack_wait)
+                ack_wait: float = 2.0, app: str = "tests.tool_apps:worker_tools") -> WorkerProcess:
+        p = WorkerProcess(nats_url, env or {}, ack_wait, app)
         procs.append(p)
         return p
 
@@ -112,15 +114,42 @@ async def test_a_worker_killed_after_the_effect_and_before_its_reply_is_reconcil
     assert "action.unknown" in types and "action.reconciled" in types, types
 
 
+@pytest.mark.slow
+async def test_a_worker_killed_after_the_effect_is_answered_for_by_the_redelivery_a_replay(
+        nats_url: str, start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,
+        simulator: ratchet.testing.FinanceSimulatorProcess,
+        worker_process: Callable[..., WorkerProcess]) -> None:
+    await start_node(tool_apps.app)
+    env, app = {"RATCHET_FINANCE_URL": simulator.url}, "tests.tool_apps:patient_tools"
+    # Redelivery (ack_wait 1 s) well within the call's timeout (30 s): the next worker's
+    # call, under the same key, is a replay at the provider and the node's answer.
+    dying = worker_process(nats_url, {**env, "RATCHET_TOOL_DIE_AFTER_EFFECT": "1"},
+                           ack_wait=1.0, app=app)
+    await dying.ready()
+
+    handle = await client.submit("remote.pay_patient", {}, key="pay-patient")
+    assert await asyncio.wait_for(asyncio.to_thread(dying.proc.wait), 30) == -signal.SIGKILL
+    assert finance.effects() == {"invoice:patient:pay": 1}
+    await worker_process(nats_url, env, app=app).ready()
+
+    output = await handle.result(timeout=60)
+
+    assert output["provider_id"].startswith("clm")
+    assert finance.effects() == {"invoice:patient:pay": 1}  # effective once
+    types = [e.type for e in await _events(client, handle.task_id)]
+    assert "action.unknown" not in types and "action.succeeded" in types, types
+
+
 async def test_malformed_forged_and_late_replies_do_not_break_the_node(
         nats_url: str, start_node: NodeFactory, client: ratchet.Client) -> None:
     node = await start_node(tool_apps.app)
     # This test is the worker: a raw JetStream consumer, as one in any language would be.
     js = client.nc.jetstream()
-    await js.add_consumer(STREAM_TOOLS, ConsumerConfig(
+    await js.add_stream(tool_stream_config("acme"))
+    await js.add_consumer(tool_stream("acme"), ConsumerConfig(
         durable_name=tool_durable("acme", "echo"), filter_subject=tool_subject("acme", "echo"),
         ack_policy=AckPolicy.EXPLICIT))
-    sub = await js.pull_subscribe_bind(tool_durable("acme", "echo"), stream=STREAM_TOOLS)
+    sub = await js.pull_subscribe_bind(tool_durable("acme", "echo"), stream=tool_stream("acme"))
     handle = await client.submit("remote.echo", {"text": "hi"}, key="echo-forged")
     [msg] = await sub.fetch(1, timeout=30)
     request = decode_request(msg.data)
@@ -167,11 +196,10 @@ async def test_a_slow_tool_holds_up_only_its_own_requests_and_failures_keep_thei
 
     tools = [ratchet.served_by(tool_apps.slow, slow), ratchet.served_by(tool_apps.refuse, refuse),
              *tool_apps.worker_tools]
-    # ack_wait 5 s: an open bug (session note 2026-12-03) sometimes loses a request's first
-    # delivery under load, served again only after ack_wait; this test is about one tool
-    # not holding up another, so the redelivery must come within echo's 10 s timeout.
-    async with ratchet.ToolWorker(nats_url, tools, "acme", max_in_flight=1,
-                                  ack_wait=5.0) as worker:
+    # The default ack_wait (30 s): "quick" shares its partition with a "slow" task, whose
+    # step waits on its tool; the mail router no longer holds "quick"'s start behind it
+    # (tests/test_mail_head_of_line.py).
+    async with ratchet.ToolWorker(nats_url, tools, "acme", max_in_flight=1) as worker:
         stuck = [await client.submit("remote.slow", {}, key=f"slow-{i}") for i in range(2)]
         quick = await client.submit("remote.echo", {"text": "quick"}, key="quick")
         assert (await quick.result(timeout=30))["text"] == "quick"  # not behind slow

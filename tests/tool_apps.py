@@ -61,6 +61,12 @@ async def call_pay(ctx: ratchet.StepContext) -> dict[str, Any]:
     return {"output": {"provider_id": result.provider_id}}
 
 
+#: ``pay`` with a timeout longer than a dying worker's redelivery: the next worker's call,
+#: a replay at the provider under the same key, answers the node before it gives up.
+pay_patient = ratchet.remote_tool(
+    "pay_patient", kind="write", args=PayArgs, result=PayResult,
+    key=lambda a: f"invoice:{a.invoice}:pay", timeout=30.0, has_query=True)
+
 slow = ratchet.remote_tool("slow", kind="read", args=EchoArgs, result=EchoResult, timeout=30.0)
 refuse = ratchet.remote_tool("refuse", kind="write", args=PayArgs, result=PayResult,
                              key=lambda a: f"invoice:{a.invoice}:refuse")
@@ -78,8 +84,10 @@ def _calling(name: str, tool: ratchet.Tool[Any, Any], args: Any) -> ratchet.Work
 
 
 app = ratchet.Registry([calls, payment, _calling("remote.slow", slow, EchoArgs(text="s")),
-                        _calling("remote.refuse", refuse, PayArgs(invoice="r", amount=1))],
-                       tools=[echo, pay, slow, refuse])
+                        _calling("remote.refuse", refuse, PayArgs(invoice="r", amount=1)),
+                        _calling("remote.pay_patient", pay_patient,
+                                 PayArgs(invoice="patient", amount=12.5))],
+                       tools=[echo, pay, slow, refuse, pay_patient])
 
 
 # -- the worker's side ------------------------------------------------------------------
@@ -109,3 +117,4 @@ def _query_pay(ctx: ratchet.ToolContext, args: PayArgs) -> PayResult | None:
 
 
 worker_tools = [ratchet.served_by(echo, _echo), ratchet.served_by(pay, _pay, _query_pay)]
+patient_tools = [ratchet.served_by(pay_patient, _pay, _query_pay)]

@@ -1,9 +1,10 @@
 """``ToolWorker``: serves tools to Ratchet nodes from another process (or host).
 
-A worker consumes ``ratchet.tools.<tenant>.<tool>`` (stream RATCHET_TOOLS) through one
-durable pull consumer per (tenant, tool), ``tools-<tenant>-<tool>``, shared by every worker
-of that tool: JetStream hands each request to one of them, so adding a worker adds
-capacity, and a slow tool holds up only its own consumer. Each tool has at most
+A worker consumes ``ratchet.tools.<tenant>.<tool>`` (stream ``RATCHET_TOOLS_<tenant>``:
+actors/transport/tool_queues.py) through one durable pull consumer per (tenant, tool),
+``tools-<tenant>-<tool>``, shared by every worker of that tool: JetStream hands each
+request to one of them, so adding a worker adds capacity, and a slow tool holds up only
+its own consumer. Each tool has at most
 ``max_in_flight`` requests in progress in one worker; the rest wait in the stream.
 
 For each request (protocol/tool_wire.py): run the tool's code (``op="call"``) or its
@@ -16,13 +17,17 @@ past its deadline is acked unrun (nobody waits for it: the node reconciles by qu
 malformed one is dead-lettered. Nothing a request holds crashes the worker.
 
 Tool code gets a ``ToolContext`` with the request's task, key and attempt, the worker's
-``resources``, and an empty ``session`` (sessions pinned to a worker are not built yet).
+``resources``; for a tool with a session, the session's state and live resources, the
+session pinned to this worker (``worker_id``; its own consumer per tool,
+``pin-<tenant>-<tool>-<worker>``: actors/effects/pinned_sessions.py), else an empty
+``session``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -32,33 +37,33 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig
-from nats.js.errors import BadRequestError, NotFoundError
-from pydantic import BaseModel, ValidationError
+from nats.js.errors import NotFoundError
 
-from ratchet.actors.transport.bus import STREAM_GONE, deliveries, stream_configs
-from ratchet.actors.workflow.tools import Accepted, Tool, ToolContext
+from ratchet.actors.effects.pinned_sessions import PinnedSessions, failure, run_tool
+from ratchet.actors.transport.bus import deliveries
+from ratchet.actors.transport.tool_queues import (
+    ensure_consumer,
+    ensure_stream,
+    tool_consumer_config,
+    tool_stream_config,
+)
+from ratchet.actors.workflow.tools import Tool
+from ratchet.protocol.auth import Signer, inbox_prefix
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.codec import encode
 from ratchet.protocol.errors import InvalidMessage, ToolDefinitionError
-from ratchet.protocol.redaction import dump_model
 from ratchet.protocol.subjects import (
-    STREAM_TOOLS,
     check_token,
+    check_worker_id,
     dlq_subject,
-    tool_durable,
     tool_reply_route,
-    tool_subject,
+    tool_stream,
 )
 from ratchet.protocol.tool_wire import (
     CORRELATION_HEADER,
-    ToolAccepted,
     ToolReply,
-    ToolReplyError,
     ToolRequest,
     decode_request,
-    error_of_exception,
-    revealed,
 )
 
 __all__ = ["ToolWorker"]
@@ -77,13 +82,21 @@ class ToolWorker:
             (extended every third of it while the code runs).
         max_deliver: the delivery of a request that is dead-lettered instead of run.
         connect_options: passed to ``nats.connect`` (credentials, TLS) for a URL.
+        worker_id: names this worker's pinned sessions' subjects (``[A-Za-z0-9_]{1,32}``);
+            give the same one after a restart to take its sessions' queued calls back.
+            Default: a fresh one per process.
+        session_idle: seconds after which a pinned session unused is stopped here.
     """
+
+    #: Seconds one pull request waits on the server for a request.
+    fetch_wait = 5.0
 
     def __init__(self, nats_or_url: NATS | str, tools: Iterable[Tool[Any, Any]],
                  tenants: Iterable[str] | str, *, max_in_flight: int = 16,
                  resources: Mapping[str, Any] | None = None, ack_wait: float = 30.0,
                  max_deliver: int = 5, clock: Clock | None = None,
-                 connect_options: Mapping[str, Any] | None = None) -> None:
+                 connect_options: Mapping[str, Any] | None = None,
+                 worker_id: str | None = None, session_idle: float = 600.0) -> None:
         self.tools = {t.name: t for t in tools}
         self.tenants = [tenants] if isinstance(tenants, str) else list(tenants)
         for name in self.tools:
@@ -98,6 +111,8 @@ class ToolWorker:
         self.max_in_flight, self.ack_wait, self.max_deliver = max_in_flight, ack_wait, max_deliver
         self.resources = dict(resources or {})
         self.clock = clock or SystemClock()
+        self.worker_id = check_worker_id(worker_id or f"w{secrets.token_hex(5)}")
+        self.sessions = PinnedSessions(self.resources, self.clock, session_idle)
         self.nc: NATS | None = None
         self._js: JetStreamContext | None = None
         self._loops: list[asyncio.Task[None]] = []
@@ -113,20 +128,33 @@ class ToolWorker:
         await self.stop()
 
     async def start(self) -> None:
-        """Connect (for a URL), create the stream if no node has, bind the consumers and
-        start fetching."""
+        """Connect (for a URL), bind the consumers and start fetching.
+
+        A tenant's stream or a tool's consumer that no node has created yet is created here
+        if this worker may (a node key); a ``tool_worker`` key may not, and its loop binds
+        as soon as a node has (at its first call of the tool)."""
         if isinstance(self._source, str):
+            options = dict(self._connect_options)
+            seed = options.get("nkeys_seed_str")
+            if seed and "inbox_prefix" not in options:
+                # JetStream's answers and deliveries come to the inbox: the key's own, the
+                # only one its NATS permissions let it subscribe to.
+                options["inbox_prefix"] = inbox_prefix(Signer(str(seed).encode()).public_key)
             self.nc = await nats.connect(self._source, name="ratchet-tool-worker",
-                                         max_reconnect_attempts=-1, ping_interval=5,
-                                         **self._connect_options)
+                                         max_reconnect_attempts=-1, ping_interval=5, **options)
         else:
             self.nc = self._source
         self._js = self.nc.jetstream()
-        await self._ensure_stream()
         for tenant in self.tenants:
             for tool in self.tools.values():
-                sub = await self._bind(tenant, tool.name)
-                self._loops.append(asyncio.create_task(self._fetch_loop(sub, tenant, tool)))
+                # One room per tool: its shared and its pinned requests count together.
+                room = asyncio.Semaphore(self.max_in_flight)
+                pinned = [None, self.worker_id] if tool.session != "default" else [None]
+                for worker in pinned:
+                    sub = await self._try_bind(tenant, tool.name, worker)
+                    self._loops.append(asyncio.create_task(
+                        self._fetch_loop(sub, tenant, tool, room, worker)))
+        self._loops.append(asyncio.create_task(self._sweep_sessions()))
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop fetching, let the requests in progress finish (at most ``timeout`` s; the
@@ -140,63 +168,64 @@ class ToolWorker:
             await asyncio.wait(self._running, timeout=timeout)
         for task in self._running:
             task.cancel()
+        await self.sessions.stop()
         if isinstance(self._source, str) and self.nc is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
         self.nc = None
 
-    async def _ensure_stream(self) -> None:
+    async def _try_bind(self, tenant: str, tool: str, worker: str | None) -> Any | None:
+        """A pull subscription on the tool's consumer (with ``worker``, its pinned one),
+        made (with the tenant's stream) if missing and this worker may; None if it cannot
+        be bound yet."""
         assert self._js is not None
+        config = tool_consumer_config(tenant, tool, self.ack_wait, self.max_deliver, worker)
+        stream, durable = tool_stream(tenant), config.durable_name
+        assert durable is not None
         try:
-            await self._js.stream_info(STREAM_TOOLS)
-        except NotFoundError:  # no node started yet: the node's own config, its defaults
-            config = next(c for c in stream_configs() if c.name == STREAM_TOOLS)
-            with contextlib.suppress(BadRequestError):  # a node made it meanwhile
-                await self._js.add_stream(config)
-
-    async def _bind(self, tenant: str, tool: str) -> Any:
-        assert self._js is not None
-        durable = tool_durable(tenant, tool)
-        config = ConsumerConfig(
-            durable_name=durable, filter_subject=tool_subject(tenant, tool),
-            ack_policy=AckPolicy.EXPLICIT, ack_wait=self.ack_wait,
-            max_deliver=self.max_deliver, max_ack_pending=10_000)
-        try:
-            # The first worker's settings stand: a later one with others does not change
-            # them under the workers already serving (add_consumer would update them).
-            await self._js.consumer_info(STREAM_TOOLS, durable)
-        except NotFoundError:
-            with contextlib.suppress(BadRequestError):  # another worker made it meanwhile
-                await self._js.add_consumer(STREAM_TOOLS, config)
-        return await self._js.pull_subscribe_bind(durable, stream=STREAM_TOOLS)
-
-    async def _fetch_loop(self, sub: Any, tenant: str, tool: Tool[Any, Any]) -> None:
-        room = asyncio.Semaphore(self.max_in_flight)
-        while True:
-            await room.acquire()  # a request is fetched only when one can start at once
             try:
-                msgs = await sub.fetch(1, timeout=5.0)
-            except (TimeoutError, NatsTimeoutError):
-                room.release()
-                continue
-            except STREAM_GONE as exc:  # deleted under us: make it again and bind again
-                room.release()
-                log.warning("tool stream or consumer missing; binding again", error=repr(exc))
-                await asyncio.sleep(0.5)  # pacing against NATS
-                with contextlib.suppress(Exception):
-                    await self._ensure_stream()
-                    sub = await self._bind(tenant, tool.name)
-                continue
-            except Exception as exc:  # reconnecting, a slow server: the loop must go on
-                room.release()
-                log.warning("fetching tool requests failed; trying again", tool=tool.name,
-                            error=repr(exc))
-                await asyncio.sleep(0.5)  # pacing against NATS
-                continue
-            task = asyncio.create_task(self._handle(msgs[0], tenant, tool))
-            self._running.add(task)
-            task.add_done_callback(self._running.discard)
-            task.add_done_callback(lambda _: room.release())
+                await self._js.consumer_info(stream, durable)
+            except NotFoundError:
+                await ensure_stream(self._js, tool_stream_config(tenant))
+                await ensure_consumer(self._js, tenant, config)
+            return await self._js.pull_subscribe_bind(durable, stream=stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # no permission to create it, no answer, reconnecting
+            log.warning("tool consumer not bound yet; trying again", tenant=tenant,
+                        tool=tool, error=repr(exc))
+            return None
+
+    async def _fetch_loop(self, sub: Any | None, tenant: str, tool: Tool[Any, Any],
+                          room: asyncio.Semaphore, worker: str | None) -> None:
+        try:
+            while True:
+                if sub is None:
+                    await asyncio.sleep(1.0)  # pacing against NATS while unbound
+                    sub = await self._try_bind(tenant, tool.name, worker)
+                    continue
+                await room.acquire()  # a request is fetched only when one can start at once
+                try:
+                    msgs = await sub.fetch(1, timeout=self.fetch_wait)
+                except (TimeoutError, NatsTimeoutError):
+                    room.release()
+                    continue
+                except Exception as exc:  # gone, reconnecting, a slow server: go on
+                    room.release()
+                    log.warning("fetching tool requests failed; binding again", tool=tool.name,
+                                error=repr(exc))
+                    # The old subscription must go: a pull request it left on the server
+                    # would be handed a request that nobody reads until ack_wait.
+                    await _unsubscribe(sub)
+                    sub = None
+                    continue
+                task = asyncio.create_task(self._handle(msgs[0], tenant, tool))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+                task.add_done_callback(lambda _: room.release())
+        finally:
+            if sub is not None:
+                await _unsubscribe(sub)
 
     async def _handle(self, msg: Msg, tenant: str, tool: Tool[Any, Any]) -> None:
         """One delivery. Runs in its own task; logs instead of raising."""
@@ -216,7 +245,7 @@ class ToolWorker:
             return
         if deliveries(msg) >= self.max_deliver:
             # Its earlier deliveries' workers died or hung: it is not run again.
-            await self._reply(request, _failure("OUTCOME_UNKNOWN", "dead-lettered after"
+            await self._reply(request, failure("OUTCOME_UNKNOWN", "dead-lettered after"
                                                 f" {deliveries(msg)} deliveries"))
             await self._dead_letter(msg, tenant, f"delivered {deliveries(msg)} times")
             return
@@ -229,37 +258,23 @@ class ToolWorker:
             return
         beat = asyncio.create_task(self._in_progress(msg))
         try:
-            outcome = await self._run(request, tool, remaining)
+            if request.session_id is not None:
+                outcome = await self.sessions.call(request, tool, remaining)
+                outcome = outcome.model_copy(update={"worker": self.worker_id})
+            else:
+                outcome = await run_tool(request, tool, remaining, {}, {}, self.resources)
         finally:
             beat.cancel()
         await self._reply(request, outcome)
         await msg.ack()  # after the reply: a worker dying in between is redelivered
         self.served += 1
 
-    async def _run(self, request: ToolRequest, tool: Tool[Any, Any], budget: float) -> ToolReply:
-        """Run the code for ``request`` within ``budget`` seconds; its reply."""
-        fn = tool.fn if request.op == "call" else tool.query
-        if fn is None:
-            return _failure("INVALID_ARGUMENT", f"{tool.name} has no query")
-        try:
-            args = tool.args.model_validate(request.args)
-        except ValidationError as exc:
-            return _failure("INVALID_ARGUMENT", f"arguments of {tool.name}: {exc.errors()[:3]}")
-        ctx = ToolContext(request.task_id, request.tenant, tool.name, request.idempotency_key,
-                          request.attempt, {}, self.resources)
-        try:
-            async with asyncio.timeout(budget):
-                if asyncio.iscoroutinefunction(fn):
-                    value = await fn(ctx, args)
-                else:  # blocking code: a thread (it cannot be interrupted at the deadline)
-                    value = await asyncio.to_thread(fn, ctx, args)
-        except TimeoutError:
-            return _failure("OUTCOME_UNKNOWN", f"{tool.name} ran past the caller's deadline")
-        except Exception as exc:  # the tool's failure is an answer
-            return ToolReply(correlation_id=request.correlation_id,
-                             idempotency_key=request.idempotency_key, ok=False,
-                             error=error_of_exception(exc))
-        return _success(value)
+    async def _sweep_sessions(self) -> None:
+        """Stop the pinned sessions left unused (a pace, not a wait for a result)."""
+        while True:
+            await asyncio.sleep(max(1.0, min(self.sessions.idle / 4, 60.0)))
+            with contextlib.suppress(Exception):
+                await self.sessions.sweep()
 
     async def _in_progress(self, msg: Msg) -> None:
         """Tell JetStream the request is being worked on, so it is not redelivered to
@@ -276,7 +291,7 @@ class ToolWorker:
         try:
             data = encode(reply)
         except Exception as exc:  # a result msgpack cannot carry
-            data = encode(_failure("OUTCOME_UNKNOWN", f"result not encodable: {exc}").model_copy(
+            data = encode(failure("OUTCOME_UNKNOWN", f"result not encodable: {exc}").model_copy(
                 update={"correlation_id": request.correlation_id,
                         "idempotency_key": request.idempotency_key}))
         await self.nc.publish(request.reply_to, data,
@@ -293,6 +308,11 @@ class ToolWorker:
         await msg.term()
 
 
+async def _unsubscribe(sub: Any) -> None:
+    with contextlib.suppress(Exception):  # the connection may be closing
+        await sub.unsubscribe()
+
+
 def _check_route(request: ToolRequest, tenant: str, tool: str) -> None:
     """A request must name the tenant and tool of its subject, and ask for its reply on its
     tenant's reply subjects (nowhere else: a forged request must not aim replies at another
@@ -307,18 +327,3 @@ def _check_route(request: ToolRequest, tenant: str, tool: str) -> None:
     if tool_reply_route(request.reply_to) != tenant:
         raise InvalidMessage(f"reply_to {request.reply_to[:100]!r} is not a reply subject"
                              f" of tenant {tenant}")
-
-
-def _failure(code: str, message: str) -> ToolReply:
-    return ToolReply(correlation_id="-", ok=False,
-                     error=ToolReplyError(code=code, message=message[:4000]))
-
-
-def _success(value: Any) -> ToolReply:
-    if isinstance(value, Accepted):
-        return ToolReply(correlation_id="-", ok=True, accepted=ToolAccepted(
-            provider_id=value.provider_id, correlation_id=value.correlation_id,
-            timeout=value.timeout))
-    if isinstance(value, BaseModel):
-        value = revealed(dump_model(value))
-    return ToolReply(correlation_id="-", ok=True, result=value)

@@ -9,10 +9,10 @@ RATCHET_SUBMIT            ``ratchet.submit.>``        work queue (deleted on ack
 RATCHET_MAIL              ``ratchet.mail.>``          work queue (deleted on ack)
 RATCHET_EXTERNAL          ``ratchet.external.>``      work queue (confirmations)
 RATCHET_DECISIONS         ``ratchet.decisions.>``     work queue (approval decisions)
-RATCHET_TOOLS             ``ratchet.tools.>``         work queue (remote tool requests)
 RATCHET_EVENTS            ``ratchet.events.>``        limits (max age, default 7 d)
 RATCHET_DLQ               ``ratchet.dlq.>``           limits (max age, default 30 d)
 RATCHET_SANDBOX           ``ratchet.sandbox.>``       limits (max age, default 1 d)
+RATCHET_TOOLS_<tenant>    ``ratchet.tools.<t>.>``     work queue, made at first use
 ========================  ==========================  ==========================
 
 Every stream has ``num_replicas`` copies (``serve --nats-replicas``, default 1): R3 on a
@@ -73,7 +73,6 @@ from ratchet.protocol.subjects import (
     STREAM_MAIL,
     STREAM_SANDBOX,
     STREAM_SUBMIT,
-    STREAM_TOOLS,
 )
 
 __all__ = ["Bus", "MB", "StreamLimits", "deliveries", "stream_configs", "redelivery_delay",
@@ -106,7 +105,8 @@ class StreamLimits:
     - ``sandbox`` (``RATCHET_SANDBOX``): sandbox forks' events (``ratchet.sandbox.events.>``,
       never on the production events stream), oldest dropped at ``sandbox_max_age`` or
       ``sandbox_max_bytes``; the store keeps them all, as any task's.
-    - the work queues (submit, mail, external, decisions, tools) hold only what is not consumed
+    - the work queues (submit, mail, external, decisions; and each tenant's tools,
+      ``RATCHET_TOOLS_<tenant>``, made at its first remote call: transport/tool_queues.py) hold only what is not consumed
       yet: at ``queue_max_bytes`` a stream refuses *new* messages (the publisher gets an
       error: a producer's submit fails, the outbox relay keeps the row and retries), so a
       stalled consumer never silently loses work and never fills the disk; the tools
@@ -141,8 +141,6 @@ def stream_configs(limits: StreamLimits | None = None, replicas: int = 1) -> lis
         StreamConfig(name=STREAM_MAIL, subjects=["ratchet.mail.>"], **queue),
         StreamConfig(name=STREAM_EXTERNAL, subjects=["ratchet.external.>"], **queue),
         StreamConfig(name=STREAM_DECISIONS, subjects=["ratchet.decisions.>"], **queue),
-        StreamConfig(name=STREAM_TOOLS, subjects=["ratchet.tools.>"], max_msgs=lim.tools_max_msgs,
-                     **{**queue, "max_bytes": lim.tools_max_bytes}),
         StreamConfig(name=STREAM_EVENTS, subjects=["ratchet.events.>"],
                      max_age=lim.events_max_age, max_bytes=lim.events_max_bytes, **kept),
         StreamConfig(name=STREAM_DLQ, subjects=["ratchet.dlq.>"],

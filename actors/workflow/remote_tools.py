@@ -46,16 +46,21 @@ def remote_tool(name: str, *, kind: Kind, args: type[BaseModel], result: type[Ba
                 compensate: Compensation | None = None, breaker: BreakerPolicy | None = None,
                 risk: Risk | None = None, requires_approval: bool = False,
                 max_amount: float | None = None,
-                amount: str | Callable[[Any], float] | None = None) -> Tool[Any, Any]:
+                amount: str | Callable[[Any], float] | None = None,
+                session: str = "default") -> Tool[Any, Any]:
     """A tool served by tool workers. ``name`` is one subject token
     (``[A-Za-z0-9_-]{1,64}``); ``has_query``: its workers answer the ``query`` op (look the
     outcome up by the idempotency key), so an unknown outcome can be reconciled.
+    ``session``: a name other than ``"default"`` gives the tool a session per task, pinned
+    to the worker that took it (its state stored by the node, its live resources kept by
+    the worker: actors/effects/pinned_sessions.py); ``"default"``: none, every call to any
+    worker.
 
     Raises:
         ToolDefinitionError: as for any tool, naming the bad part.
     """
     return Tool(name, _not_here, kind, args, result, key, timeout, retry or RetryPolicy(),
-                _not_here if has_query else None, compensate, "default", breaker, risk,
+                _not_here if has_query else None, compensate, session, breaker, risk,
                 requires_approval, max_amount, amount, None, remote=True)
 
 

@@ -135,7 +135,9 @@ def classify(exc: BaseException, kind: Kind) -> Decision:
 @dataclass(slots=True)
 class ToolContext:
     """What tool code sees. ``session`` is the tool session's state (tokens, cursors): change
-    it in place and it is checkpointed after the call."""
+    it in place and it is checkpointed after the call. ``live``: a remote tool's session's
+    live resources (a browser), kept by the worker holding the session and never stored:
+    rebuild them from ``session`` when empty (actors/effects/pinned_sessions.py)."""
 
     task_id: str
     tenant: str
@@ -144,6 +146,7 @@ class ToolContext:
     attempt: int
     session: dict[str, Any]
     resources: Mapping[str, Any]
+    live: dict[str, Any] = field(default_factory=dict)
 
 
 ToolFn = Callable[[ToolContext, Any], Any]

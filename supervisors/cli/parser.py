@@ -210,6 +210,9 @@ def tool_worker_flags(sp: argparse.ArgumentParser) -> None:
                     help="seconds before an unacked request is redelivered (default 30)")
     sp.add_argument("--max-deliver", type=int, default=5,
                     help="the delivery of a request dead-lettered instead of run (default 5)")
+    sp.add_argument("--worker-id", default=None,
+                    help="[A-Za-z0-9_]{1,32}: keep it across restarts to take back this"
+                         " worker's pinned sessions' calls (default: a fresh one)")
 
 
 class _Version(argparse.Action):

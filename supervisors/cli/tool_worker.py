@@ -46,7 +46,7 @@ async def tool_worker(args: argparse.Namespace) -> int:
     tools = load_tools(args.app)
     worker = ToolWorker(
         nats_url(args), tools, args.tenant or ["default"], max_in_flight=args.max_in_flight,
-        ack_wait=args.ack_wait, max_deliver=args.max_deliver,
+        ack_wait=args.ack_wait, max_deliver=args.max_deliver, worker_id=args.worker_id,
         connect_options=nats_auth_options(args.nats_creds) if args.nats_creds else None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -55,7 +55,7 @@ async def tool_worker(args: argparse.Namespace) -> int:
     await worker.start()
     try:
         print(json.dumps({"serving": sorted(worker.tools), "tenants": worker.tenants,
-                          "pid": os.getpid()}), flush=True)
+                          "pid": os.getpid(), "worker_id": worker.worker_id}), flush=True)
         await stop.wait()
     finally:
         await worker.stop()

@@ -155,7 +155,8 @@ class Node:
         self.clock.judge_start([n.info for n in await self._store.nodes()])
         self.switches = Switches(risk=cfg.risk_policy)  # tool tiers tightened per tenant
         self.switches.load(await self._store.switches())
-        self.remote_tools = RemoteTools(bus, cfg.node_id, self.clock)  # remote_tool.py
+        self.remote_tools = RemoteTools(bus, cfg.node_id, self.clock,  # remote_tool.py
+                                        cfg.streams, cfg.nats_replicas, self._store)
         self._task_supervision()
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail

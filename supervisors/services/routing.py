@@ -7,6 +7,15 @@ that doubles per delivery; anything else that names a real problem with the mess
 dead-lettered with its error and acked; an unexpected error is NAK'ed for a retry, and
 dead-lettered with the exception at its :data:`GIVE_UP_AFTER`-th delivery — one bad message
 never stops a router, nor comes back for ever.
+
+A router does not wait for a whole batch before it fetches the next: each message is
+delivered in its own task, and the next fetch waits only for room (fewer than ``batch``
+deliveries in progress). Why: an actor answers its mail between steps, so mail for a task
+whose step runs long (a tool call waiting out its timeout; or the start mail of a task whose
+first Advance got ahead of it in its mailbox) is answered only when the step ends. Waiting
+for the batch made every other task of the partition wait with it — a task's start held
+back for a neighbour's 30-second tool call (issue 19's "lost first delivery", which was
+this).
 """
 
 from __future__ import annotations
@@ -94,18 +103,36 @@ class TaskRouter(ServiceActor):
     async def serve(self) -> None:
         # A fetch returns as soon as a message is there; the timeout only bounds how often
         # an idle consumer asks again (a node holds 16 partitions' routers at most).
-        await self.bus.pull_loop(self.stream, self.durable, self.filter_subject, self._batch,
-                                 batch=self.batch, idle_timeout=5.0)
+        self._delivering: set[asyncio.Task[None]] = set()
+        self._room = asyncio.Event()
+        self._room.set()
+        try:
+            await self.bus.pull_loop(self.stream, self.durable, self.filter_subject,
+                                     self._batch, batch=self.batch, idle_timeout=5.0,
+                                     before_fetch=self._room.wait)
+        finally:  # stopping: the deliveries in progress go too (unacked: redelivered)
+            for task in self._delivering:
+                task.cancel()
+            await asyncio.gather(*self._delivering, return_exceptions=True)
 
     async def _batch(self, msgs: list[Msg]) -> None:
-        if self.signed_service is None:  # actor mail: its task's own trace carries it
-            await asyncio.gather(*(self.route(m) for m in msgs))
-            return
-        # A person's or a provider's message (a decision, a confirmation): in a span of
-        # its sender's trace (its traceparent header), if tracing.
+        """Start one delivery per message; returns at once (see the module doc)."""
         name = f"ratchet.{self.signed_service}"
-        await asyncio.gather(*(tracing.traced(self.route(m), name, m.headers, m.subject)
-                               for m in msgs))
+        for m in msgs:
+            # Actor mail: its task's own trace carries it. A person's or a provider's
+            # message (a decision, a confirmation): a span of its sender's trace.
+            work = (self.route(m) if self.signed_service is None
+                    else tracing.traced(self.route(m), name, m.headers, m.subject))
+            task = asyncio.ensure_future(work)
+            self._delivering.add(task)
+            task.add_done_callback(self._delivered)
+        if len(self._delivering) >= self.batch:
+            self._room.clear()
+
+    def _delivered(self, task: asyncio.Task[None]) -> None:
+        self._delivering.discard(task)
+        if len(self._delivering) < self.batch:
+            self._room.set()
 
     async def route(self, msg: Msg) -> None:
         try:

@@ -1,0 +1,82 @@
+"""A tool worker holding a ``tool_worker`` key (protocol/nats_permissions.py) against a
+real node whose embedded NATS runs with the users of its keyring: it serves its tenant's
+tools, and the server refuses it everything else — another tenant's requests and replies,
+creating consumers (which could aim deliveries anywhere), reading requests off the
+subjects without a consumer."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import ratchet
+from ratchet.protocol.auth import Signer
+from ratchet.protocol.subjects import tool_durable, tool_stream
+from ratchet.supervisors.node.credentials import admin_key_path
+from tests import tool_apps
+from tests.keys import Secured, Spy, issued
+
+
+@pytest.fixture
+async def secured_tools(tmp_path: Path) -> AsyncIterator[Secured]:
+    """A secured node (as conftest's ``secured``) whose workflows call remote tools."""
+    state = tmp_path / "node"
+    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), tool_apps.app)
+    await node.start()
+    try:
+        assert node.url is not None
+        admin = await ratchet.Client.connect(node.url, "_system", creds=admin_key_path(state))
+        try:
+            yield Secured(node, admin, state)
+        finally:
+            await admin.close()
+    finally:
+        await node.stop()
+
+
+def _worker(url: str, key: Signer) -> ratchet.ToolWorker:
+    return ratchet.ToolWorker(url, tool_apps.worker_tools[:1], "acme",
+                              connect_options={"nkeys_seed_str": key.seed.decode()})
+
+
+async def test_a_tool_worker_key_serves_its_tenants_tools(secured_tools: Secured) -> None:
+    secured = secured_tools
+    key = await issued(secured.admin, "w", "acme", ["tool_worker"])
+    client = secured.as_tenant("acme")
+    # The node creates the tenant's stream and the tool's consumer before its request: the
+    # worker, which may not create them, binds to them.
+    handle = await client.submit("remote.echo", {"text": "fenced"}, key="fenced-1")
+    async with _worker(secured.url, key) as worker:
+        output = await handle.result(timeout=30)
+        assert worker.served == 1
+    assert output["text"] == "fenced"
+    assert secured.node.bus is not None
+    info = await secured.node.bus.js.stream_info(tool_stream("acme"))
+    assert info.state.messages == 0  # acked through $JS.ACK.RATCHET_TOOLS_acme.…: deleted
+
+
+async def test_a_tool_worker_key_reaches_no_other_tenants_tools_nor_makes_consumers(
+        secured_tools: Secured) -> None:
+    secured = secured_tools
+    spy = await Spy.connect(secured.url, await issued(secured.admin, "w", "acme",
+                                                      ["tool_worker"]))
+    others = tool_stream("globex")
+    try:
+        for subject in (
+                f"$JS.API.CONSUMER.MSG.NEXT.{others}.{tool_durable('globex', 'echo')}",
+                f"$JS.ACK.{others}.{tool_durable('globex', 'echo')}.1.1.1.1.0",
+                f"$JS.API.STREAM.INFO.{others}", "ratchet.toolreply.globex.n1-abc",
+                f"$JS.API.CONSUMER.CREATE.{tool_stream('acme')}.w.ratchet.tools.acme.echo",
+                f"$JS.API.CONSUMER.DURABLE.CREATE.{tool_stream('acme')}.w",
+                f"$JS.API.STREAM.CREATE.{tool_stream('acme')}",
+                f"$JS.API.STREAM.DELETE.{tool_stream('acme')}",
+                "ratchet.tools.acme.echo", "ratchet.dlq.mail.acme"):
+            await spy.nc.publish(subject, b"{}", reply=spy.nc.new_inbox())
+            await spy.refused(subject)
+        for subject in ("ratchet.tools.acme.>", "ratchet.toolreply.acme.>"):
+            await spy.nc.subscribe(subject)
+            await spy.refused(subject)
+    finally:
+        await spy.close()
