@@ -80,6 +80,15 @@ async def test_a_full_work_queue_refuses_new_messages_and_a_full_events_stream_d
         await bus.close()
 
 
+async def _accept_t1(store: Store) -> None:
+    """Task t1 of tenant acme accepted: its first event (sequence 1) is in the outbox."""
+    await store.accept_submission(NewTask(
+        task_id="t1", tenant="acme", workflow="w", workflow_version=1,
+        idempotency_key="k1", request_hash="sha256:aa", input=b"\x80", steps_total=3,
+        deadline_at=None, now=1.0, producer="test", message_id="m",
+        start_mail=("ratchet.mail.0.t1.task", "start-t1", b"\x80")))
+
+
 async def test_an_outbox_relay_holding_few_rows_still_publishes_every_event_in_order(
     nats_url: str, tmp_path: Path,
 ) -> None:
@@ -92,11 +101,7 @@ async def test_an_outbox_relay_holding_few_rows_still_publishes_every_event_in_o
     try:
         await bus.ensure_streams()
         ref = system.spawn(relay, "outbox")
-        await store.accept_submission(NewTask(
-            task_id="t1", tenant="acme", workflow="w", workflow_version=1,
-            idempotency_key="k1", request_hash="sha256:aa", input=b"\x80", steps_total=3,
-            deadline_at=None, now=1.0, producer="test", message_id="m",
-            start_mail=("ratchet.mail.0.t1.task", "start-t1", b"\x80")))
+        await _accept_t1(store)
         changes = [TaskChange(task_id="t1", expected_version=v, producer="test", now=2.0,
                               events=[("step.completed", {"i": v}), ("task.progress", {})])
                    for v in range(1, 41)]
@@ -130,11 +135,7 @@ async def test_rows_committed_unannounced_go_out_before_later_ones_once_the_stor
     try:
         await bus.ensure_streams()
         ref = system.spawn(relay, "outbox")
-        await store.accept_submission(NewTask(
-            task_id="t1", tenant="acme", workflow="w", workflow_version=1,
-            idempotency_key="k1", request_hash="sha256:aa", input=b"\x80", steps_total=3,
-            deadline_at=None, now=1.0, producer="test", message_id="m",
-            start_mail=("ratchet.mail.0.t1.task", "start-t1", b"\x80")))
+        await _accept_t1(store)
         sub = await bus.js.subscribe("ratchet.events.acme.t1.>", ordered_consumer=True)
         first = decode_map((await sub.next_msg(timeout=10)).data)["sequence"]
         assert first == 1  # the relay has swept the table at its start and published it
