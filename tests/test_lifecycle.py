@@ -280,7 +280,7 @@ def test_a_second_sigint_cuts_the_drain_of_a_step_that_never_returns(
         _serve_args(state, "--drain-timeout", "120", app="tests.lifecycle_apps:app",
                     level="info"),
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "RATCHET_TEST_HANG_MARK": str(mark)})
+        env={**os.environ, "RATCHET_TEST_HANG_MARK": str(mark), "PYTHONFAULTHANDLER": "1"})
     procs.append(proc)
     _banner(proc)
     submitted = subprocess.run(
@@ -297,7 +297,13 @@ def test_a_second_sigint_cuts_the_drain_of_a_step_that_never_returns(
     started = time.monotonic()
     proc.send_signal(signal.SIGINT)  # cuts the drain short
 
-    assert proc.wait(timeout=REFUSED_WITHIN * 2) == 0
+    try:
+        status = proc.wait(timeout=REFUSED_WITHIN * 2)
+    except subprocess.TimeoutExpired:  # where it hangs: faulthandler prints every stack
+        proc.send_signal(signal.SIGABRT)
+        proc.wait(timeout=10)
+        pytest.fail(f"not stopped by the second SIGINT:\n{proc.stderr.read()[-20_000:]}")
+    assert status == 0
     assert time.monotonic() - started < REFUSED_WITHIN * 2
     assert "drain incomplete" in proc.stderr.read()
 

@@ -186,6 +186,8 @@ def intake_durable(subject: str) -> str:
 #: tenants on them: one node sees each submission.
 SUBMIT_SUBJECTS = "ratchet.submit.>"
 INTAKE_LOOKOUT = "ratchet-intake"
+#: Seconds from the first scan of the submit subjects to the second (``_next_scan_after``).
+FIRST_RESCAN = 0.5
 
 
 class IntakeActor(ServiceActor):
@@ -229,15 +231,23 @@ class IntakeActor(ServiceActor):
             lookout = await self.bus.nc.subscribe(SUBMIT_SUBJECTS, queue=INTAKE_LOOKOUT,
                                                   cb=self._submitted)
             try:
+                scans = 0
                 while True:
                     for subject in await self._subjects():
                         self._ensure_loop(subject)
+                    scans += 1
                     # Loop time, not the task clock: this polls NATS, it is no task's timer.
-                    await asyncio.sleep(self.rescan_interval)
+                    await asyncio.sleep(self._next_scan_after(scans))
             finally:
                 self._group = None
                 with contextlib.suppress(Exception):  # the connection may be closing
                     await lookout.unsubscribe()
+
+    def _next_scan_after(self, scans: int) -> float:
+        # A submission published as the look-out subscribed can miss it (routed just before
+        # the subscription) and the first scan too (still in the stream's ingest queue as
+        # the scan listed the subjects): the second scan comes a moment after the first.
+        return min(FIRST_RESCAN, self.rescan_interval) if scans == 1 else self.rescan_interval
 
     async def _submitted(self, msg: Msg) -> None:
         """A submission seen on core NATS (its JetStream copy is the one handled)."""
