@@ -26,17 +26,18 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ratchet --log-level warning demo
 
-# Two pytest workers (pytest-xdist): most of the suite's time is spent waiting on real
-# processes (leases, restarts, a minute of soak), so two share a 2-core machine well.
-# `make test TEST_WORKERS=0` runs it in one process.
+# Two pytest workers (pytest-xdist): much of the suite's time is spent waiting on real
+# processes (leases, restarts), so two share a 2-core machine well. The tests marked slow
+# go to one worker, one after another (tests/conftest.py). `TEST_WORKERS=0`: one process.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # Everything but the tests marked slow (real processes killed, a minute of soak).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 # Each script prints one JSON object as its last line (figures in docs/operations.md).
 bench: $(STAMP)

@@ -33,6 +33,16 @@ RATCHET_BIN = Path(sys.executable).with_name("ratchet")
 os.environ.setdefault("RATCHET_LOCAL_NODES", tempfile.mkdtemp(prefix="ratchet-local-nodes-"))
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `make test` runs two xdist workers with --dist loadgroup: the slow tests (several node
+    # processes, a minute of load each) all go to one worker, one after another, so two
+    # of them never share the machine's two cores and starve each other's leases; the
+    # other worker takes the light tests meanwhile.
+    for item in items:
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("slow"))
+
+
 @pytest.fixture(autouse=True)
 def _reset_runs() -> None:
     RUNS.clear()
