@@ -27,13 +27,17 @@ demo: $(STAMP)
 	$(BIN)/ratchet --log-level warning demo
 
 # Two pytest workers (pytest-xdist): much of the suite's time is spent waiting on real
-# processes (leases, restarts), so two share a 2-core machine well. The tests marked slow
-# go to one worker, one after another (tests/conftest.py). `TEST_WORKERS=0`: one process.
+# processes, so two share a 2-core machine well; the other slow tests go to one of them,
+# one after another. The `solo` tests (several node processes flat out, whose leases lapse
+# when they share the cores: tests/conftest.py) run alone, after the rest; both parts run
+# even if the first fails. `TEST_WORKERS=0`: no xdist workers.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 test: lint
-	$(BIN)/python -m pytest -q $(XDIST)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not solo"; rest=$$?; \
+	$(BIN)/python -m pytest -q -m solo; solo=$$?; \
+	test $$rest = 0 && test $$solo = 0
 
 # Everything but the tests marked slow (real processes killed, a minute of soak).
 test-fast: $(STAMP)
