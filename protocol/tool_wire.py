@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretBytes, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretBytes, SecretStr
 
 from ratchet.protocol.codec import decode_map
 from ratchet.protocol.errors import InvalidMessage
@@ -148,10 +148,6 @@ class ToolReply(BaseModel):
     #: the worker holding it, whose pinned subject the session's next calls go to.
     session_state: dict[str, Any] | None = None
     worker: str | None = Field(default=None, max_length=64)
-    #: The exception a failed reply was made from, for a caller in the worker's own
-    #: process (the node's local worker: the loopback hands replies over as objects). Never
-    #: on the wire; a reply decoded from bytes has None, and its ``error`` is the answer.
-    _raised: BaseException | None = PrivateAttr(default=None)
 
 
 def request_msg_id(key: str | None, attempt: int, op: str, correlation_id: str) -> str:

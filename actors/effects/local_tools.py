@@ -16,27 +16,23 @@ stream write and a reply (~1 ms on this machine; docs/operations.md) that buys n
 when the code is in the node — the ledger's IN_FLIGHT row, not the request's place in a
 stream, is what survives a crash, and a node that dies takes its local worker with it. So
 nothing is encoded either: the request carries the argument model, the reply the result
-model and the exception raised (``ToolReply._raised``), as objects.
+model and the exception raised (``RaisedReply``), as objects.
 """
 
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
-import structlog
-
-from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.effects.tool_calls import Deliver, SessionOf, ToolCalls
 from ratchet.actors.effects.tool_dispatch import SessionCall, addressed, failure
 from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.clock import Clock, SystemClock
-from ratchet.protocol.errors import ActorCrashed, ActorStopped, AskTimeout, ToolTransient
+from ratchet.protocol.errors import ToolDeadlineExceeded, ToolTransient
 from ratchet.protocol.tool_wire import ToolReply, ToolRequest
 
 __all__ = ["LocalToolWorker", "no_remote_tools"]
-
-log = structlog.get_logger("ratchet.local_tools")
 
 
 class LocalToolWorker:
@@ -50,14 +46,16 @@ class LocalToolWorker:
     #: A call may wait in its session behind the session's earlier calls (fan-out branches
     #: share their task's sessions); its own timeout starts when its session runs it,
     #: which answers ``OUTCOME_UNKNOWN`` at it. The caller waits that much longer at most.
+    #: Nothing else holds a request: a node that stops stops its tasks' sessions, which
+    #: answer what they have queued ``ActorStopped`` (an unknown outcome here).
     grace = 30.0
     #: The session actors keep their state in the node's store themselves.
     carries_state = False
+    wire = False  # requests and replies are handed over as objects
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
         self._deliver: Deliver | None = None
-        self._running: set[asyncio.Task[None]] = set()
         #: Figures: requests answered.
         self.served = 0
 
@@ -69,44 +67,43 @@ class LocalToolWorker:
 
     async def send(self, request: ToolRequest, tool: Tool[Any, Any], worker: str | None,
                    session_of: SessionOf, timeout: float) -> Exception | None:
+        """Queue ``request`` in the task's session actor (its mailbox is this worker's
+        queue); the reply is delivered when the session answers."""
+        budget = request.deadline - self.clock.now()
+        if budget <= 0:
+            return ToolDeadlineExceeded(f"{tool.name}: past its deadline; not run",
+                                        tool=tool.name)
         try:
             session = await session_of(tool.session)
+            answer = session.ask_nowait(SessionCall(request, tool, budget, partial(
+                self._reply, request)), request.correlation_id)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # no live task supervisor (a node stopping): nothing ran
             return ToolTransient(f"{tool.name}: no tool session to run it in: {exc}",
                                  tool=tool.name)
-        task = asyncio.create_task(self._serve(session, request, tool))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        answer.add_done_callback(partial(self._unanswered, request, tool))
         return None
 
-    async def _serve(self, session: ActorRef[Any], request: ToolRequest,
-                     tool: Tool[Any, Any]) -> None:
-        """One request, in its own task (the caller waits on its reply, bounded)."""
-        budget = request.deadline - self.clock.now()
-        reply: ToolReply
-        if budget <= 0:
-            reply = failure("DEADLINE_EXCEEDED", f"{tool.name}: past its deadline; not run")
-        else:
-            try:
-                reply = await session.ask(SessionCall(request, tool, budget),
-                                          budget + self.grace)
-            except (ActorCrashed, ActorStopped, AskTimeout) as exc:
-                # Its supervisor starts the session again from its stored state.
-                reply = failure("OUTCOME_UNKNOWN", f"session {tool.session} failed: {exc}")
+    def _reply(self, request: ToolRequest, reply: ToolReply) -> None:
+        """The session's reply, to its caller at once (from the session's task)."""
         self.served += 1
         assert self._deliver is not None
-        self._deliver(addressed(reply, request), request.tenant, "loopback")
+        if reply.correlation_id != request.correlation_id:  # not made by run_tool
+            reply = addressed(reply, request)
+        self._deliver(reply, request.tenant, "loopback")
 
-    async def stop(self, timeout: float = 10.0) -> None:
-        """Let the requests in progress answer (at most ``timeout`` s), then cancel the
-        rest. Safe to call twice."""
-        running = set(self._running)
-        if running:
-            await asyncio.wait(running, timeout=timeout)
-        for task in running:
-            task.cancel()
+    def _unanswered(self, request: ToolRequest, tool: Tool[Any, Any],
+                    answer: asyncio.Future[ToolReply]) -> None:
+        """A session that crashed or stopped before it replied: an unknown outcome (its
+        supervisor starts it again from its stored state). Runs as a callback of the
+        ask's future; never raises."""
+        if answer.cancelled():
+            self._reply(request, failure("OUTCOME_UNKNOWN", f"session {tool.session} went"
+                                         " away"))
+        elif (exc := answer.exception()) is not None:
+            self._reply(request, failure("OUTCOME_UNKNOWN",
+                                         f"session {tool.session} failed: {exc}"))
 
 
 #: The tool calls of a runner without a node (a unit test's): in-process tools through a

@@ -87,6 +87,7 @@ class JetStreamTools:
 
     grace = 0.0  # a reply after the timeout is not believed: the ledger reconciles
     carries_state = True
+    wire = True
     #: Seconds a pinned worker's liveness probe waits for its answer (at most).
     probe_timeout = 1.0
 

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import structlog
 
 from ratchet.actors.core.actor import ActorRef
+from ratchet.actors.effects.tool_dispatch import RaisedReply
 from ratchet.actors.workflow.tools import Accepted, Tool
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
@@ -80,6 +81,9 @@ class ToolTransport(Protocol):
     #: The session's state travels with each request (the worker is elsewhere), and the
     #: worker that answered holds the session (pinned).
     carries_state: bool
+    #: Replies come as bytes anyone allowed on the subject could send (so correlation ids
+    #: must be unguessable), not as objects handed over in process.
+    wire: bool
 
     def attach(self, deliver: Deliver) -> None:
         """Where this transport's replies go (once, before any send)."""
@@ -139,9 +143,10 @@ class ToolCalls:
                                          tool=tool.name))
         loop = asyncio.get_running_loop()
         started = loop.time()
-        # Unguessable (the ULID's random bits come from a seeded PRNG): a reply must prove
-        # it read the request.
-        cid = f"{new_id('tcl')}{secrets.token_hex(10)}"
+        # Unguessable over a wire (the ULID's random bits come from a seeded PRNG): a reply
+        # must prove it read the request. A loopback's cannot be forged (a urandom call
+        # costs ~10 µs here).
+        cid = new_id("tcl") + (secrets.token_hex(10) if transport.wire else "")
         # An in-process tool always has its session; a remote one only when it says so.
         session = tool.session if not tool.remote or tool.session != "default" else None
         kept = session is not None and transport.carries_state
@@ -162,9 +167,12 @@ class ToolCalls:
                 if isinstance(refused, ToolWorkerGone):  # the next call: to any worker
                     self._pins.pop((task_id, tool.session), None)
                 return (False, refused)
+            # The future itself with a timer, not wait_for's wrapper nor a timeout scope: a
+            # loop turn and a few objects less, on every tool call's path.
+            timer = loop.call_at(started + invoke.timeout + transport.grace, _expire,
+                                 waiting.future)
             try:
-                reply = await asyncio.wait_for(waiting.future, max(
-                    0.0, invoke.timeout + transport.grace - (loop.time() - started)))
+                reply = await waiting.future
             except TimeoutError:
                 # The worker holding the session may be gone: the next call goes to any
                 # worker, which takes the session from its stored state.
@@ -172,6 +180,8 @@ class ToolCalls:
                 return (False, ToolOutcomeUnknown(
                     f"{tool.name}: no reply from a tool worker within {invoke.timeout:g}s",
                     tool=tool.name, correlation_id=cid))
+            finally:
+                timer.cancel()
         finally:
             del self._waiting[cid]
         if kept:
@@ -217,11 +227,18 @@ class ToolCalls:
                                                 self.clock.now())
 
 
+def _expire(future: asyncio.Future[ToolReply]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 def answer(tool: str, reply: ToolReply) -> tuple[bool, Any]:
     """What the runner gets for ``reply``: a failure's exception (the one raised, when the
     reply was handed over in process), an ``Accepted``, or the result."""
     if not reply.ok:
-        return (False, reply._raised or exception_of_error(reply.error, tool))
+        if isinstance(reply, RaisedReply):
+            return (False, reply._raised)
+        return (False, exception_of_error(reply.error, tool))
     if reply.accepted is not None:
         a = reply.accepted
         return (True, Accepted(a.provider_id, a.correlation_id, a.timeout))

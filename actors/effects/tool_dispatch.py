@@ -13,7 +13,7 @@ the request reaches them and the reply goes back (docs/architecture.md, "Tool ca
 path").
 
 A reply made here keeps the objects the code returned: the result model as it is, and the
-exception a failure came from (``ToolReply._raised``, never on the wire). A transport that
+exception a failure came from (a :class:`RaisedReply`, never on the wire). A transport that
 sends the reply as bytes makes it wire data first (:func:`wire_reply`); the loopback hands
 it over as it is, so an in-process tool's caller sees its result and its exception
 unchanged.
@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, PrivateAttr, ValidationError
 
 from ratchet.actors.workflow.tools import Accepted, Tool, ToolContext
 from ratchet.protocol.errors import ToolOutcomeUnknown
@@ -40,8 +40,8 @@ from ratchet.protocol.tool_wire import (
     revealed,
 )
 
-__all__ = ["Blocking", "SessionCall", "SessionHost", "addressed", "failure", "raised",
-           "run_tool", "wire_reply"]
+__all__ = ["Blocking", "RaisedReply", "SessionCall", "SessionHost", "addressed", "failure",
+           "raised", "run_tool", "wire_reply"]
 
 #: How blocking tool code is run off the loop: ``blocking(call)`` awaits ``call()`` run on
 #: a thread. A cancel (the deadline) abandons the call, which cannot be interrupted.
@@ -54,11 +54,14 @@ async def _to_thread(call: Callable[[], Any]) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class SessionCall:
-    """Run ``request`` in the session actor that gets it, within ``budget`` seconds."""
+    """Run ``request`` in the session actor that gets it, within ``budget`` seconds.
+    ``on_reply``: told the reply as soon as it is made, in the session's task (the local
+    worker's way back to the caller; the answer to the ask follows it)."""
 
     request: ToolRequest
     tool: Tool[Any, Any]
     budget: float
+    on_reply: Callable[[ToolReply], None] | None = None
 
 
 class SessionHost(Protocol):
@@ -95,14 +98,26 @@ async def run_tool(request: ToolRequest, tool: Tool[Any, Any], budget: float,
     except TimeoutError:
         return raised(ToolOutcomeUnknown(f"{tool.name} timed out after {budget:.3g}s",
                                          tool=tool.name))
-    except Exception as exc:  # the tool's failure is an answer
+    except (asyncio.CancelledError, KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as exc:  # the tool's failure is an answer (a control signal too)
         return raised(exc)
     if isinstance(value, Accepted):
         # Built unchecked: the wire's limits are checked where the reply becomes bytes.
-        return ToolReply(correlation_id="-", ok=True, accepted=ToolAccepted.model_construct(
+        return _reply(request, ok=True, accepted=ToolAccepted.model_construct(
             provider_id=value.provider_id, correlation_id=value.correlation_id,
             timeout=value.timeout))
-    return ToolReply(correlation_id="-", ok=True, result=value)
+    return _reply(request, ok=True, result=value)
+
+
+def _reply(request: ToolRequest, **fields: Any) -> ToolReply:
+    """A reply to ``request``, addressed (one model built, not two: this is every call's
+    path). An in-process key may be longer than the wire allows: then addressed unchecked."""
+    try:
+        return ToolReply(correlation_id=request.correlation_id,
+                         idempotency_key=request.idempotency_key, **fields)
+    except ValidationError:
+        return addressed(ToolReply(correlation_id="-", **fields), request)
 
 
 def failure(code: str, message: str) -> ToolReply:
@@ -111,9 +126,17 @@ def failure(code: str, message: str) -> ToolReply:
                      error=ToolReplyError(code=code, message=message[:4000]))
 
 
+class RaisedReply(ToolReply):
+    """A failed reply that keeps the exception it was made from, for a caller in the
+    worker's own process (the node's local worker hands replies over as objects). Its
+    bytes, if it is ever sent, are a plain reply's: the ``error`` is the answer there."""
+
+    _raised: BaseException = PrivateAttr()
+
+
 def raised(exc: BaseException) -> ToolReply:
     """The failed reply for ``exc``, which it keeps (for a caller in this process)."""
-    reply = ToolReply(correlation_id="-", ok=False, error=error_of_exception(exc))
+    reply = RaisedReply(correlation_id="-", ok=False, error=error_of_exception(exc))
     reply._raised = exc
     return reply
 

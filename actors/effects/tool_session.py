@@ -75,6 +75,8 @@ class ToolSession(Actor):
         if self.state != before:
             await self.store.save_session_state(self.task_id, self.name, self.state,
                                                 self.clock.now())
+        if message.on_reply is not None:
+            message.on_reply(reply)
         return reply
 
     async def _blocking(self, call: Callable[[], Any]) -> Any:

@@ -164,6 +164,7 @@ class ToolWorker:
             for tenant in self.tenants:
                 self._pings.append(await self.nc.subscribe(
                     tool_ping_subject(tenant, self.worker_id), cb=_pong))
+            await self.nc.flush()  # started = probed alive: the server has the subscriptions
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop fetching, let the requests in progress finish (at most ``timeout`` s; the

@@ -357,9 +357,7 @@ class Node:
         if root is not None and root.is_alive:
             drained = await self._drain.run(root, self.relay, self.leases)
             await root.stop_and_wait(AFTER_DRAIN if drained else AFTER_INCOMPLETE_DRAIN)
-        await close_in_order([("local tool worker", self.local_tools.stop
-                               if self.local_tools else None),
-                              ("nats", self.bus.close if self.bus else None),
+        await close_in_order([("nats", self.bus.close if self.bus else None),
                               ("store", self.store.close if self.store else None),
                               ("embedded nats-server",
                                self.embedded.stop if self.embedded else None)])
