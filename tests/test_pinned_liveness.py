@@ -22,8 +22,7 @@ from tests.test_remote_tools import WorkerProcess
 from tests.tool_apps import PayArgs, pay_pinned
 
 APP = "tests.tool_apps:pinned_tools"
-#: The step's two gates, made afresh by each test (an asyncio.Event is bound to the loop
-#: it is first waited on, and each test has its own loop).
+#: The step's two gates (the ``release`` fixture makes them).
 gates: dict[str, asyncio.Event] = {}
 
 pay_two = ratchet.Workflow("pinned.pay_two", version=1)
@@ -57,6 +56,23 @@ def workers() -> Iterator[Callable[..., WorkerProcess]]:
         p.stop()
 
 
+@pytest.fixture
+def release() -> asyncio.Event:
+    """The step's gates, afresh (an asyncio.Event is bound to the loop it is first waited
+    on, and each test has its own loop); the one the test opens."""
+    gates["first_paid"], gates["release"] = asyncio.Event(), asyncio.Event()
+    return gates["release"]
+
+
+async def _pinned_to(holder: WorkerProcess, client: ratchet.Client, run: str) -> Any:
+    """A task whose first payment went through ``holder``, which holds its session now;
+    its second waits for the test's release. Its handle."""
+    await holder.ready()
+    handle = await client.submit("pinned.pay_two", {"run": run}, key=run)
+    await asyncio.wait_for(gates["first_paid"].wait(), 30)
+    return handle
+
+
 async def _kill(worker: WorkerProcess) -> None:
     worker.proc.send_signal(signal.SIGKILL)
     assert await asyncio.wait_for(asyncio.to_thread(worker.proc.wait), 30) == -signal.SIGKILL
@@ -70,15 +86,11 @@ async def _events(client: ratchet.Client, task_id: str) -> list[Any]:
 async def test_a_call_pinned_to_a_killed_worker_fails_fast_unsent_and_moves_to_another(
         nats_url: str, start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,
         simulator: ratchet.testing.FinanceSimulatorProcess,
-        workers: Callable[..., WorkerProcess]) -> None:
-    first_paid, release = gates["first_paid"], gates["release"] = (asyncio.Event(),
-                                                                   asyncio.Event())
+        workers: Callable[..., WorkerProcess], release: asyncio.Event) -> None:
     await start_node(app)
     env = {"RATCHET_FINANCE_URL": simulator.url}
     holder = workers(nats_url, env, "holder")
-    await holder.ready()
-    handle = await client.submit("pinned.pay_two", {"run": "gone"}, key="gone")
-    await asyncio.wait_for(first_paid.wait(), 30)  # the session is pinned to "holder"
+    handle = await _pinned_to(holder, client, "gone")
     await _kill(holder)
     await workers(nats_url, env, "other").ready()
 
@@ -100,16 +112,12 @@ async def test_a_call_pinned_to_a_killed_worker_fails_fast_unsent_and_moves_to_a
 async def test_a_pinned_worker_killed_after_taking_the_request_is_reconciled_by_query(
         nats_url: str, start_node: NodeFactory, client: ratchet.Client, finance: FinanceClient,
         simulator: ratchet.testing.FinanceSimulatorProcess,
-        workers: Callable[..., WorkerProcess]) -> None:
-    first_paid, release = gates["first_paid"], gates["release"] = (asyncio.Event(),
-                                                                   asyncio.Event())
+        workers: Callable[..., WorkerProcess], release: asyncio.Event) -> None:
     await start_node(app)
     env = {"RATCHET_FINANCE_URL": simulator.url}
     # It dies by its own SIGKILL right after the provider committed the second payment.
     holder = workers(nats_url, {**env, "RATCHET_TOOL_DIE_AFTER_EFFECT": "taken-2"}, "holder")
-    await holder.ready()
-    handle = await client.submit("pinned.pay_two", {"run": "taken"}, key="taken")
-    await asyncio.wait_for(first_paid.wait(), 30)
+    handle = await _pinned_to(holder, client, "taken")
     await workers(nats_url, env, "other").ready()  # to answer the query
 
     release.set()

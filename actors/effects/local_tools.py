@@ -25,11 +25,11 @@ import asyncio
 from functools import partial
 from typing import Any
 
-from ratchet.actors.effects.tool_calls import Deliver, SessionOf, ToolCalls
-from ratchet.actors.effects.tool_dispatch import SessionCall, addressed, failure
+from ratchet.actors.effects.tool_calls import SessionOf, ToolCalls
+from ratchet.actors.effects.tool_dispatch import SessionCall, addressed
 from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.clock import Clock, SystemClock
-from ratchet.protocol.errors import ToolDeadlineExceeded, ToolTransient
+from ratchet.protocol.errors import ActorStopped, ToolDeadlineExceeded
 from ratchet.protocol.tool_wire import ToolReply, ToolRequest
 
 __all__ = ["LocalToolWorker", "no_remote_tools"]
@@ -46,8 +46,8 @@ class LocalToolWorker:
     #: A call may wait in its session behind the session's earlier calls (fan-out branches
     #: share their task's sessions); its own timeout starts when its session runs it,
     #: which answers ``OUTCOME_UNKNOWN`` at it. The caller waits that much longer at most.
-    #: Nothing else holds a request: a node that stops stops its tasks' sessions, which
-    #: answer what they have queued ``ActorStopped`` (an unknown outcome here).
+    #: Nothing else holds a request: a node that stops stops its tasks' sessions, whose
+    #: queued calls raise ``ActorStopped``.
     grace = 30.0
     #: The session actors keep their state in the node's store themselves.
     carries_state = False
@@ -55,12 +55,12 @@ class LocalToolWorker:
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self._deliver: Deliver | None = None
+        self._calls: ToolCalls | None = None
         #: Figures: requests answered.
         self.served = 0
 
-    def attach(self, deliver: Deliver) -> None:
-        self._deliver = deliver
+    def attach(self, calls: ToolCalls) -> None:
+        self._calls = calls
 
     def reply_to(self, tenant: str) -> str:
         return "loopback"
@@ -73,37 +73,34 @@ class LocalToolWorker:
         if budget <= 0:
             return ToolDeadlineExceeded(f"{tool.name}: past its deadline; not run",
                                         tool=tool.name)
-        try:
-            session = await session_of(tool.session)
-            answer = session.ask_nowait(SessionCall(request, tool, budget, partial(
-                self._reply, request)), request.correlation_id)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # no live task supervisor (a node stopping): nothing ran
-            return ToolTransient(f"{tool.name}: no tool session to run it in: {exc}",
-                                 tool=tool.name)
-        answer.add_done_callback(partial(self._unanswered, request, tool))
+        # A session that cannot be had (no live task supervisor, a store read failing as
+        # it starts) raises here, as a crash of the task's own machinery, not a tool
+        # outcome: the step fails, the task actor is restarted by its supervisor, and the
+        # step run again settles the IN_FLIGHT row (docs/architecture.md).
+        session = await session_of(tool.session)
+        answer = session.ask_nowait(SessionCall(request, tool, budget, partial(
+            self._reply, request)), request.correlation_id)
+        answer.add_done_callback(partial(self._unanswered, request))
         return None
 
     def _reply(self, request: ToolRequest, reply: ToolReply) -> None:
         """The session's reply, to its caller at once (from the session's task)."""
         self.served += 1
-        assert self._deliver is not None
         if reply.correlation_id != request.correlation_id:  # not made by run_tool
             reply = addressed(reply, request)
-        self._deliver(reply, request.tenant, "loopback")
+        assert self._calls is not None
+        self._calls.settle(reply, request.tenant, "loopback")
 
-    def _unanswered(self, request: ToolRequest, tool: Tool[Any, Any],
-                    answer: asyncio.Future[ToolReply]) -> None:
-        """A session that crashed or stopped before it replied: an unknown outcome (its
-        supervisor starts it again from its stored state). Runs as a callback of the
-        ask's future; never raises."""
+    def _unanswered(self, request: ToolRequest, answer: asyncio.Future[ToolReply]) -> None:
+        """A session that crashed or stopped before it replied (say its store write
+        failed): the call raises that, as an ask of the session did before the local
+        worker (see ``send``). Runs as a callback of the ask's future; never raises."""
+        assert self._calls is not None
         if answer.cancelled():
-            self._reply(request, failure("OUTCOME_UNKNOWN", f"session {tool.session} went"
-                                         " away"))
+            self._calls.fail(request.correlation_id, ActorStopped(
+                "tool session went away", correlation_id=request.correlation_id))
         elif (exc := answer.exception()) is not None:
-            self._reply(request, failure("OUTCOME_UNKNOWN",
-                                         f"session {tool.session} failed: {exc}"))
+            self._calls.fail(request.correlation_id, exc)
 
 
 #: The tool calls of a runner without a node (a unit test's): in-process tools through a

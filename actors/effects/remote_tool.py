@@ -40,7 +40,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from pydantic import BaseModel
 
 from ratchet.actors.effects.local_tools import no_remote_tools
-from ratchet.actors.effects.tool_calls import Deliver, RemoteAsk, SessionOf
+from ratchet.actors.effects.tool_calls import RemoteAsk, SessionOf, ToolCalls
 from ratchet.actors.transport.bus import Bus, StreamLimits
 from ratchet.actors.transport.tool_queues import ToolQueues
 from ratchet.actors.workflow.tools import Tool
@@ -96,12 +96,12 @@ class JetStreamTools:
         self.bus = bus
         self.queues = ToolQueues(bus.js, limits, replicas)
         self.inbox = f"{re.sub(r'[^A-Za-z0-9_-]', '_', node_id)[:48]}-{secrets.token_hex(6)}"
-        self._deliver: Deliver | None = None
+        self._calls: ToolCalls | None = None
         self._subscribed = False
         self._subscribing = asyncio.Lock()
 
-    def attach(self, deliver: Deliver) -> None:
-        self._deliver = deliver
+    def attach(self, calls: ToolCalls) -> None:
+        self._calls = calls
 
     def reply_to(self, tenant: str) -> str:
         return tool_reply_subject(tenant, self.inbox)
@@ -169,11 +169,11 @@ class JetStreamTools:
 
     async def _on_reply(self, msg: Msg) -> None:
         """A message on the inbox. Runs in the subscription's task; never raises."""
-        assert self._deliver is not None
+        assert self._calls is not None
         source = f"{msg.subject} ({len(msg.data)} bytes)"
         try:
             reply = decode_reply(msg.data)
         except InvalidMessage as exc:
-            self._deliver(None, None, f"{source}: {exc.message}")  # dropped, counted
+            self._calls.settle(None, None, f"{source}: {exc.message}")  # dropped, counted
             return
-        self._deliver(reply, tool_reply_route(msg.subject), source)
+        self._calls.settle(reply, tool_reply_route(msg.subject), source)

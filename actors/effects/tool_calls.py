@@ -43,16 +43,13 @@ from ratchet.protocol.ids import new_id
 from ratchet.protocol.subjects import is_worker_id
 from ratchet.protocol.tool_wire import ToolReply, ToolRequest, exception_of_error
 
-__all__ = ["Deliver", "Invoke", "RemoteAsk", "SessionOf", "ToolCalls", "ToolTransport",
+__all__ = ["Invoke", "RemoteAsk", "SessionOf", "ToolCalls", "ToolTransport",
            "answer"]
 
 log = structlog.get_logger("ratchet.tool_calls")
 
 #: The task's tool session ``name`` (started if need be): where the local worker runs it.
 SessionOf = Callable[[str], Awaitable[ActorRef[Any]]]
-#: How a transport hands a reply back: ``deliver(reply, tenant of its route, source)``;
-#: None for bytes that were no reply.
-Deliver = Callable[["ToolReply | None", "str | None", str], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +82,9 @@ class ToolTransport(Protocol):
     #: must be unguessable), not as objects handed over in process.
     wire: bool
 
-    def attach(self, deliver: Deliver) -> None:
-        """Where this transport's replies go (once, before any send)."""
+    def attach(self, calls: ToolCalls) -> None:
+        """Whose calls this transport's replies settle (once, before any send):
+        ``calls.settle`` a reply, ``calls.fail`` a call that cannot have one."""
 
     def reply_to(self, tenant: str) -> str:
         """The ``reply_to`` of a request of ``tenant``."""
@@ -120,7 +118,7 @@ class ToolCalls:
         self.clock, self.store, self.remote, self.local = clock, store, remote, local
         for transport in (remote, local):
             if transport is not None:
-                transport.attach(self.settle)
+                transport.attach(self)
         #: (task id, session) -> the worker holding it; bounded (oldest dropped): a session
         #: forgotten here is taken again by any worker, from its stored state.
         self._pins: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -189,8 +187,9 @@ class ToolCalls:
         return answer(tool.name, reply)
 
     def settle(self, reply: ToolReply | None, tenant: str | None, source: str) -> None:
-        """A reply from a transport: it settles the call it matches, else it is dropped.
-        Never raises."""
+        """A reply from a transport (None: bytes that were no reply), with the tenant of
+        the route it came on: it settles the call it matches, else it is dropped. Never
+        raises."""
         if reply is None:
             self.drop("malformed tool reply", source)
             return
@@ -203,6 +202,14 @@ class ToolCalls:
                       correlation_id=reply.correlation_id)
         elif not waiting.future.done():
             waiting.future.set_result(reply)
+
+    def fail(self, correlation_id: str, exc: BaseException) -> None:
+        """The call ``correlation_id`` raises ``exc`` instead of getting a reply: the
+        worker is in this process and failed, which is the node's own failure, not the
+        tool's answer (the local worker: its session crashed or stopped)."""
+        waiting = self._waiting.get(correlation_id)
+        if waiting is not None and not waiting.future.done():
+            waiting.future.set_exception(exc)
 
     def drop(self, why: str, source: str, **details: Any) -> None:
         self.dropped += 1
