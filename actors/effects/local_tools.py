@@ -69,7 +69,7 @@ class LocalToolWorker:
                    session_of: SessionOf, timeout: float) -> Exception | None:
         """Queue ``request`` in the task's session actor (its mailbox is this worker's
         queue); the reply is delivered when the session answers."""
-        budget = request.deadline - self.clock.now()
+        budget = timeout  # the request was made just now, with this much time left
         if budget <= 0:
             return ToolDeadlineExceeded(f"{tool.name}: past its deadline; not run",
                                         tool=tool.name)

@@ -151,7 +151,7 @@ class ToolCalls:
         state = await self._session_state(task_id, tool.session) if kept else None
         worker = self._pins.get((task_id, tool.session)) if kept else None
         request = ToolRequest.model_construct(
-            correlation_id=cid, task_id=task_id, tenant=tenant, tool=tool.name,
+            _FIELDS, schema_version=1, correlation_id=cid, task_id=task_id, tenant=tenant, tool=tool.name,
             op="query" if invoke.op == "query" else "call", args=invoke.args,
             idempotency_key=invoke.key, attempt=invoke.attempt,
             deadline=self.clock.now() + invoke.timeout, reply_to=transport.reply_to(tenant),
@@ -232,6 +232,10 @@ class ToolCalls:
         if reply.session_state is not None and reply.session_state != before and self.store:
             await self.store.save_session_state(task_id, session, reply.session_state,
                                                 self.clock.now())
+
+
+#: Every field of a request is given (no default to look up: every call's path).
+_FIELDS = set(ToolRequest.model_fields)
 
 
 def _expire(future: asyncio.Future[ToolReply]) -> None:
