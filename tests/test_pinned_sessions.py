@@ -135,9 +135,10 @@ async def test_a_session_whose_worker_is_gone_moves_to_another_with_its_state(
         handle = await client.submit("pinned.walk", {}, key="walk-2")
         await asyncio.wait_for(calls.three.wait(), 30)
         holder = calls.answered[0].worker
-        # The holder goes for good: the next call, sent to its subject, gets no reply
-        # within the tool's timeout (2 s); the node drops the pin, the read is retried on
-        # the shared subject, and the other worker takes the session from its state.
+        # The holder goes for good: the node's liveness probe finds nobody on its ping
+        # subject, so the next call is not sent there: it fails at once (ToolWorkerGone),
+        # the node drops the pin, the read is retried on the shared subject, and the other
+        # worker takes the session from its state.
         await workers[0 if holder == "wa" else 1].stop()
         release.set()
         output = await handle.result(timeout=30)

@@ -10,10 +10,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from nats.errors import NoRespondersError
 
 import ratchet
 from ratchet.protocol.auth import Signer
-from ratchet.protocol.subjects import tool_durable, tool_stream
+from ratchet.protocol.subjects import tool_durable, tool_ping_subject, tool_stream
 from ratchet.supervisors.node.credentials import admin_key_path
 from tests import tool_apps
 from tests.keys import Secured, Spy, issued
@@ -80,3 +81,19 @@ async def test_a_tool_worker_key_reaches_no_other_tenants_tools_nor_makes_consum
             await spy.refused(subject)
     finally:
         await spy.close()
+
+
+async def test_a_tool_worker_key_answers_the_liveness_probes_of_its_pinned_sessions(
+        secured_tools: Secured) -> None:
+    secured = secured_tools
+    key = await issued(secured.admin, "w", "acme", ["tool_worker"])
+    assert secured.node.bus is not None
+    nc = secured.node.bus.nc
+    worker = ratchet.ToolWorker(secured.url, tool_apps.pinned_tools, "acme",
+                                connect_options={"nkeys_seed_str": key.seed.decode()})
+    async with worker:
+        # Its answer reaches the node's own inbox: allow_responses, no publish grant.
+        pong = await nc.request(tool_ping_subject("acme", worker.worker_id), b"", timeout=10)
+        assert pong.data == b""
+    with pytest.raises(NoRespondersError):  # stopped: nobody listens there any more
+        await nc.request(tool_ping_subject("acme", worker.worker_id), b"", timeout=10)
