@@ -4,6 +4,7 @@ temp data dir) and real SQLite files."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -106,8 +107,15 @@ async def start_node(tmp_path: Path, nats_url: str,
 async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
     """A node on its embedded NATS, secured by default (the users its keyring gives),
     and its local admin's client."""
+    async with secured_node(tmp_path, app) as serving:
+        yield serving
+
+
+@contextlib.asynccontextmanager
+async def secured_node(tmp_path: Path, registry: ratchet.Registry) -> AsyncIterator[Secured]:
+    """``registry`` served by a secured node (see ``secured``) and its local admin's client."""
     state = tmp_path / "node"
-    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), app)
+    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), registry)
     await node.start()
     try:
         assert node.url is not None

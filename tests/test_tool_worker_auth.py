@@ -15,26 +15,16 @@ from nats.errors import NoRespondersError
 import ratchet
 from ratchet.protocol.auth import Signer
 from ratchet.protocol.subjects import tool_durable, tool_ping_subject, tool_stream
-from ratchet.supervisors.node.credentials import admin_key_path
 from tests import tool_apps
+from tests.conftest import secured_node
 from tests.keys import Secured, Spy, issued
 
 
 @pytest.fixture
 async def secured_tools(tmp_path: Path) -> AsyncIterator[Secured]:
     """A secured node (as conftest's ``secured``) whose workflows call remote tools."""
-    state = tmp_path / "node"
-    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), tool_apps.app)
-    await node.start()
-    try:
-        assert node.url is not None
-        admin = await ratchet.Client.connect(node.url, "_system", creds=admin_key_path(state))
-        try:
-            yield Secured(node, admin, state)
-        finally:
-            await admin.close()
-    finally:
-        await node.stop()
+    async with secured_node(tmp_path, tool_apps.app) as serving:
+        yield serving
 
 
 def _worker(url: str, key: Signer) -> ratchet.ToolWorker:
