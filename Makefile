@@ -27,17 +27,14 @@ demo: $(STAMP)
 	$(BIN)/ratchet --log-level warning demo
 
 # Two pytest workers (pytest-xdist): much of the suite's time is spent waiting on real
-# processes, so two share a 2-core machine well; the other slow tests go to one of them,
-# one after another. The `solo` tests (several node processes flat out, whose leases lapse
-# when they share the cores: tests/conftest.py) run alone, after the rest; both parts run
-# even if the first fails. `TEST_WORKERS=0`: no xdist workers.
+# processes, so two share a 2-core machine well; the slow tests (real node processes, several
+# at once in the multi-node ones) all go to one of them, one after another, while the other
+# runs the rest (tests/conftest.py). `TEST_WORKERS=0`: no xdist workers.
 TEST_WORKERS ?= 2
 XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 test: lint
-	$(BIN)/python -m pytest -q $(XDIST) -m "not solo"; rest=$$?; \
-	$(BIN)/python -m pytest -q -m solo; solo=$$?; \
-	test $$rest = 0 && test $$solo = 0
+	$(BIN)/python -m pytest -q $(XDIST)
 
 # Everything but the tests marked slow (real processes killed, a minute of soak).
 test-fast: $(STAMP)

@@ -34,23 +34,13 @@ RATCHET_BIN = Path(sys.executable).with_name("ratchet")
 os.environ.setdefault("RATCHET_LOCAL_NODES", tempfile.mkdtemp(prefix="ratchet-local-nodes-"))
 
 
-#: Modules whose slow tests run several node processes flat out for seconds, with leases
-#: that lapse when another test shares the machine's two cores: their slow tests are marked
-#: ``solo``, which `make test` runs alone, after the rest (docs/operations.md).
-SOLO_MODULES = frozenset({
-    "test_branch_failover", "test_chaos", "test_nats_cluster", "test_nats_outage", "test_nodes",
-    "test_pg_bench", "test_pg_cluster", "test_pg_faults", "test_soak", "test_trust_bench"})
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # `make test` runs the rest in two xdist workers with --dist loadgroup: the other slow
-    # tests (a node process or two each) go to one worker, one after another.
+    # `make test` runs the suite in two xdist workers with --dist loadgroup: the slow tests
+    # (real node processes, several at once in the multi-node ones) all go to one worker,
+    # one after another, so two of them never share the machine's two cores.
     for item in items:
-        if item.get_closest_marker("slow") is None:
-            continue
-        if item.module is not None and item.module.__name__.rpartition(".")[2] in SOLO_MODULES:
-            item.add_marker(pytest.mark.solo)
-        item.add_marker(pytest.mark.xdist_group("slow"))
+        if item.get_closest_marker("slow") is not None:
+            item.add_marker(pytest.mark.xdist_group("slow"))
 
 
 @pytest.fixture(autouse=True)
