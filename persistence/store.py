@@ -37,7 +37,7 @@ from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.metric_rows import MetricRows
 from ratchet.persistence.migrations import migrate
 from ratchet.persistence.pipelined import PipelinedWriter, apply_pipelined
-from ratchet.persistence.records import Fence, LoadedState, TaskRecord
+from ratchet.persistence.records import Fence, LoadedState, TaskRecord, fence_key
 from ratchet.persistence.schedule_rows import ScheduleRows
 from ratchet.persistence.settle_rows import SettleRows
 from ratchet.persistence.store_rows import AdminRows, RowReads
@@ -219,7 +219,8 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
         for the task's partition (the write is refused if a newer owner exists)."""
         if self.fence is None:
             return fn
-        partition, token = self.fence.token_for(task_id)  # Fenced: not held locally
+        # Fenced: not held locally. A branch's writes carry its own partition's lease.
+        partition, token = self.fence.token_for(fence_key(task_id))
 
         def txn(conn: sqlite3.Connection) -> T:
             try:

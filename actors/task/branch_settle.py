@@ -48,8 +48,8 @@ class Settler:
     """The settlements of one fan-out visit (``task_id``, ``key``) waiting to be committed."""
 
     def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
-                 producer: str, notify: Notify) -> None:
-        self.store, self.clock = store, clock
+                 producer: str, notify: Notify, group: int | None = None) -> None:
+        self.store, self.clock, self.where = store, clock, (task_id, key, group)
         self.task_id, self.key, self.producer, self.notify = task_id, key, producer, notify
         self.pending: list[tuple[BranchSettlement, asyncio.Future[bool]]] = []
         self.flusher: asyncio.Task[None] | None = None
@@ -93,26 +93,30 @@ class Settler:
                 if not fut.done():
                     fut.set_exception(asyncio.CancelledError())
             self.pending = []
-            if _settlers.get((self.task_id, self.key)) is self:
-                del _settlers[(self.task_id, self.key)]
+            if _settlers.get(self.where) is self:
+                del _settlers[self.where]
 
 
-#: (task_id, fan-out key) -> its settler; an entry lives while settlements are in flight.
-_settlers: dict[tuple[str, str], Settler] = {}
+#: (task_id, fan-out key, partition or None) -> its settler; an entry lives while
+#: settlements are in flight. By partition when a branch's writes carry its partition's
+#: lease: one group, one lease to check.
+_settlers: dict[tuple[str, str, int | None], Settler] = {}
 
 
 async def settle_branch(store: TaskStore, clock: Clock, task_id: str, key: str, producer: str,
-                        notify: Notify, settlement: BranchSettlement) -> bool:
-    """Commit ``settlement`` in its fan-out's next group; True if it settled the branch.
+                        notify: Notify, settlement: BranchSettlement,
+                        group: int | None = None) -> bool:
+    """Commit ``settlement`` in its fan-out's next group (of its partition ``group``, if
+    given); True if it settled the branch.
 
     Raises:
         whatever the store raised for the group (the caller's actor crashes and its
         supervisor runs the branch again; a settled branch is never settled twice).
     """
-    settler = _settlers.get((task_id, key))
+    settler = _settlers.get((task_id, key, group))
     if settler is None:
-        settler = _settlers[(task_id, key)] = Settler(store, clock, task_id, key, producer,
-                                                      notify)
+        settler = _settlers[(task_id, key, group)] = Settler(store, clock, task_id, key,
+                                                             producer, notify, group)
     return await settler.add(settlement)
 
 
@@ -124,8 +128,8 @@ class Checkpointer:
     """The progress writes of one fan-out visit's branches waiting to be committed."""
 
     def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
-                 producer: str) -> None:
-        self.store, self.clock = store, clock
+                 producer: str, group: int | None = None) -> None:
+        self.store, self.clock, self.where = store, clock, (task_id, key, group)
         self.task_id, self.key, self.producer = task_id, key, producer
         self.pending: list[tuple[StepWrite, asyncio.Future[bool]]] = []
         self.flusher: asyncio.Task[None] | None = None
@@ -163,15 +167,15 @@ class Checkpointer:
                 if not fut.done():
                     fut.set_exception(asyncio.CancelledError())
             self.pending = []
-            if _checkpointers.get((self.task_id, self.key)) is self:
-                del _checkpointers[(self.task_id, self.key)]
+            if _checkpointers.get(self.where) is self:
+                del _checkpointers[self.where]
 
 
-_checkpointers: dict[tuple[str, str], Checkpointer] = {}
+_checkpointers: dict[tuple[str, str, int | None], Checkpointer] = {}
 
 
 async def checkpoint_branch(store: TaskStore, clock: Clock, task_id: str, key: str,
-                            producer: str, write: StepWrite) -> bool:
+                            producer: str, write: StepWrite, group: int | None = None) -> bool:
     """Commit a branch's progress in its fan-out's next group; False if the branch was
     settled meanwhile (nothing of it written).
 
@@ -179,7 +183,8 @@ async def checkpoint_branch(store: TaskStore, clock: Clock, task_id: str, key: s
         whatever the store raised for the group (the branch's run crashes; the pool runs
         it again from its last committed step).
     """
-    cp = _checkpointers.get((task_id, key))
+    cp = _checkpointers.get((task_id, key, group))
     if cp is None:
-        cp = _checkpointers[(task_id, key)] = Checkpointer(store, clock, task_id, key, producer)
+        cp = _checkpointers[(task_id, key, group)] = Checkpointer(store, clock, task_id, key,
+                                                                  producer, group)
     return await cp.add(write)

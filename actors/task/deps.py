@@ -149,6 +149,9 @@ class TaskDeps:
     #: How tools declared with ``remote_tool`` are called: the node's ``RemoteTools.ask``
     #: (actors/effects/remote_tool.py); without a node, nothing is sent.
     remote_ask: RemoteAsk = no_remote_tools
+    #: Where fan-out branches run: the node's ``actors/task/branch_host.BranchHost`` (typed
+    #: loosely: it is built on these deps); None without a node's task supervision.
+    branches: Any = None
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:

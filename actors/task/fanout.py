@@ -115,11 +115,10 @@ def branch_timer(task_id: str, key: str, node: str, branch: str, due_at: float) 
 
 @dataclass(frozen=True, slots=True)
 class BranchDone:
-    """A ``branch.done`` mail (an earlier release's, or forged): a nudge, checked against
-    the branch's row before it counts."""
+    """A ``branch.done`` mail (from the node that ran these branches, an earlier release's,
+    or forged): a nudge, checked against the rows before anything counts."""
 
-    branch: str
-    status: str
+    statuses: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,16 +205,22 @@ class JoinActor(Actor):
                         self.results[branch] = message.results[branch]
             await self._evaluate()
         elif isinstance(message, BranchDone):
-            # The message is a nudge; the row is the truth. A repeat, a late or a forged
-            # notification cannot settle a branch the store does not hold as settled.
-            if self.statuses.get(message.branch) == "RUNNING":
-                row = await self.store.branch(self.task_id, self.key, message.branch)
+            # The message is a nudge; the rows are the truth, read once for all it names. A
+            # repeat, a late or a forged notification cannot settle a branch the store does
+            # not hold as settled.
+            named = [b for b in message.statuses if self.statuses.get(b) == "RUNNING"]
+            if len(named) == 1:
+                row = await self.store.branch(self.task_id, self.key, named[0])
                 if row is not None and row["status"] != "RUNNING":
-                    self.statuses[message.branch] = row["status"]
+                    self.statuses[named[0]] = row["status"]
                     self.counts.update({"RUNNING": -1, row["status"]: 1})
                     if row["status"] == "SUCCEEDED":
-                        self.results[message.branch] = row.get("result")
-            await self._evaluate()
+                        self.results[named[0]] = row.get("result")
+                await self._evaluate()
+            elif named:
+                await self._evaluate(await self._recount())
+            else:
+                await self._evaluate()
         elif isinstance(message, JoinTimeout):
             # Decide on the store's view, not on notifications still in flight: a branch
             # that finished before the deadline must not count as late.

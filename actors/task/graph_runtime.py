@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ratchet.actors.task.branch_place import stop_branches
 from ratchet.actors.task.fanout import BranchDone, JoinDone
 from ratchet.actors.task.fanout_run import Joined, Visit, apply_verdict, fanout_key, start_visit
 from ratchet.actors.task.graph_waits import (
@@ -163,7 +164,10 @@ async def on_branch_done(actor: TaskKernel, env: Envelope) -> str:
             actor.joins[key] = join
     if join is None or not join.is_alive:
         return "no join"  # a join that (re)starts recounts from the store
-    join.tell(BranchDone(str(env.body.get("branch")), str(env.body.get("status"))))
+    statuses = env.body.get("statuses")
+    if not isinstance(statuses, dict):  # one branch's notice (a node of an earlier release)
+        statuses = {env.body.get("branch"): env.body.get("status")}
+    join.tell(BranchDone({str(b): str(s) for b, s in statuses.items()}))
     return "forwarded"
 
 
@@ -184,4 +188,9 @@ async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
 
 
 async def stop_fanout_children(actor: TaskKernel) -> None:
+    """The task actor stops (the task ended, was cancelled, or moves): its fan-outs'
+    branches stop wherever they run (a restarted or moved task starts them again)."""
+    keys = list(actor.joins)
     actor.joins.clear()
+    for key in keys:
+        await stop_branches(actor, key)

@@ -58,6 +58,10 @@ class PartitionWork:
 
     async def acquired(self, rows: list[LeaseRow]) -> None:
         await self.recover({r.partition for r in rows})
+        try:  # the branches placed there, from their last committed steps
+            await self.tasks.branch_host.resume({r.partition for r in rows})
+        except Exception as exc:  # their tasks' next starts run them
+            log.warning("placed branches not resumed", error=repr(exc))
         sup = self.mail_supervisor()
         for row in rows:
             if sup is not None:
@@ -92,6 +96,7 @@ class PartitionWork:
     async def lost(self, partitions: list[int]) -> None:
         self.forget(set(partitions))
         await self._stop_routers(partitions)
+        await self.tasks.branch_host.release(set(partitions))
         doomed = await self._tasks_in(partitions)
         # No safe point to wait for: nothing they do can commit any more. Interrupt running
         # steps, then stop.
@@ -108,6 +113,9 @@ class PartitionWork:
     async def handing_over(self, partitions: list[int]) -> None:
         self.forget(set(partitions))
         await self._stop_routers(partitions)
+        # Their branches stop now (the new owner runs them from their last committed
+        # steps), not at a safe point: a branch's step in flight runs again there.
+        await self.tasks.branch_host.release(set(partitions))
         moving = await self._tasks_in(partitions)
         await self.tasks.stop_tasks(moving)
         await self.flush_outbox()
