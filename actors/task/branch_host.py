@@ -118,10 +118,15 @@ class BranchHost:
         """Deliver ``env`` to the owner of ``partition``: this host, directly, when it is
         this node (``context``: the task's view of the visit, for a start), else as mail
         on that partition. Returns the host's answer when handled here, else None."""
-        if self.publish is None or self.owns(_probe_id(partition, self.deps.partitions)):
+        if self.holds(partition):
             return await self.handle(env, context)
+        assert self.publish is not None
         await self.publish(branch_mail_subject(task_id, partition), env)
         return None
+
+    def holds(self, partition: int) -> bool:
+        """Whether this node runs what is placed on ``partition`` (all, without NATS)."""
+        return self.publish is None or self.owns(_probe_id(partition, self.deps.partitions))
 
     # -- the partition's side ------------------------------------------------------------
 
@@ -171,16 +176,15 @@ class BranchHost:
                fresh: bool) -> None:
         task_id, key = where
         shared = dataclasses.replace(ctx.shared, hold=BranchHold())
-        store, partitions = self.deps.store, self.deps.partitions
+        store = self.deps.store
 
         def make(branch: str, resume: BranchProgress | None) -> BranchRun:
             self.ran += 1
             arm = None if branch in ctx.armed else ctx.branch_timeout
             ctx.armed.discard(branch)  # run again: it arms its own
             fence = branch_id(task_id, key, branch) if self.fenced else None
-            group = partition_of(fence, partitions) if fence is not None else None
             return BranchRun(shared, branch, ctx.graph_of(branch),
-                             dict(ctx.inputs.get(branch, {})), arm, resume, fence, group)
+                             dict(ctx.inputs.get(branch, {})), arm, resume, fence)
 
         async def progress(names: list[str]) -> dict[str, BranchProgress]:
             return await store.branch_progress(task_id, key, names)

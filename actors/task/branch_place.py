@@ -56,10 +56,15 @@ async def place_branches(actor: TaskKernel, key: str, names: list[str], context:
     parts = branch_partitions(actor, key, names)
     _placed.setdefault(actor, {}).setdefault(key, set()).update(parts)
     node = context.shared.node
+    here = [b for p, group in parts.items() if host.holds(p) for b in group]
+    if here:  # every partition this node holds at once: one call, no mail
+        await host.handle(branch_mail(MessageType.BRANCH_START, actor.task_id, key, here,
+                                      node=node, fresh=fresh), context)
     for partition, group in parts.items():
-        env = branch_mail(MessageType.BRANCH_START, actor.task_id, key, group, node=node,
-                          fresh=fresh, armed=[b for b in group if b in context.armed])
-        await host.send(actor.task_id, partition, env, context)
+        if not host.holds(partition):
+            env = branch_mail(MessageType.BRANCH_START, actor.task_id, key, group, node=node,
+                              fresh=fresh, armed=[b for b in group if b in context.armed])
+            await host.send(actor.task_id, partition, env, context)
 
 
 def _partitions(actor: TaskKernel, key: str, names: list[str] | None) -> set[int]:

@@ -119,19 +119,16 @@ class BranchRun:
         resume: its progress as last committed (None: it committed no step yet).
     """
 
-    __slots__ = ("arm_timeout", "attempts", "branch", "fence", "graph", "group", "initial",
-                 "input", "resume", "secrets", "shared", "state")
+    __slots__ = ("arm_timeout", "attempts", "branch", "fence", "graph", "initial", "input",
+                 "resume", "secrets", "shared", "state")
 
     def __init__(self, shared: FanoutShared, branch: str, graph: BranchGraph,
                  state: dict[str, Any], arm_timeout: float | None,
-                 resume: BranchProgress | None = None, fence: str | None = None,
-                 group: int | None = None) -> None:
+                 resume: BranchProgress | None = None, fence: str | None = None) -> None:
         """``fence``: the branch's id when its writes carry its own partition's lease (a
-        node with leases: ``persistence.records.fence_scope``), None for its task's;
-        ``group``: its partition then, which its commits are grouped by (one lease per
-        group commit)."""
+        node with leases: ``persistence.records.fence_scope``), None for its task's."""
         self.shared, self.branch, self.graph = shared, branch, graph
-        self.fence, self.group = fence, group
+        self.fence = fence
         self.initial = dict(state) if shared.retries else state
         self.input = {**shared.task_input, "branch": branch}
         self.arm_timeout = arm_timeout
@@ -157,7 +154,7 @@ class BranchRun:
         sh = self.shared
         tracing.enter_task(sh.traceparent)  # its calls' spans: children of the fan-out's
         if self.fence is not None:
-            fence_scope.set(self.fence)  # in the branch's own task: its writes alone
+            fence_scope.set((self.fence,))  # in the branch's own task: its writes alone
         status, result, error = "SUCCEEDED", None, None
         sh.hold.parked.add(self.branch)  # until it has its slot
         try:
@@ -195,7 +192,7 @@ class BranchRun:
         payload["ran_on"] = sh.producer  # the node that ran it (placed by partition)
         await settle_branch(sh.store, sh.clock, sh.task_id, sh.key, sh.producer, sh.notify,
                             branch_settlement(sh.node, self.branch, status, payload, result,
-                                              error), self.group)
+                                              error), self.fence)
 
     async def _body(self) -> Any:
         sh = self.shared
@@ -294,7 +291,7 @@ class BranchRun:
             "next": next_node, "ran_on": sh.producer})
         # Group-committed with the fan-out's other branches at their safe point.
         if not await checkpoint_branch(sh.store, sh.clock, sh.task_id, sh.key, sh.producer,
-                                       (step, event), self.group):
+                                       (step, event), self.fence):
             raise BranchSettled(f"branch {self.branch} of {sh.key} is no longer running",
                                 task_id=sh.task_id)
 

@@ -35,6 +35,7 @@ from typing import Any
 from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.graph_rows import BranchStep
 from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.records import fence_scope
 from ratchet.protocol.clock import Clock
 
 __all__ = ["Checkpointer", "Notify", "Settler", "checkpoint_branch", "settle_branch"]
@@ -48,18 +49,22 @@ class Settler:
     """The settlements of one fan-out visit (``task_id``, ``key``) waiting to be committed."""
 
     def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
-                 producer: str, notify: Notify, group: int | None = None) -> None:
-        self.store, self.clock, self.where = store, clock, (task_id, key, group)
+                 producer: str, notify: Notify) -> None:
+        self.store, self.clock, self.where = store, clock, (task_id, key)
         self.task_id, self.key, self.producer, self.notify = task_id, key, producer, notify
         self.pending: list[tuple[BranchSettlement, asyncio.Future[bool]]] = []
+        self.fences: set[str] = set()  # of the pending settlements (fence_scope)
         self.flusher: asyncio.Task[None] | None = None
         self.groups = 0  # transactions written (bench and tests read it)
 
-    def add(self, settlement: BranchSettlement) -> asyncio.Future[bool]:
-        """Queue ``settlement``; the future says whether it settled the branch (False: the
+    def add(self, settlement: BranchSettlement, fence: str | None = None) -> asyncio.Future[bool]:
+        """Queue ``settlement`` (``fence``: the branch's id when its writes carry its own
+        partition's lease); the future says whether it settled the branch (False: the
         branch was settled before, e.g. by its timeout)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.pending.append((settlement, fut))
+        if fence is not None:
+            self.fences.add(fence)
         if self.flusher is None:
             # Started on the next loop iteration: every branch ending in this one joins.
             self.flusher = asyncio.get_running_loop().create_task(self._flush())
@@ -69,6 +74,10 @@ class Settler:
         try:
             while self.pending:
                 group, self.pending = self.pending, []
+                fences, self.fences = self.fences, set()
+                # In the flusher's own task: the group checks the lease of each partition
+                # its branches run on, in its one transaction.
+                fence_scope.set(tuple(fences) if fences else None)
                 try:
                     done = await self.store.finish_branches(
                         self.task_id, self.key, self.producer, self.clock.now(),
@@ -97,27 +106,25 @@ class Settler:
                 del _settlers[self.where]
 
 
-#: (task_id, fan-out key, partition or None) -> its settler; an entry lives while
-#: settlements are in flight. By partition when a branch's writes carry its partition's
-#: lease: one group, one lease to check.
-_settlers: dict[tuple[str, str, int | None], Settler] = {}
+#: (task_id, fan-out key) -> its settler; an entry lives while settlements are in flight.
+_settlers: dict[tuple[str, str], Settler] = {}
 
 
 async def settle_branch(store: TaskStore, clock: Clock, task_id: str, key: str, producer: str,
                         notify: Notify, settlement: BranchSettlement,
-                        group: int | None = None) -> bool:
-    """Commit ``settlement`` in its fan-out's next group (of its partition ``group``, if
-    given); True if it settled the branch.
+                        fence: str | None = None) -> bool:
+    """Commit ``settlement`` in its fan-out's next group (``fence``: as
+    :meth:`Settler.add`); True if it settled the branch.
 
     Raises:
         whatever the store raised for the group (the caller's actor crashes and its
         supervisor runs the branch again; a settled branch is never settled twice).
     """
-    settler = _settlers.get((task_id, key, group))
+    settler = _settlers.get((task_id, key))
     if settler is None:
-        settler = _settlers[(task_id, key, group)] = Settler(store, clock, task_id, key,
-                                                             producer, notify, group)
-    return await settler.add(settlement)
+        settler = _settlers[(task_id, key)] = Settler(store, clock, task_id, key, producer,
+                                                      notify)
+    return await settler.add(settlement, fence)
 
 
 #: One branch's progress and its ``branch.step_completed`` event.
@@ -128,17 +135,20 @@ class Checkpointer:
     """The progress writes of one fan-out visit's branches waiting to be committed."""
 
     def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
-                 producer: str, group: int | None = None) -> None:
-        self.store, self.clock, self.where = store, clock, (task_id, key, group)
+                 producer: str) -> None:
+        self.store, self.clock, self.where = store, clock, (task_id, key)
         self.task_id, self.key, self.producer = task_id, key, producer
         self.pending: list[tuple[StepWrite, asyncio.Future[bool]]] = []
+        self.fences: set[str] = set()
         self.flusher: asyncio.Task[None] | None = None
 
-    def add(self, write: StepWrite) -> asyncio.Future[bool]:
-        """Queue ``write``; the future says whether it was recorded (False: the branch was
-        settled meanwhile)."""
+    def add(self, write: StepWrite, fence: str | None = None) -> asyncio.Future[bool]:
+        """Queue ``write`` (``fence``: as :meth:`Settler.add`); the future says whether it
+        was recorded (False: the branch was settled meanwhile)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.pending.append((write, fut))
+        if fence is not None:
+            self.fences.add(fence)
         if self.flusher is None:
             self.flusher = asyncio.get_running_loop().create_task(self._flush())
         return fut
@@ -147,6 +157,8 @@ class Checkpointer:
         try:
             while self.pending:
                 group, self.pending = self.pending, []
+                fences, self.fences = self.fences, set()
+                fence_scope.set(tuple(fences) if fences else None)
                 try:
                     done = await self.store.record_branch_steps(
                         self.task_id, self.key, self.producer, self.clock.now(),
@@ -171,11 +183,11 @@ class Checkpointer:
                 del _checkpointers[self.where]
 
 
-_checkpointers: dict[tuple[str, str, int | None], Checkpointer] = {}
+_checkpointers: dict[tuple[str, str], Checkpointer] = {}
 
 
 async def checkpoint_branch(store: TaskStore, clock: Clock, task_id: str, key: str,
-                            producer: str, write: StepWrite, group: int | None = None) -> bool:
+                            producer: str, write: StepWrite, fence: str | None = None) -> bool:
     """Commit a branch's progress in its fan-out's next group; False if the branch was
     settled meanwhile (nothing of it written).
 
@@ -183,8 +195,7 @@ async def checkpoint_branch(store: TaskStore, clock: Clock, task_id: str, key: s
         whatever the store raised for the group (the branch's run crashes; the pool runs
         it again from its last committed step).
     """
-    cp = _checkpointers.get((task_id, key, group))
+    cp = _checkpointers.get((task_id, key))
     if cp is None:
-        cp = _checkpointers[(task_id, key, group)] = Checkpointer(store, clock, task_id, key,
-                                                                  producer, group)
-    return await cp.add(write)
+        cp = _checkpointers[(task_id, key)] = Checkpointer(store, clock, task_id, key, producer)
+    return await cp.add(write, fence)
