@@ -97,6 +97,10 @@ class BranchStore(Protocol):
         hold one (migration 24), secrets opened."""
         ...
 
+    async def running_branches(self, task_id: str, node: str) -> set[str]:
+        """The fan-out ``node``'s branches still RUNNING."""
+        ...
+
     async def placed_branches(self, partitions: set[int]) -> dict[tuple[str, str], list[str]]:
         """The RUNNING branches placed in ``partitions`` whose task is RUNNING, by
         ``(task_id, fan-out key)``: what a node that takes those partitions over resumes."""
@@ -234,6 +238,11 @@ class BranchRows:
                 (task_id, node, *chunk))
         unpack = self.secrets.unpack_optional
         return {r[0]: unpack(r[1]) or {} for r in rows}
+
+    async def running_branches(self, task_id: str, node: str) -> set[str]:
+        return {r[0] for r in await self._rows(
+            "SELECT branch FROM branches WHERE task_id = ? AND node = ? AND status = 'RUNNING'",
+            (task_id, node))}
 
     async def placed_branches(self, partitions: set[int]) -> dict[tuple[str, str], list[str]]:
         if not partitions:

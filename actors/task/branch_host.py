@@ -189,9 +189,14 @@ class BranchHost:
         async def progress(names: list[str]) -> dict[str, BranchProgress]:
             return await store.branch_progress(task_id, key, names)
 
+        async def running() -> set[str]:
+            return await store.running_branches(task_id, key)
+
+        # Not fresh: the start may be older than a settlement (a task's start sent again,
+        # a takeover's scan), so only the branches still RUNNING run.
         pool = BranchPool(branches=branches, make=make, clock=self.deps.clock,
-                          rng=self.deps.rng, progress=progress, fresh=fresh,
-                          hold=shared.hold)
+                          rng=self.deps.rng, running=None if fresh else running,
+                          progress=progress, fresh=fresh, hold=shared.hold, check=running)
         name = f"branches/{task_id}/{key}"
         old = self.system.lookup(name)
         if old is not None:  # a pool stopping (held, or its last branch ending)

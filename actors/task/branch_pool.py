@@ -94,6 +94,9 @@ class BranchPool(Actor):
             after a crash; all of them at start unless ``fresh``); None: none is read.
         fresh: the fan-out's rows were just written: no branch has progress to read.
         hold: what the visit's branches read at their safe points (shared with them).
+        check: reads which of the fan-out's branches are RUNNING, for :class:`RunBranches`
+            (a branch that settled since its start was sent never runs again); None: not
+            checked.
     """
 
     def __init__(self, *, branches: Iterable[str],
@@ -101,9 +104,11 @@ class BranchPool(Actor):
                  clock: Clock, rng: random.Random,
                  running: Callable[[], Awaitable[set[str]]] | None = None,
                  progress: Callable[[list[str]], Awaitable[dict[str, BranchProgress]]]
-                 | None = None, fresh: bool = True, hold: BranchHold | None = None) -> None:
+                 | None = None, fresh: bool = True, hold: BranchHold | None = None,
+                 check: Callable[[], Awaitable[set[str]]] | None = None) -> None:
         self.branches, self.make, self.clock, self.rng = list(branches), make, clock, rng
         self.running, self.progress, self.fresh = running, progress, fresh
+        self.check = check
         self.hold = hold or BranchHold()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.adding = 0  # RunBranches being handled
@@ -179,7 +184,10 @@ class BranchPool(Actor):
                 self.branches += [b for b in new if b not in known]
                 self.adding += 1  # the pool stays up while it reads (its last branch may end)
                 try:
-                    resumes = {} if message.fresh or self.progress is None \
+                    if not message.fresh and self.check is not None:
+                        still = await self.check()  # read after this mail came: settled
+                        new = [b for b in new if b in still and b not in self.tasks]
+                    resumes = {} if message.fresh or self.progress is None or not new \
                         else await self.progress(new)
                     for branch in new:
                         if branch not in self.tasks:

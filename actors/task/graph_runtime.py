@@ -47,6 +47,7 @@ from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import IllegalTransition
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import is_terminal
 
 __all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_done",
            "on_decision", "on_timer", "on_wait_resolved", "stop_fanout_children"]
@@ -188,9 +189,12 @@ async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
 
 
 async def stop_fanout_children(actor: TaskKernel) -> None:
-    """The task actor stops (the task ended, was cancelled, or moves): its fan-outs'
-    branches stop wherever they run (a restarted or moved task starts them again)."""
+    """The task actor stops. If the task ended (cancelled, failed), its fan-outs' branches
+    stop wherever they run; otherwise (it moves to another node, its actor restarts, it
+    pauses: its branches were held) they go on, fenced by their own partitions' leases,
+    and the task's next start finds them running."""
     keys = list(actor.joins)
     actor.joins.clear()
-    for key in keys:
-        await stop_branches(actor, key)
+    if is_terminal(actor.status):
+        for key in keys:
+            await stop_branches(actor, key)
