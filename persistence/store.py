@@ -30,7 +30,7 @@ from ratchet.persistence.leases import (
     HostLeaseClock,
     LeaseClock,
     LeaseRows,
-    check_fence,
+    check_fences,
     sync_lease_epoch_txn,
 )
 from ratchet.persistence.ledger import ActionRecord, action_record
@@ -225,8 +225,7 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
 
         def txn(conn: sqlite3.Connection) -> T:
             try:
-                for partition, token in held:
-                    check_fence(conn, partition, token, self.lease_clock.now())
+                check_fences(conn, held, self.lease_clock.now())
             except Fenced:
                 self.fenced_refused += 1  # a metric (persistence/metric_rows.py)
                 raise
