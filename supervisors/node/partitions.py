@@ -58,10 +58,6 @@ class PartitionWork:
 
     async def acquired(self, rows: list[LeaseRow]) -> None:
         await self.recover({r.partition for r in rows})
-        try:  # the branches placed there, from their last committed steps
-            await self.tasks.branch_host.resume({r.partition for r in rows})
-        except Exception as exc:  # their tasks' next starts run them
-            log.warning("placed branches not resumed", error=repr(exc))
         sup = self.mail_supervisor()
         for row in rows:
             if sup is not None:
@@ -72,7 +68,9 @@ class PartitionWork:
 
     async def recover(self, partitions: set[int]) -> int:
         """Activate the QUEUED and RUNNING tasks of these partitions (waiting ones stay
-        passivated: their mail or timers wake them); returns how many."""
+        passivated: their mail or timers wake them), then run the RUNNING branches placed
+        there (after a takeover, or a late renewal whose lapse fenced them); returns how
+        many tasks."""
         count = 0
         for task_id, tenant, status in await self.store.active_tasks():
             if status in ("QUEUED", "RUNNING") \
@@ -81,6 +79,10 @@ class PartitionWork:
                 count += 1
         if count:
             log.info("recovering tasks", count=count, partitions=sorted(partitions))
+        try:  # from their last committed steps
+            await self.tasks.branch_host.resume(partitions)
+        except Exception as exc:  # their tasks' next starts run them
+            log.warning("placed branches not resumed", error=repr(exc))
         return count
 
     async def _stop_routers(self, partitions: list[int]) -> None:
