@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,7 @@ class PartitionWork:
         self.activate = activate
         #: partitions → drop their tasks from admission (queued or running here)
         self.forget = forget
+        self._resuming: set[asyncio.Task[None]] = set()
 
     async def acquired(self, rows: list[LeaseRow]) -> None:
         await self.recover({r.partition for r in rows})
@@ -79,11 +81,17 @@ class PartitionWork:
                 count += 1
         if count:
             log.info("recovering tasks", count=count, partitions=sorted(partitions))
+        # In the background: the partitions' mail routers start without waiting for it.
+        resuming = asyncio.get_running_loop().create_task(self._resume_branches(partitions))
+        self._resuming.add(resuming)
+        resuming.add_done_callback(self._resuming.discard)
+        return count
+
+    async def _resume_branches(self, partitions: set[int]) -> None:
         try:  # from their last committed steps
             await self.tasks.branch_host.resume(partitions)
         except Exception as exc:  # their tasks' next starts run them
             log.warning("placed branches not resumed", error=repr(exc))
-        return count
 
     async def _stop_routers(self, partitions: list[int]) -> None:
         sup = self.mail_supervisor()
