@@ -26,17 +26,22 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/ratchet --log-level warning demo
 
-# Two pytest workers (pytest-xdist): most of the suite's time is spent waiting on real
-# processes (leases, restarts, a minute of soak), so two share a 2-core machine well.
-# `make test TEST_WORKERS=0` runs it in one process.
+# Two pytest workers (pytest-xdist): much of the suite's time is spent waiting on real
+# processes, so two share a 2-core machine well; the other slow tests go to one of them,
+# one after another. The `solo` tests (several node processes flat out, whose leases lapse
+# when they share the cores: tests/conftest.py) run alone, after the rest; both parts run
+# even if the first fails. `TEST_WORKERS=0`: no xdist workers.
 TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 
 test: lint
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS)
+	$(BIN)/python -m pytest -q $(XDIST) -m "not solo"; rest=$$?; \
+	$(BIN)/python -m pytest -q -m solo; solo=$$?; \
+	test $$rest = 0 && test $$solo = 0
 
 # Everything but the tests marked slow (real processes killed, a minute of soak).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not slow"
 
 # Each script prints one JSON object as its last line (figures in docs/operations.md).
 bench: $(STAMP)

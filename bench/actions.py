@@ -1,12 +1,13 @@
 """Figures of the action protocol against the finance simulator. Prints one JSON object.
 
-- action_overhead_p50_us / _p99_us: a recorded write (ledger IN_FLIGHT commit, call on the
-  session's pykka thread, outcome commit, events) minus a direct call of the same tool
-  code, per percentile, over sequential calls;
+- action_overhead_p50_us / _p99_us: a recorded write (ledger IN_FLIGHT commit, the call
+  through the node's local tool worker on the session's pykka thread, outcome commit,
+  events) minus a direct call of the same tool code, per percentile, over sequential calls;
 - actions_per_s: 100 concurrent tasks x 10 writes each, first submit to last success;
 - remote_tool_overhead_p50_us: a no-op read tool served by a tool worker in another process
   (``ratchet tool-worker``: request on JetStream, reply on the node's inbox) minus the same
-  no-op called in process (its tool session), medians over sequential calls, the two
+  no-op called in process (the node's local tool worker: the same request and reply
+  through a loopback, in its tool session), medians over sequential calls, the two
   alternating call by call in one step (interleaved A/B); the in-process figure beside it.
 """
 

@@ -28,6 +28,7 @@ from ratchet.protocol.tool_errors import (
     ToolPermissionDenied,
     ToolRateLimited,
     ToolTransient,
+    ToolWorkerGone,
 )
 
 __all__ = [
@@ -35,7 +36,7 @@ __all__ = [
     "InvalidSchedule", "VersionConflict", "BudgetExhausted", "NotFound", "UnknownWorkflow", "Unavailable",
     "StoreUnavailable", "StoreFileLost", "ToolError", "ToolInvalidArgument",
     "ToolPermissionDenied", "ToolConflict", "ToolRateLimited", "ToolTransient", "ToolCircuitOpen",
-    "ToolOutcomeUnknown", "ToolDeadlineExceeded", "WorkflowDefinitionError",
+    "ToolOutcomeUnknown", "ToolDeadlineExceeded", "ToolWorkerGone", "WorkflowDefinitionError",
     "ToolDefinitionError", "DuplicateMessage", "ActionKeyTaken", "Fenced",
     "PartitionCountMismatch", "ActorCrashed", "ActorStopped", "AskTimeout", "ActionFailed",
     "SandboxBlocked", "LoopDetected", "RemoteError", "Escalation", "NotOwner", "TaskFinished",

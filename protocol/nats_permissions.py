@@ -24,8 +24,10 @@ A ``tool_worker`` serves its tenant's remote tools (docs/protocol.md, "Serving a
 another process or language"): it may read its tenant's tool stream and consumers, pull
 from and ack them (``$JS.API.CONSUMER.MSG.NEXT.RATCHET_TOOLS_<t>.*``, ``$JS.ACK.RATCHET_TOOLS_<t>.>``:
 the stream token is the tenant, which is why each tenant has its own stream), publish
-replies on ``ratchet.toolreply.<t>.*`` and dead letters on ``ratchet.dlq.tools.<t>``. It
-may not create streams or consumers (a consumer's config could aim a push delivery at any
+replies on ``ratchet.toolreply.<t>.*`` and dead letters on ``ratchet.dlq.tools.<t>``, and
+answer liveness probes: it subscribes to ``ratchet.toolping.<t>.*`` and may respond to what
+it receives there (NATS ``allow_responses``: one reply to each request, to its reply
+subject, nothing else). It may not create streams or consumers (a consumer's config could aim a push delivery at any
 subject); nodes create them. A ``_system`` principal gets no tool subjects: a worker
 serves one tenant per key.
 """
@@ -81,7 +83,13 @@ def permissions(who: Principal) -> Permissions:
         pub.append(f"ratchet.external.{scope}")
     if who.has("tool_worker") and who.tenant != SYSTEM_TENANT:
         pub += _tool_worker_subjects(who.tenant)
+        sub.append(f"ratchet.toolping.{who.tenant}.*")
     return sorted(pub), sorted(sub)
+
+
+def _responds(who: Principal) -> bool:
+    """Whether ``who`` answers requests it receives (a tool worker's liveness probes)."""
+    return who.has("tool_worker") and who.tenant != SYSTEM_TENANT
 
 
 def _tool_worker_subjects(tenant: str) -> list[str]:
@@ -105,15 +113,16 @@ def _allow(subjects: list[str]) -> str:
     return "allow: [\n" + "".join(f'          "{s}"\n' for s in subjects) + "        ]"
 
 
-def _user(key: str, perms: Permissions, comment: str) -> list[str]:
+def _user(key: str, perms: Permissions, comment: str, responds: bool = False) -> list[str]:
     pub, sub = perms
     # An empty allow list would mean "no restriction" to nats-server: nothing to publish
     # is said with a deny of everything.
     publish = _allow(pub) if pub else 'deny: [">"]'
+    last = [f"        subscribe: {{ {_allow(sub)} }} }} }}"] if not responds else [
+        f"        subscribe: {{ {_allow(sub)} }}", "        allow_responses: true } }"]
     return [f"    # {comment}",
             f'    {{ nkey: "{key}", permissions: {{',
-            f"        publish: {{ {publish} }}",
-            f"        subscribe: {{ {_allow(sub)} }} }} }}"]
+            f"        publish: {{ {publish} }}", *last]
 
 
 def _comment(who: Principal) -> str:
@@ -136,5 +145,5 @@ def authorization_block(principals: Iterable[Principal], node_keys: Iterable[str
     for who in sorted(principals, key=lambda p: (p.tenant, p.name, p.public_key)):
         if who.public_key in nodes or (who.expires_at is not None and at >= who.expires_at):
             continue  # a node key already has everything; an expired key nothing
-        lines += _user(who.public_key, permissions(who), _comment(who))
+        lines += _user(who.public_key, permissions(who), _comment(who), _responds(who))
     return "\n".join([*lines, "  ]", "}", ""])

@@ -42,6 +42,7 @@ __all__ = [
     "tenant_of",
     "tool_durable",
     "tool_pinned_durable",
+    "tool_ping_subject",
     "tool_pinned_subject",
     "tool_reply_route",
     "tool_reply_subject",
@@ -209,6 +210,13 @@ def tool_pinned_durable(tenant: str, tool: str, worker: str) -> str:
     ``pin-<tenant>-<tool>-<worker>``."""
     return (f"pin-{check_token(tenant, 'tenant')}-{check_token(tool, 'tool')}"
             f"-{check_worker_id(worker)}")
+
+
+def tool_ping_subject(tenant: str, worker: str) -> str:
+    """Where a tool worker answers liveness probes (core NATS request/reply):
+    ``ratchet.toolping.<tenant>.<worker>``. NATS answers "no responders" at once when
+    nobody listens there: the worker a session is pinned to is gone."""
+    return f"ratchet.toolping.{check_token(tenant, 'tenant')}.{check_worker_id(worker)}"
 
 
 def tool_reply_subject(tenant: str, inbox: str) -> str:

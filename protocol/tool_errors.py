@@ -9,7 +9,7 @@ from ratchet.protocol.error_codes import ErrorCode, RatchetError
 
 __all__ = ["ToolCircuitOpen", "ToolConflict", "ToolDeadlineExceeded", "ToolError",
            "ToolInvalidArgument", "ToolOutcomeUnknown", "ToolPermissionDenied",
-           "ToolRateLimited", "ToolTransient"]
+           "ToolRateLimited", "ToolTransient", "ToolWorkerGone"]
 
 
 # -- outcomes of external calls (tools) ---------------------------------------------------
@@ -71,6 +71,12 @@ class ToolTransient(ToolError):
 
     code = ErrorCode.UNAVAILABLE
     default_retryable = True
+
+
+class ToolWorkerGone(ToolTransient):
+    """The tool worker a session is pinned to is gone (NATS knows nobody listening on its
+    ping subject), so the request was not sent. Retried: the session's next request goes
+    to any worker, which takes the session from its stored state."""
 
 
 class ToolOutcomeUnknown(ToolError):

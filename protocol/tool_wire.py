@@ -74,6 +74,11 @@ class ToolRequest(BaseModel):
     clear: the worker needs them). ``idempotency_key`` is the ledger's key of the business
     action (None for a read): pass it on to the provider. ``deadline``: epoch seconds after
     which the node no longer waits (a worker should not start the call after it).
+
+    The node's local worker gets its requests through an in-process loopback, not as bytes
+    (actors/effects/local_tools.py): there ``args`` is the argument model itself, and a
+    ``tool`` name may be any in-process tool's. What travels as bytes is checked against
+    this model (actors/effects/remote_tool.py).
     """
 
     model_config = _STRICT

@@ -4,6 +4,7 @@ temp data dir) and real SQLite files."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -31,6 +32,25 @@ RATCHET_BIN = Path(sys.executable).with_name("ratchet")
 # Nodes this suite serves register their embedded servers' keys for local clients
 # (local_nodes.py): in a folder of this run, not the user's home; children inherit it.
 os.environ.setdefault("RATCHET_LOCAL_NODES", tempfile.mkdtemp(prefix="ratchet-local-nodes-"))
+
+
+#: Modules whose slow tests run several node processes flat out for seconds, with leases
+#: that lapse when another test shares the machine's two cores: their slow tests are marked
+#: ``solo``, which `make test` runs alone, after the rest (docs/operations.md).
+SOLO_MODULES = frozenset({
+    "test_branch_failover", "test_chaos", "test_nats_cluster", "test_nats_outage", "test_nodes",
+    "test_pg_bench", "test_pg_cluster", "test_pg_faults", "test_soak", "test_trust_bench"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # `make test` runs the rest in two xdist workers with --dist loadgroup: the other slow
+    # tests (a node process or two each) go to one worker, one after another.
+    for item in items:
+        if item.get_closest_marker("slow") is None:
+            continue
+        if item.module is not None and item.module.__name__.rpartition(".")[2] in SOLO_MODULES:
+            item.add_marker(pytest.mark.solo)
+        item.add_marker(pytest.mark.xdist_group("slow"))
 
 
 @pytest.fixture(autouse=True)
@@ -87,8 +107,15 @@ async def start_node(tmp_path: Path, nats_url: str,
 async def secured(tmp_path: Path) -> AsyncIterator[Secured]:
     """A node on its embedded NATS, secured by default (the users its keyring gives),
     and its local admin's client."""
+    async with secured_node(tmp_path, app) as serving:
+        yield serving
+
+
+@contextlib.asynccontextmanager
+async def secured_node(tmp_path: Path, registry: ratchet.Registry) -> AsyncIterator[Secured]:
+    """``registry`` served by a secured node (see ``secured``) and its local admin's client."""
     state = tmp_path / "node"
-    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), app)
+    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), registry)
     await node.start()
     try:
         assert node.url is not None

@@ -63,7 +63,9 @@ def test_sandbox_events_are_a_subject_space_of_their_own_that_production_filters
 
 def test_a_tool_worker_pulls_acks_and_answers_its_tenants_tool_requests_only() -> None:
     pub, sub = permissions(_who("acme", "tool_worker"))
-    assert sub == [INBOX]  # deliveries come to its inbox, through a consumer
+    # Deliveries come to its inbox, through a consumer; liveness probes on its tenant's
+    # ping subjects (answered through NATS's allow_responses, not a publish grant).
+    assert sub == [INBOX, "ratchet.toolping.acme.*"]
     for subject in ("$JS.API.CONSUMER.MSG.NEXT.RATCHET_TOOLS_acme.tools-acme-pay",
                     "$JS.ACK.RATCHET_TOOLS_acme.tools-acme-pay.1.7.7.1733220000000000000.0",
                     "$JS.API.CONSUMER.INFO.RATCHET_TOOLS_acme.tools-acme-pay",

@@ -87,18 +87,30 @@ def worker(url: str, name: str, calls: Calls) -> ratchet.ToolWorker:
                               worker_id=name.split("#")[0])
 
 
-async def test_a_session_stays_on_its_worker_and_survives_the_workers_restart(
-        nats_url: str, start_node: NodeFactory, client: ratchet.Client) -> None:
+async def _two_workers(url: str, calls: Calls) -> list[ratchet.ToolWorker]:
     release.clear()
-    await start_node(app)
-    calls = Calls()
-    workers = [worker(nats_url, "wa", calls), worker(nats_url, "wb", calls)]
+    workers = [worker(url, "wa", calls), worker(url, "wb", calls)]
     for w in workers:
         await w.start()
+    return workers
+
+
+async def _walk_three_moves(client: ratchet.Client, calls: Calls,
+                            key: str) -> tuple[ratchet.TaskHandle, str]:
+    """A walk submitted and its first three moves answered; its handle and the worker that
+    holds its session."""
+    handle = await client.submit("pinned.walk", {}, key=key)
+    await asyncio.wait_for(calls.three.wait(), 30)
+    return handle, calls.answered[0].worker
+
+
+async def test_a_session_stays_on_its_worker_and_survives_the_workers_restart(
+        nats_url: str, start_node: NodeFactory, client: ratchet.Client) -> None:
+    await start_node(app)
+    calls = Calls()
+    workers = await _two_workers(nats_url, calls)
     try:
-        handle = await client.submit("pinned.walk", {}, key="walk-1")
-        await asyncio.wait_for(calls.three.wait(), 30)
-        holder = calls.answered[0].worker
+        handle, holder = await _walk_three_moves(client, calls, "walk-1")
         # All three on the worker that took the session, one connection opened there.
         assert [(a.position, a.worker) for a in calls.answered] == [
             (1, holder), (2, holder), (3, holder)]
@@ -125,19 +137,15 @@ async def test_a_session_stays_on_its_worker_and_survives_the_workers_restart(
 
 async def test_a_session_whose_worker_is_gone_moves_to_another_with_its_state(
         nats_url: str, start_node: NodeFactory, client: ratchet.Client) -> None:
-    release.clear()
     await start_node(app)
     calls = Calls()
-    workers = [worker(nats_url, "wa", calls), worker(nats_url, "wb", calls)]
-    for w in workers:
-        await w.start()
+    workers = await _two_workers(nats_url, calls)
     try:
-        handle = await client.submit("pinned.walk", {}, key="walk-2")
-        await asyncio.wait_for(calls.three.wait(), 30)
-        holder = calls.answered[0].worker
-        # The holder goes for good: the next call, sent to its subject, gets no reply
-        # within the tool's timeout (2 s); the node drops the pin, the read is retried on
-        # the shared subject, and the other worker takes the session from its state.
+        handle, holder = await _walk_three_moves(client, calls, "walk-2")
+        # The holder goes for good: the node's liveness probe finds nobody on its ping
+        # subject, so the next call is not sent there: it fails at once (ToolWorkerGone),
+        # the node drops the pin, the read is retried on the shared subject, and the other
+        # worker takes the session from its state.
         await workers[0 if holder == "wa" else 1].stop()
         release.set()
         output = await handle.result(timeout=30)

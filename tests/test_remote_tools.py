@@ -33,11 +33,11 @@ class WorkerProcess:
     """``ratchet tool-worker`` serving tests/tool_apps.py's tools for tenant acme."""
 
     def __init__(self, nats_url: str, env: dict[str, str], ack_wait: float,
-                 app: str = "tests.tool_apps:worker_tools") -> None:
+                 app: str = "tests.tool_apps:worker_tools", *extra: str) -> None:
         self.proc = subprocess.Popen(
             [str(RATCHET_BIN), "--log-level", "warning", "tool-worker", "--app",
              app, "--nats-url", nats_url, "--tenant", "acme",
-             "--ack-wait", str(ack_wait)],
+             "--ack-wait", str(ack_wait), *extra],
             cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=None)
 
     async def ready(self, timeout: float = 30.0) -> dict[str, object]:
@@ -164,13 +164,13 @@ async def test_malformed_forged_and_late_replies_do_not_break_the_node(
     for data in hostile:
         await client.nc.publish(request.reply_to, data)
     # The right reply on another tenant's subject of the same inbox.
-    await client.nc.publish(tool_reply_subject("other", node.remote_tools.inbox), encode(
+    await client.nc.publish(tool_reply_subject("other", node.tool_calls.remote.inbox), encode(
         {**good, "result": {"text": "wrong tenant", "pid": 2}}))
     await client.nc.publish(request.reply_to, encode(good))
     await msg.ack()
 
     assert await handle.result(timeout=30) == {"text": "right", "pid": 1}
-    assert node.remote_tools.dropped == len(hostile) + 1
+    assert node.tool_calls.dropped == len(hostile) + 1
     await client.nc.publish(request.reply_to, encode(good))  # late: its call is settled
     second = await client.submit("remote.echo", {"text": "again"}, key="echo-again")
     [msg] = await sub.fetch(1, timeout=30)
@@ -179,7 +179,7 @@ async def test_malformed_forged_and_late_replies_do_not_break_the_node(
         {**good, "correlation_id": again.correlation_id, "result": {"text": "ok", "pid": 3}}))
     await msg.ack()
     assert await second.result(timeout=30) == {"text": "ok", "pid": 3}
-    assert node.remote_tools.dropped == len(hostile) + 2
+    assert node.tool_calls.dropped == len(hostile) + 2
 
 
 async def test_a_slow_tool_holds_up_only_its_own_requests_and_failures_keep_their_class(

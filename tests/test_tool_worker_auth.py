@@ -10,30 +10,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from nats.errors import NoRespondersError
 
 import ratchet
 from ratchet.protocol.auth import Signer
-from ratchet.protocol.subjects import tool_durable, tool_stream
-from ratchet.supervisors.node.credentials import admin_key_path
+from ratchet.protocol.subjects import tool_durable, tool_ping_subject, tool_stream
 from tests import tool_apps
+from tests.conftest import secured_node
 from tests.keys import Secured, Spy, issued
 
 
 @pytest.fixture
 async def secured_tools(tmp_path: Path) -> AsyncIterator[Secured]:
     """A secured node (as conftest's ``secured``) whose workflows call remote tools."""
-    state = tmp_path / "node"
-    node = ratchet.Node(ratchet.NodeConfig(state_dir=state, node_id="n1"), tool_apps.app)
-    await node.start()
-    try:
-        assert node.url is not None
-        admin = await ratchet.Client.connect(node.url, "_system", creds=admin_key_path(state))
-        try:
-            yield Secured(node, admin, state)
-        finally:
-            await admin.close()
-    finally:
-        await node.stop()
+    async with secured_node(tmp_path, tool_apps.app) as serving:
+        yield serving
 
 
 def _worker(url: str, key: Signer) -> ratchet.ToolWorker:
@@ -80,3 +71,19 @@ async def test_a_tool_worker_key_reaches_no_other_tenants_tools_nor_makes_consum
             await spy.refused(subject)
     finally:
         await spy.close()
+
+
+async def test_a_tool_worker_key_answers_the_liveness_probes_of_its_pinned_sessions(
+        secured_tools: Secured) -> None:
+    secured = secured_tools
+    key = await issued(secured.admin, "w", "acme", ["tool_worker"])
+    assert secured.node.bus is not None
+    nc = secured.node.bus.nc
+    worker = ratchet.ToolWorker(secured.url, tool_apps.pinned_tools, "acme",
+                                connect_options={"nkeys_seed_str": key.seed.decode()})
+    async with worker:
+        # Its answer reaches the node's own inbox: allow_responses, no publish grant.
+        pong = await nc.request(tool_ping_subject("acme", worker.worker_id), b"", timeout=10)
+        assert pong.data == b""
+    with pytest.raises(NoRespondersError):  # stopped: nobody listens there any more
+        await nc.request(tool_ping_subject("acme", worker.worker_id), b"", timeout=10)

@@ -2,8 +2,9 @@
 ``ratchet tool-worker --app tests.tool_apps:worker_tools``).
 
 ``pay`` files a claim at the finance simulator (``$RATCHET_FINANCE_URL``) under the
-action's idempotency key; with ``$RATCHET_TOOL_DIE_AFTER_EFFECT`` set, the worker SIGKILLs
-itself right after the simulator committed the claim, before any reply.
+action's idempotency key; with ``$RATCHET_TOOL_DIE_AFTER_EFFECT`` set (``1``, or the one
+invoice to die on), the worker SIGKILLs itself right after the simulator committed the
+claim, before any reply.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ pay_patient = ratchet.remote_tool(
     "pay_patient", kind="write", args=PayArgs, result=PayResult,
     key=lambda a: f"invoice:{a.invoice}:pay", timeout=30.0, has_query=True)
 
+#: ``pay`` in a session pinned to the worker that took it (tests/test_pinned_liveness.py).
+pay_pinned = ratchet.remote_tool(
+    "pay_pinned", kind="write", args=PayArgs, result=PayResult,
+    key=lambda a: f"invoice:{a.invoice}:pay", timeout=8.0, has_query=True, session="till",
+    retry=ratchet.RetryPolicy(max_attempts=5, base_delay=0.1, max_delay=0.5))
+
 slow = ratchet.remote_tool("slow", kind="read", args=EchoArgs, result=EchoResult, timeout=30.0)
 refuse = ratchet.remote_tool("refuse", kind="write", args=PayArgs, result=PayResult,
                              key=lambda a: f"invoice:{a.invoice}:refuse")
@@ -104,7 +111,7 @@ def _pay(ctx: ratchet.ToolContext, args: PayArgs) -> PayResult:
     assert ctx.key is not None
     reply = _finance().submit_claim(ctx.key, {"report_id": args.invoice, "employee": "e",
                                               "amount": args.amount})
-    if os.environ.get("RATCHET_TOOL_DIE_AFTER_EFFECT"):
+    if os.environ.get("RATCHET_TOOL_DIE_AFTER_EFFECT") in ("1", args.invoice):
         os.kill(os.getpid(), signal.SIGKILL)  # the effect is committed; no reply leaves
     return PayResult(provider_id=reply["provider_id"], status=reply["status"])
 
@@ -118,3 +125,4 @@ def _query_pay(ctx: ratchet.ToolContext, args: PayArgs) -> PayResult | None:
 
 worker_tools = [ratchet.served_by(echo, _echo), ratchet.served_by(pay, _pay, _query_pay)]
 patient_tools = [ratchet.served_by(pay_patient, _pay, _query_pay)]
+pinned_tools = [ratchet.served_by(pay_pinned, _pay, _query_pay)]

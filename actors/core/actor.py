@@ -118,16 +118,27 @@ class ActorRef(Generic[A]):
             ActorStopped: the actor stopped (or was stopped) before answering.
         """
         cid = correlation_id or new_id("cor")
-        if not self.is_alive or self._stopping:
-            raise ActorStopped("actor is not running", actor=self.name, correlation_id=cid)
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._mailbox.put_nowait(_Letter(message, cid, fut))
+        fut = self.ask_nowait(message, cid)
         try:
             return await asyncio.wait_for(fut, timeout)
         except TimeoutError:
             raise AskTimeout(
                 f"no answer from {self.name} within {timeout}s", actor=self.name, correlation_id=cid
             ) from None
+
+    def ask_nowait(self, message: Any, correlation_id: str | None = None) -> asyncio.Future[Any]:
+        """Send ``message``; the future of its answer, for a caller that bounds the wait
+        itself (or only adds a callback). It fails as :meth:`ask` does.
+
+        Raises:
+            ActorStopped: the actor is not running (nothing was sent).
+        """
+        cid = correlation_id or new_id("cor")
+        if not self.is_alive or self._stopping:
+            raise ActorStopped("actor is not running", actor=self.name, correlation_id=cid)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._mailbox.put_nowait(_Letter(message, cid, fut))
+        return fut
 
     def interrupt(self) -> bool:
         """Out of band, in the caller's task: ask the actor to abandon the work in progress

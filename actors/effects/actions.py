@@ -3,7 +3,7 @@ reconciled — never silently retried.
 
 For a write: look the key up in the ledger (a completed action is never called again; the
 same key with another request is a typed conflict) → record IN_FLIGHT (commit) → call
-through the tool session → record the outcome (commit). Outcomes are four:
+through a tool worker (tool_calls.py) → record the outcome (commit). Outcomes are four:
 completed → SUCCEEDED; failed (never-retried class, or retries exhausted) → FAILED;
 accepted (202) → the task waits (WAITING_EXTERNAL) for a confirmation; unknown (timeout,
 dropped connection) → UNKNOWN, then reconcile with ``query``: found → SUCCEEDED with the
@@ -27,7 +27,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from ratchet.actors.core.actor import ActorRef
 from ratchet.actors.core.backoff import backoff_delay
 from ratchet.actors.effects.action_reports import (
     coerce_args,
@@ -38,7 +37,7 @@ from ratchet.actors.effects.action_reports import (
     retry_payload,
 )
 from ratchet.actors.effects.breakers import circuit_open_failure, through_breaker
-from ratchet.actors.effects.remote_tool import RemoteAsk, no_remote_tools
+from ratchet.actors.effects.local_tools import no_remote_tools
 from ratchet.actors.effects.risk import gate
 from ratchet.actors.effects.signals import (
     AwaitExternal,
@@ -47,7 +46,7 @@ from ratchet.actors.effects.signals import (
     TaskSuspended,
 )
 from ratchet.actors.effects.switches import Switches
-from ratchet.actors.effects.tool_session import Invoke
+from ratchet.actors.effects.tool_calls import Invoke, RemoteAsk, SessionOf
 from ratchet.actors.workflow.tools import Accepted, Decision, Tool, classify
 from ratchet.persistence.ledger import ActionRecord, ActionWrite, action_record
 from ratchet.persistence.ports import TaskStore
@@ -81,7 +80,7 @@ class CallEnv:
     store: TaskStore
     clock: Clock
     commit: Commit  # commit(**TaskChange fields) under the actor's version
-    session: Callable[[str], Awaitable[ActorRef[Any]]]
+    session: SessionOf  # the task's tool session by name (the local worker runs in it)
     deadline: float | None  # absolute (clock.now()), the nearer of task and step deadlines
     rng: random.Random
     default_external_timeout: float = 3600.0
@@ -96,7 +95,8 @@ class CallEnv:
     note_secrets: Callable[[set[str]], None] | None = None
     #: What the task has spent so far (tokens, money, tool calls): told in retry events.
     spent: Callable[[], dict[str, float]] | None = None
-    remote_ask: RemoteAsk = no_remote_tools  # calls of remote tools (remote_tool.py)
+    #: Every tool call's way to its worker: the node's ``ToolCalls`` (tool_calls.py).
+    remote_ask: RemoteAsk = no_remote_tools
 
 
 class ActionRunner:
@@ -381,9 +381,9 @@ class ActionRunner:
 
     async def _ask(self, tool: Tool[Any, Any], args: BaseModel, key: str | None, attempt: int,
                    timeout: float, op: str) -> tuple[bool, Any]:
-        invoke = Invoke(tool, args, key, attempt, timeout, op)
-        asked = (self.env.remote_ask(self.env.task_id, self.env.tenant, invoke) if tool.remote
-                 else (await self.env.session(tool.session)).ask(invoke, timeout=timeout + 30.0))
+        # One path for every tool: a request to a worker (tool_calls.py), the node's own.
+        asked = self.env.remote_ask(self.env.task_id, self.env.tenant, Invoke(
+            tool, args, key, attempt, timeout, op), self.env.session)
         return await in_call_span(  # its span, if tracing (protocol/tracing.py)
             asked, self.env.task_id, self.env.tenant, self.env.step_index, tool.name,
             tool.session, key, attempt, op, args)

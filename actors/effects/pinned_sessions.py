@@ -1,4 +1,4 @@
-"""Tool sessions pinned to a tool worker, and running tool code for a worker.
+"""Tool sessions pinned to a tool worker (the code that runs a request: tool_dispatch.py).
 
 A remote tool declared with a session (``remote_tool(..., session="browser")``) keeps a
 session per (task, session name): the calls of one task share it, one at a time. The
@@ -23,83 +23,23 @@ and the call it crashed on is answered ``OUTCOME_UNKNOWN``. A session unused for
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import inspect
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from pydantic import BaseModel, ValidationError
 
 from ratchet.actors.core.actor import Actor, ActorRef, ActorSystem
-from ratchet.actors.workflow.tools import Accepted, Tool, ToolContext
+from ratchet.actors.effects.tool_dispatch import SessionCall, failure, run_tool
+from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import ActorCrashed, ActorStopped, AskTimeout
-from ratchet.protocol.redaction import dump_model
-from ratchet.protocol.tool_wire import (
-    ToolAccepted,
-    ToolReply,
-    ToolReplyError,
-    ToolRequest,
-    error_of_exception,
-    revealed,
-)
+from ratchet.protocol.tool_wire import ToolReply, ToolRequest
 
-__all__ = ["PinnedSession", "PinnedSessions", "failure", "run_tool"]
+__all__ = ["PinnedSession", "PinnedSessions"]
 
 log = structlog.get_logger("ratchet.pinned_sessions")
-
-
-async def run_tool(request: ToolRequest, tool: Tool[Any, Any], budget: float,
-                   session: dict[str, Any], live: dict[str, Any],
-                   resources: dict[str, Any]) -> ToolReply:
-    """Run ``tool``'s code for ``request`` (its call or its query) within ``budget``
-    seconds; its reply. Tool code sees ``session`` and ``live`` (changed in place)."""
-    fn = tool.fn if request.op == "call" else tool.query
-    if fn is None:
-        return failure("INVALID_ARGUMENT", f"{tool.name} has no query")
-    try:
-        args = tool.args.model_validate(request.args)
-    except ValidationError as exc:
-        return failure("INVALID_ARGUMENT", f"arguments of {tool.name}: {exc.errors()[:3]}")
-    ctx = ToolContext(request.task_id, request.tenant, tool.name, request.idempotency_key,
-                      request.attempt, session, resources, live)
-    try:
-        async with asyncio.timeout(budget):
-            if asyncio.iscoroutinefunction(fn):
-                value = await fn(ctx, args)
-            else:  # blocking code: a thread (it cannot be interrupted at the deadline)
-                value = await asyncio.to_thread(fn, ctx, args)
-    except TimeoutError:
-        return failure("OUTCOME_UNKNOWN", f"{tool.name} ran past the caller's deadline")
-    except Exception as exc:  # the tool's failure is an answer
-        return ToolReply(correlation_id="-", ok=False, error=error_of_exception(exc))
-    return _success(value)
-
-
-def failure(code: str, message: str) -> ToolReply:
-    """A failed reply (its correlation id and key are the request's, set when sent)."""
-    return ToolReply(correlation_id="-", ok=False,
-                     error=ToolReplyError(code=code, message=message[:4000]))
-
-
-def _success(value: Any) -> ToolReply:
-    if isinstance(value, Accepted):
-        return ToolReply(correlation_id="-", ok=True, accepted=ToolAccepted(
-            provider_id=value.provider_id, correlation_id=value.correlation_id,
-            timeout=value.timeout))
-    if isinstance(value, BaseModel):
-        value = revealed(dump_model(value))
-    return ToolReply(correlation_id="-", ok=True, result=value)
-
-
-@dataclass(frozen=True, slots=True)
-class SessionCall:
-    request: ToolRequest
-    tool: Tool[Any, Any]
-    budget: float
 
 
 class PinnedSession(Actor):

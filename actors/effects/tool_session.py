@@ -1,11 +1,15 @@
-"""Tool sessions: one supervised actor per (task, session).
+"""Tool sessions: one supervised actor per (task, session), behind the node's local worker.
 
+The node's local tool worker (actors/effects/local_tools.py) runs each request of an
+in-process tool in the task's session: it asks this actor with a
+:class:`~actors.effects.tool_dispatch.SessionCall`, and the actor runs it with the code every
+tool worker runs requests with (``run_tool``), so its calls are serialized by its mailbox.
 A session holds its state (tokens, cursors) in the store, reloaded on start, so a restarted
 session resumes its cursor. Async tool code runs on the loop; blocking tool code runs on a
 pykka ``ThreadingActor`` the session owns (actors/effects/blocking_runner.py, imported at
-the first blocking call). The bridge never awaits a pykka future (that
-would block the loop): the session ``tell``s the thread ``(call, loop, asyncio_future)``
-and the thread settles the future with ``loop.call_soon_threadsafe``.
+the first blocking call). The bridge never awaits a pykka future (that would block the
+loop): the session ``tell``s the thread ``(call, loop, asyncio_future)`` and the thread
+settles the future with ``loop.call_soon_threadsafe``.
 
 A call that outlives its timeout cannot be interrupted on its thread: its outcome is
 unknown, and the session replaces the thread so the next call is not queued behind it.
@@ -16,42 +20,28 @@ from __future__ import annotations
 import asyncio
 import copy
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from ratchet.actors.core.actor import Actor
-from ratchet.actors.workflow.tools import Tool, ToolContext
+from ratchet.actors.effects.tool_dispatch import SessionCall, run_tool
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.errors import ToolOutcomeUnknown
 
 if TYPE_CHECKING:
     import pykka
 
     from ratchet.actors.effects.blocking_runner import BlockingRunner
 
-__all__ = ["ToolSession", "Invoke"]
+__all__ = ["ToolSession"]
 
 log = structlog.get_logger("ratchet.session")
 
 
-@dataclass(frozen=True, slots=True)
-class Invoke:
-    """Run ``tool``'s code (``op="call"``) or its ``query`` (``op="query"``) once."""
-
-    tool: Tool[Any, Any]
-    args: Any
-    key: str | None
-    attempt: int
-    timeout: float
-    op: str = "call"
-
-
 class ToolSession(Actor):
-    """Answers :class:`Invoke` with ``(True, result)`` or ``(False, exception)``: a tool's
-    failure is an answer, not a crash of the session."""
+    """Answers :class:`SessionCall` with a :class:`~protocol.tool_wire.ToolReply`: a
+    tool's failure is an answer, not a crash of the session."""
 
     def __init__(self, task_id: str, tenant: str, name: str, store: TaskStore, clock: Clock,
                  resources: Mapping[str, Any]) -> None:
@@ -77,46 +67,33 @@ class ToolSession(Actor):
             self._runner = None
 
     async def receive(self, message: Any) -> Any:
-        if not isinstance(message, Invoke):
+        if not isinstance(message, SessionCall):
             return await super().receive(message)
         before = copy.deepcopy(self.state)
-        ctx = ToolContext(self.task_id, self.tenant, message.tool.name, message.key,
-                          message.attempt, self.state, self.resources)
-        fn: Callable[..., Any] | None = (message.tool.fn if message.op == "call"
-                                         else message.tool.query)
-        assert fn is not None, "query invoked on a tool without one"
-        try:
-            result = await self._run(fn, ctx, message.args, message.timeout)
-            outcome: tuple[bool, Any] = (True, result)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            outcome = (False, exc)
+        reply = await run_tool(message.request, message.tool, message.budget, self.state, {},
+                               self.resources, self._blocking)
         if self.state != before:
             await self.store.save_session_state(self.task_id, self.name, self.state,
                                                 self.clock.now())
-        return outcome
+        if message.on_reply is not None:
+            message.on_reply(reply)
+        return reply
 
-    async def _run(self, fn: Callable[..., Any], ctx: ToolContext, args: Any,
-                   timeout: float) -> Any:
-        if asyncio.iscoroutinefunction(fn):
-            try:
-                return await asyncio.wait_for(fn(ctx, args), timeout)
-            except TimeoutError:
-                raise ToolOutcomeUnknown(f"{ctx.tool} timed out after {timeout}s",
-                                         tool=ctx.tool) from None
+    async def _blocking(self, call: Callable[[], Any]) -> Any:
+        """``call()`` on the session's thread. Cut off by its deadline (a cancel), the
+        thread may be stuck in it: it is replaced, so later calls do not queue behind."""
         if self._runner is None:
             from ratchet.actors.effects.blocking_runner import BlockingRunner  # pykka: lazily
 
             self._runner = BlockingRunner.start()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
-        self._runner.tell((lambda: fn(ctx, args), loop, fut))
+        self._runner.tell((call, loop, fut))
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            log.warning("blocking tool call timed out; replacing its thread",
-                        task_id=self.task_id, tool=ctx.tool, timeout=timeout)
-            self._drop_runner()
-            raise ToolOutcomeUnknown(f"{ctx.tool} timed out after {timeout}s",
-                                     tool=ctx.tool) from None
+            return await fut
+        except asyncio.CancelledError:
+            if fut.cancelled():  # cut off, not answered: the thread is still in the call
+                log.warning("blocking tool call cut off; replacing its thread",
+                            task_id=self.task_id, session=self.name)
+                self._drop_runner()
+            raise

@@ -39,7 +39,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from ratchet.actors.effects.pinned_sessions import PinnedSessions, failure, run_tool
+from ratchet.actors.effects.pinned_sessions import PinnedSessions
+from ratchet.actors.effects.tool_dispatch import addressed, failure, run_tool, wire_reply
 from ratchet.actors.transport.bus import deliveries
 from ratchet.actors.transport.tool_queues import (
     ensure_consumer,
@@ -56,6 +57,7 @@ from ratchet.protocol.subjects import (
     check_token,
     check_worker_id,
     dlq_subject,
+    tool_ping_subject,
     tool_reply_route,
     tool_stream,
 )
@@ -117,6 +119,7 @@ class ToolWorker:
         self._js: JetStreamContext | None = None
         self._loops: list[asyncio.Task[None]] = []
         self._running: set[asyncio.Task[None]] = set()
+        self._pings: list[Any] = []
         #: Figures: requests answered, dead-lettered, and acked unrun (past their deadline).
         self.served = self.dead_lettered = self.expired = 0
 
@@ -155,11 +158,21 @@ class ToolWorker:
                     self._loops.append(asyncio.create_task(
                         self._fetch_loop(sub, tenant, tool, room, worker)))
         self._loops.append(asyncio.create_task(self._sweep_sessions()))
+        if any(tool.session != "default" for tool in self.tools.values()):
+            # Liveness probes: a node asks before it sends a call pinned to this worker, and
+            # NATS says "no responders" at once when this worker's connection is gone.
+            for tenant in self.tenants:
+                self._pings.append(await self.nc.subscribe(
+                    tool_ping_subject(tenant, self.worker_id), cb=_pong))
+            await self.nc.flush()  # started = probed alive: the server has the subscriptions
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop fetching, let the requests in progress finish (at most ``timeout`` s; the
         rest are redelivered to another worker), close a connection this worker opened.
         Safe to call twice."""
+        for sub in self._pings:
+            await _unsubscribe(sub)
+        self._pings.clear()
         for task in self._loops:
             task.cancel()
         await asyncio.gather(*self._loops, return_exceptions=True)
@@ -286,14 +299,11 @@ class ToolWorker:
 
     async def _reply(self, request: ToolRequest, reply: ToolReply) -> None:
         assert self.nc is not None
-        reply = reply.model_copy(update={"correlation_id": request.correlation_id,
-                                         "idempotency_key": request.idempotency_key})
         try:
-            data = encode(reply)
-        except Exception as exc:  # a result msgpack cannot carry
-            data = encode(failure("OUTCOME_UNKNOWN", f"result not encodable: {exc}").model_copy(
-                update={"correlation_id": request.correlation_id,
-                        "idempotency_key": request.idempotency_key}))
+            data = encode(wire_reply(addressed(reply, request)))
+        except Exception as exc:  # a result msgpack cannot carry, a field over its limits
+            data = encode(addressed(failure("OUTCOME_UNKNOWN", f"result not encodable: {exc}"),
+                                    request))
         await self.nc.publish(request.reply_to, data,
                               headers={CORRELATION_HEADER: request.correlation_id})
 
@@ -306,6 +316,12 @@ class ToolWorker:
                 "Ratchet-Error-Code": "INVALID_ARGUMENT", "Ratchet-Error": why[:512],
                 "Ratchet-Source-Subject": msg.subject}, timeout=5.0)
         await msg.term()
+
+
+async def _pong(msg: Msg) -> None:
+    """A liveness probe: answered at once, from the subscription's task."""
+    with contextlib.suppress(Exception):  # the prober gave up, or the connection closes
+        await msg.respond(b"")
 
 
 async def _unsubscribe(sub: Any) -> None:

@@ -146,8 +146,9 @@ class TaskDeps:
     #: How long a cancel waits for a write in flight before it detaches it (the action
     #: sweeper settles it later: actors/task/open_actions.py).
     cancel_timeout: float = 30.0
-    #: How tools declared with ``remote_tool`` are called: the node's ``RemoteTools.ask``
-    #: (actors/effects/remote_tool.py); without a node, nothing is sent.
+    #: How every tool call is asked: the node's ``ToolCalls`` (actors/effects/tool_calls.py;
+    #: the name is from when only remote tools went that way); without a node, in-process
+    #: tools through a local worker of their own, remote ones refused.
     remote_ask: RemoteAsk = no_remote_tools
     #: Where fan-out branches run: the node's ``actors/task/branch_host.BranchHost`` (typed
     #: loosely: it is built on these deps); None without a node's task supervision.

@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from ratchet.actors.core.actor import ActorRef, ActorSystem
-from ratchet.actors.effects.remote_tool import RemoteTools
+from ratchet.actors.effects.local_tools import LocalToolWorker
+from ratchet.actors.effects.remote_tool import JetStreamTools
 from ratchet.actors.effects.switches import Switches
+from ratchet.actors.effects.tool_calls import ToolCalls
 from ratchet.actors.task.actor import TaskDeps
 from ratchet.actors.transport.bus import Bus
 from ratchet.actors.workflow.registry import Registry
@@ -89,6 +91,9 @@ class Node:
         self.store: StorePort | None = None
         self.bus: Bus | None = None
         self.embedded: EmbeddedNats | None = None
+        #: Every tool call's way to its worker, and the node's own worker (set at start).
+        self.tool_calls: ToolCalls | None = None
+        self.local_tools: LocalToolWorker | None = None
         #: The embedded server's users (None on an external NATS): nats_auth.py.
         self.nats_auth: NatsAuthorization | None = None
         self._nats_server: EmbeddedNats | None = None  # the embedded server, ours or joined
@@ -155,8 +160,11 @@ class Node:
         self.clock.judge_start([n.info for n in await self._store.nodes()])
         self.switches = Switches(risk=cfg.risk_policy)  # tool tiers tightened per tenant
         self.switches.load(await self._store.switches())
-        self.remote_tools = RemoteTools(bus, cfg.node_id, self.clock,  # remote_tool.py
-                                        cfg.streams, cfg.nats_replicas, self._store)
+        # Every tool call: in-process tools through the node's own worker, remote ones over
+        # JetStream (actors/effects/tool_calls.py).
+        self.local_tools = LocalToolWorker(self.clock)
+        self.tool_calls = ToolCalls(self.clock, self._store, local=self.local_tools, remote=(
+            JetStreamTools(bus, cfg.node_id, cfg.streams, cfg.nats_replicas)))
         self._task_supervision()
         leases = self._partition_leases(bus)
         await bus.forget_consumer(STREAM_MAIL, "mail-router")  # before per-partition mail
@@ -186,14 +194,15 @@ class Node:
 
     def _task_supervision(self) -> None:
         """The tasks supervisor, its fair scheduler, and what every task actor gets."""
-        cfg = self.config
+        cfg, calls = self.config, self.tool_calls
+        assert calls is not None
         deps = TaskDeps(self._store, self.registry, self.clock, cfg.node_id,
                         max_step_attempts=cfg.max_step_attempts, switches=self.switches,
                         max_recoveries=cfg.max_recoveries, recovery_window=cfg.recovery_window,
                         progress_interval=cfg.progress_interval, partitions=cfg.partitions,
                         max_value_bytes=cfg.max_value_bytes,
                         max_checkpoint_bytes=cfg.max_checkpoint_bytes,
-                        cancel_timeout=cfg.cancel_timeout, remote_ask=self.remote_tools.ask)
+                        cancel_timeout=cfg.cancel_timeout, remote_ask=calls)
         self.scheduler = FairScheduler(max_running=cfg.max_running, quotas=cfg.tenant_quotas,
                                        weights=cfg.tenant_weights, max_queued=cfg.max_queued)
         self.tasks = TaskSupervision(
