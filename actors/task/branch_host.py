@@ -40,6 +40,7 @@ import structlog
 from ratchet.actors.core.actor import ActorRef, ActorSystem
 from ratchet.actors.task.branch_pool import (
     STOP_WAIT,
+    STOPPING,
     BranchPool,
     HoldBranches,
     RunBranches,
@@ -47,7 +48,12 @@ from ratchet.actors.task.branch_pool import (
 )
 from ratchet.actors.task.branch_run import BranchHold, BranchRun, FanoutShared
 from ratchet.actors.task.deps import TaskDeps
-from ratchet.actors.task.fanout import DEFAULT_BRANCH_CONCURRENCY, BranchesDone
+from ratchet.actors.task.fanout import (
+    DEFAULT_BRANCH_CONCURRENCY,
+    BranchesDone,
+    branch_order,
+    started,
+)
 from ratchet.actors.workflow.map_node import MapNode
 from ratchet.actors.workflow.nodes import BranchGraph, FanoutNode
 from ratchet.persistence.branch_rows import BranchProgress
@@ -165,10 +171,13 @@ class BranchHost:
                 await pool.stop_and_wait(STOP_WAIT + 1.0)  # held: its successor runs them
             if pool is not None and pool.is_alive:
                 try:
-                    await pool.ask(RunBranches(branches, bool(body.get("fresh"))), timeout=30.0)
-                    return "started"
+                    answer = await pool.ask(RunBranches(branches, bool(body.get("fresh"))),
+                                            timeout=30.0)
+                    if answer != STOPPING:
+                        return "started"
                 except ActorStopped:
-                    pass  # it ended meanwhile (its last branch settled): a new one runs them
+                    pass
+                # It ended, or is ending (its last branch settled): a new one runs them.
             self._spawn(where, ctx, branches, fresh=bool(body.get("fresh")))
             return "started"
 
@@ -275,7 +284,9 @@ class BranchHost:
         count = 0
         for (task_id, key), names in placed.items():
             try:
-                await self._start(task_id, key, names, {}, None)
+                names = await self._turn_came(task_id, key, names)
+                if names:
+                    await self._start(task_id, key, names, {}, None)
                 count += len(names)
             except Exception as exc:  # the task's next start runs them
                 log.warning("branches not resumed", task_id=task_id, key=key,
@@ -283,6 +294,21 @@ class BranchHost:
         if count:
             log.info("resuming branches", count=count, partitions=sorted(partitions))
         return count
+
+    async def _turn_came(self, task_id: str, key: str, names: list[str]) -> list[str]:
+        """Of ``names`` (RUNNING, placed here), those the task has started: the visit's
+        window (actors/task/branch_window.py) follows from its rows' statuses."""
+        record = await self.deps.store.load_task(task_id)
+        node = self.deps.registry.get(record.workflow, record.workflow_version).node(
+            key.rpartition("#")[0])
+        if not isinstance(node, MapNode | FanoutNode):
+            return names
+        rows = await self.deps.store.branches(task_id, key)
+        statuses = {b: str(r.get("status", "RUNNING")) for b, r in rows.items()}
+        limit = node.max_concurrency or DEFAULT_BRANCH_CONCURRENCY
+        order = branch_order(rows, True) if isinstance(node, MapNode) else list(node.branches)
+        due = set(started(order, statuses, limit))
+        return [b for b in names if b in due]
 
     # -- what a branch run here needs ----------------------------------------------------
 

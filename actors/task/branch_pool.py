@@ -34,7 +34,7 @@ from ratchet.actors.task.branch_run import BranchHold, BranchRun
 from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.protocol.clock import Clock
 
-__all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "STOP_WAIT", "BranchPool", "HoldBranches",
+__all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "STOPPING", "STOP_WAIT", "BranchPool", "HoldBranches",
            "RunBranches", "StopBranch"]
 
 log = structlog.get_logger("ratchet.fanout")
@@ -64,6 +64,10 @@ class RunBranches:
 
     branches: list[str]
     fresh: bool = False  # their rows were just written: no progress to read
+
+
+#: A :class:`RunBranches`' answer from a pool that has stopped itself: run them elsewhere.
+STOPPING = "stopping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +116,10 @@ class BranchPool(Actor):
         self.hold = hold or BranchHold()
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.adding = 0  # RunBranches being handled
+        #: It stopped itself (no branch left): a RunBranches still in its mailbox is
+        #: answered ``STOPPING`` (its branches would be cancelled by the stop), and the
+        #: host starts a new pool for them.
+        self.stopping = False
 
     async def on_start(self) -> None:
         """Runs in the pool's task: starts a task per branch, each from its committed
@@ -127,7 +135,11 @@ class BranchPool(Actor):
         for branch in names:
             self._start(branch, resumes.get(branch), read=False)
         if not self.tasks:
-            self.ref.stop()
+            self._idle()
+
+    def _idle(self) -> None:
+        self.stopping = True
+        self.ref.stop()
 
     def _start(self, branch: str, resume: BranchProgress | None, read: bool) -> None:
         task = asyncio.get_running_loop().create_task(self._supervise(branch, resume, read),
@@ -142,7 +154,7 @@ class BranchPool(Actor):
         if self.tasks.get(branch) is task:
             del self.tasks[branch]
             if not self.tasks and not self.adding:
-                self.ref.stop()  # every branch ended: the pool's work is done
+                self._idle()  # every branch ended: the pool's work is done
 
     async def _supervise(self, branch: str, resume: BranchProgress | None,
                          read: bool = False) -> None:
@@ -178,6 +190,8 @@ class BranchPool(Actor):
             if task is not None:
                 task.cancel()
         elif isinstance(message, RunBranches):
+            if self.stopping:
+                return STOPPING
             new = [b for b in dict.fromkeys(message.branches) if b not in self.tasks]
             if new and self.hold.reason is None:
                 known = set(self.branches)
@@ -195,7 +209,7 @@ class BranchPool(Actor):
                 finally:
                     self.adding -= 1
                     if not self.tasks:
-                        self.ref.stop()
+                        self._idle()
         elif isinstance(message, HoldBranches):
             return await self._hold(message)
         elif isinstance(message, _BranchGaveUp):

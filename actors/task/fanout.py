@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +46,8 @@ from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.catalogue import EventType
 
 __all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchDone", "BranchesDone", "JoinActor", "JoinDone",
-           "JoinTimeout", "ResendVerdict", "branch_settlement", "branch_slot", "branch_timer",
-           "branch_timer_id"]
+           "JoinTimeout", "ResendVerdict", "WindowMoved", "branch_order", "branch_settlement",
+           "branch_slot", "branch_timer", "branch_timer_id", "started", "window_end"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -103,6 +104,26 @@ def branch_slot(task_id: str, key: str, limit: int) -> AbstractAsyncContextManag
     return _Slot(task_id, key, limit)
 
 
+def window_end(total: int, limit: int, settled: int) -> int:
+    """How many of a visit's branches, in order, have been started when ``settled`` of them
+    are settled: the first ``limit``, and one more for each settled."""
+    return min(total, limit + settled)
+
+
+def started(names: list[str], statuses: Mapping[str, str], limit: int) -> list[str]:
+    """Of ``names`` (in order), those started and still RUNNING per ``statuses`` (a branch
+    without a status is RUNNING)."""
+    settled = sum(1 for b in names if statuses.get(b, "RUNNING") != "RUNNING")
+    end = window_end(len(names), limit, settled)
+    return [b for b in names[:end] if statuses.get(b, "RUNNING") == "RUNNING"]
+
+
+def branch_order(names: Iterable[str], mapped: bool) -> list[str]:
+    """A visit's branches in the order they start: a map's by item index (``"0"``,
+    ``"1"``, …), a fan-out's as ``names`` gives them (its declaration's)."""
+    return sorted(names, key=int) if mapped else list(names)
+
+
 def branch_timer_id(task_id: str, key: str, branch: str) -> str:
     return f"br:{task_id}:{key}:{branch}"
 
@@ -128,6 +149,15 @@ class BranchesDone:
 
     statuses: dict[str, str]
     results: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowMoved:
+    """From a fan-out's join to its task: ``settled`` of the visit's branches are settled,
+    so the next ones may start (actors/task/branch_window.py)."""
+
+    key: str
+    settled: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,9 +202,11 @@ class JoinActor(Actor):
 
     def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
                  branches: list[str], store: TaskStore, tell_task: Any,
-                 timer_fired: bool, rows: dict[str, Any] | None = None) -> None:
+                 timer_fired: bool, rows: dict[str, Any] | None = None,
+                 window: bool = False) -> None:
         """``rows``: the fan-out's branch rows as its starter just read or wrote them (saves
-        reading them at start); None: read them."""
+        reading them at start); None: read them. ``window``: the task starts the branches
+        as others settle (more than ``max_concurrency``): tell it each new count."""
         self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
         # By name, not by ref: the task actor may be restarted while the branches run.
         self.branches, self.store, self.tell_task = branches, store, tell_task
@@ -184,6 +216,7 @@ class JoinActor(Actor):
         self.results: dict[str, Any] = {}  # of SUCCEEDED branches: read, or told with them
         self.verdict: JoinDone | None = None
         self.rows = rows
+        self.window, self.told = window, -1  # the settled count the task was last told
 
     async def on_start(self) -> None:
         if self.rows is None:
@@ -254,6 +287,11 @@ class JoinActor(Actor):
         map); the decision then takes the statuses and results the join holds — read from
         the store, or told by the settler with what it committed — and reads the rows
         only when it holds a SUCCEEDED branch without its result."""
+        if self.window and self.verdict is None:
+            settled = len(self.branches) - self.counts["RUNNING"]
+            if settled > self.told:
+                self.told = settled
+                self.tell_task(self.task_id, WindowMoved(self.key, settled))
         if self.verdict is not None or not may_decide(self.policy, self.counts, self.timed_out):
             return
         if rows is None and any(s == "SUCCEEDED" and b not in self.results

@@ -19,6 +19,7 @@ from ratchet.actors.task.branch_host import BranchHost, FanoutContext
 from ratchet.actors.task.branch_place import branch_partitions, place_branches, stop_branches
 from ratchet.actors.task.branch_run import BranchHold, FanoutShared
 from ratchet.actors.task.branch_settle import Notify
+from ratchet.actors.task.branch_window import close_window, open_window
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchesDone,
@@ -116,11 +117,12 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
         f"join:{actor.task_id}:{key}")
     known = dict(rows)
+    windowed = len(names) > limit  # the task starts them as others settle: branch_window.py
     specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda restarts: JoinActor(
         task_id=actor.task_id, key=key, node=visit.node, policy=visit.policy, branches=names,
         store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired,
         # The rows just read or written, for its first start; a restarted join reads them.
-        rows=None if restarts else known), 5.0)]
+        rows=None if restarts else known, window=windowed), 5.0)]
     # Finished before a crash: never run again.
     running = [b for b in names if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"]
     refs = await actor.deps.children.spawn_children(actor.task_id, specs)
@@ -128,7 +130,10 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
     if running:
         context = _context(actor, visit, limit, armed)
-        await place_branches(actor, key, running, context, fresh=fresh)
+        statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in names}
+        due = open_window(actor, key, names, statuses, limit, context, fresh)
+        if due:
+            await place_branches(actor, key, due, context, fresh=fresh)
         host: BranchHost = actor.deps.branches
         if host.publish is not None and any(
                 not host.owns(branch_id(actor.task_id, key, group[0]))
@@ -190,6 +195,7 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
         await actor.deps.children.stop_children(actor.task_id, [f"join:{done.key}"])
         await stop_branches(actor, done.key, joined.branches)
     actor.joins.pop(done.key, None)
+    close_window(actor, done.key)
     if not v.ok:
         await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
                            cancel_timers=timers)

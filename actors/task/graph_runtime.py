@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 from ratchet.actors.task.branch_place import stop_branches
-from ratchet.actors.task.fanout import BranchDone, JoinDone
+from ratchet.actors.task.branch_window import on_window_moved
+from ratchet.actors.task.fanout import BranchDone, JoinDone, WindowMoved
 from ratchet.actors.task.fanout_run import Joined, Visit, apply_verdict, fanout_key, start_visit
 from ratchet.actors.task.graph_waits import (
     TIMER_KINDS,
@@ -49,7 +50,7 @@ from ratchet.protocol.errors import IllegalTransition
 from ratchet.protocol.messages import Envelope
 from ratchet.protocol.states import is_terminal
 
-__all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_done",
+__all__ = ["JoinDone", "TIMER_KINDS", "WindowMoved", "run_node", "on_join_done", "on_branch_done",
            "on_decision", "on_timer", "on_wait_resolved", "stop_fanout_children"]
 
 
@@ -172,7 +173,10 @@ async def on_branch_done(actor: TaskKernel, env: Envelope) -> str:
     return "forwarded"
 
 
-async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
+async def on_join_done(actor: TaskKernel, done: JoinDone | WindowMoved) -> None:
+    if isinstance(done, WindowMoved):  # not a verdict: the next branches' turn came
+        await on_window_moved(actor, done)
+        return
     assert actor.workflow is not None
     if actor.current != done.node or fanout_key(actor, done.node) != done.key:
         return  # a stale verdict (the task moved on)
