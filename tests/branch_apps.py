@@ -11,6 +11,7 @@ first ``times`` runs).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from collections import Counter
 from typing import Any
@@ -112,10 +113,40 @@ wide_retry.map("each", items=_items, branch=stepped("steps.item"), item_retries=
                next="total")
 wide_retry.add_step("total", total)
 
+def live(delta: int) -> None:
+    """Count the branch bodies running now, and the peak, in the file named by
+    ``RATCHET_TEST_LIVE`` (``"<now> <peak>"``), under a lock: shared by node processes."""
+    with open(os.environ["RATCHET_TEST_LIVE"], "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        now, peak = (int(x) for x in (fh.read().split() or ["0", "0"]))
+        now += delta
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{now} {max(peak, now)}")
+
+
+async def counted(ctx: ratchet.StepContext) -> dict[str, Any]:
+    live(+1)
+    try:
+        await asyncio.sleep(float(ctx.input.get("sleep", 0)))
+    finally:
+        live(-1)
+    return {"output": {"item": ctx.branch, "pid": os.getpid()}}
+
+
+#: A map of one-step items, at most ``NARROW`` at once, each counted in ``live``.
+NARROW = 4
+narrow = ratchet.Workflow("steps.narrow")
+narrow.add_step("size", size)
+narrow.map("each", items=_items, branch=counted, max_concurrency=NARROW, next="total")
+narrow.add_step("total", total)
+
 app = ratchet.Registry([
     fan("steps.fan", JoinPolicy("all")),
     fan("steps.retry", JoinPolicy("all"), retries=2),
     fan("steps.optional", JoinPolicy("required", required=frozenset({"b0", "b1", "b2"}))),
     wide,
     wide_retry,
+    narrow,
 ])

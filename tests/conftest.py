@@ -38,8 +38,8 @@ os.environ.setdefault("RATCHET_LOCAL_NODES", tempfile.mkdtemp(prefix="ratchet-lo
 #: that lapse when another test shares the machine's two cores: their slow tests are marked
 #: ``solo``, which `make test` runs alone, after the rest (docs/operations.md).
 SOLO_MODULES = frozenset({
-    "test_branch_failover", "test_chaos", "test_nats_cluster", "test_nats_outage", "test_nodes",
-    "test_pg_bench", "test_pg_cluster", "test_pg_faults", "test_soak", "test_trust_bench"})
+    "test_branch_failover", "test_branch_window", "test_chaos", "test_nats_cluster",
+    "test_nats_outage", "test_nodes", "test_pg_bench", "test_pg_cluster", "test_pg_faults", "test_soak", "test_trust_bench"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
