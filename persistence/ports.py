@@ -149,6 +149,18 @@ class TaskStore(BranchStore, Protocol):
 
     async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
                                  now: float) -> None:
+        """Write the session's state whatever its version (and count one more)."""
+        ...
+
+    async def session_state_at(self, task_id: str, session: str
+                               ) -> tuple[dict[str, Any], int]:
+        """The session's state and its version (0: never written)."""
+        ...
+
+    async def save_session_state_if(self, task_id: str, session: str, state: dict[str, Any],
+                                    now: float, version: int) -> bool:
+        """Write the session's state if its version is still ``version`` (it becomes
+        ``version + 1``); False, writing nothing, if another writer came first."""
         ...
 
     # -- timers, waits, handoffs -------------------------------------------------------

@@ -397,4 +397,6 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (22, "PostgreSQL only: a task change in one call (postgres/change_sql.py)", ""),
     (23, "a fan-out branch's progress: next node, state, steps, attempts", BRANCH_STEPS_DDL),
     (24, "where a branch runs: its partition, its initial state", BRANCH_PLACEMENT_DDL),
+    (25, "tool_sessions.version: a session's state written by compare-and-set",
+     "ALTER TABLE tool_sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0"),
 ]

@@ -16,6 +16,8 @@ import os
 from collections import Counter
 from typing import Any
 
+from pydantic import BaseModel
+
 import ratchet
 from ratchet import JoinPolicy
 from ratchet.actors.workflow.nodes import StepFn
@@ -142,6 +144,47 @@ narrow.add_step("size", size)
 narrow.map("each", items=_items, branch=counted, max_concurrency=NARROW, next="total")
 narrow.add_step("total", total)
 
+class Item(BaseModel):
+    item: str
+
+
+class Stamps(BaseModel):
+    stamped: int
+    pids: int
+
+
+@ratchet.tool(kind="write", args=Item, result=Item, key=lambda a: f"stamp:{a.item}",
+              session="stamps")
+def stamp(ctx: ratchet.ToolContext, args: Item) -> Item:
+    """Marks the task's ``stamps`` session with the item and the pid of the node serving
+    the call (a key per item: calls on several nodes at once change different keys)."""
+    ctx.session[f"i{args.item}"] = os.getpid()
+    return args
+
+
+@ratchet.tool(kind="read", args=Item, result=Stamps, session="stamps")
+def tally(ctx: ratchet.ToolContext, args: Item) -> Stamps:
+    marks = {k: v for k, v in ctx.session.items() if k.startswith("i")}
+    return Stamps(stamped=len(marks), pids=len(set(marks.values())))
+
+
+async def stamp_item(ctx: ratchet.StepContext) -> dict[str, Any]:
+    await ctx.call(stamp, Item(item=f"{ctx.task_id}-{ctx.branch}"))
+    return {"output": ctx.branch}
+
+
+async def count_stamps(ctx: ratchet.StepContext) -> dict[str, Any]:
+    found = await ctx.call(tally, Item(item="all"))
+    return {"output": found.model_dump()}
+
+
+#: A map whose every item calls a tool of the task's ``stamps`` session, wherever it runs;
+#: the task then reads the session on its own node.
+stamped = ratchet.Workflow("steps.stamped")
+stamped.add_step("size", size)
+stamped.map("each", items=_items, branch=stamp_item, next="count")
+stamped.add_step("count", count_stamps)
+
 app = ratchet.Registry([
     fan("steps.fan", JoinPolicy("all")),
     fan("steps.retry", JoinPolicy("all"), retries=2),
@@ -149,4 +192,5 @@ app = ratchet.Registry([
     wide,
     wide_retry,
     narrow,
+    stamped,
 ])

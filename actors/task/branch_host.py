@@ -47,12 +47,12 @@ from ratchet.actors.task.branch_pool import (
     StopBranch,
 )
 from ratchet.actors.task.branch_run import BranchHold, BranchRun, FanoutShared
+from ratchet.actors.task.branch_sessions import BranchSessions
 from ratchet.actors.task.deps import TaskDeps
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchesDone,
-    branch_order,
-    started,
+    started_in_window,
 )
 from ratchet.actors.workflow.map_node import MapNode
 from ratchet.actors.workflow.nodes import BranchGraph, FanoutNode
@@ -115,6 +115,7 @@ class BranchHost:
         self.contexts: dict[tuple[str, str], FanoutContext] = {}
         self.restarts: dict[tuple[str, str], list[float]] = {}
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self.sessions = BranchSessions(system, deps)  # of branches run for other nodes
         self.ran = 0  # branch runs started here (tests, bench)
 
     # -- the task's side -----------------------------------------------------------------
@@ -124,8 +125,12 @@ class BranchHost:
         """Deliver ``env`` to the owner of ``partition``: this host, directly, when it is
         this node (``context``: the task's view of the visit, for a start), else as mail
         on that partition. Returns the host's answer when handled here, else None."""
+        if env.type == MessageType.BRANCH_STOP and env.body.get("branches") is None:
+            self.sessions.spread.discard(task_id)  # the visit is over
         if self.holds(partition):
             return await self.handle(env, context)
+        if env.type == MessageType.BRANCH_START:
+            self.sessions.spread.add(task_id)
         assert self.publish is not None
         await self.publish(branch_mail_subject(task_id, partition), env)
         return None
@@ -220,6 +225,8 @@ class BranchHost:
             if self.pools.get(where) is not ref or pool is None:
                 return
             del self.pools[where]
+            if not any(task_id == where[0] for task_id, _ in self.pools):
+                self.sessions.release(where[0])
             if reason is None:
                 self.contexts.pop(where, None)
                 self._locks.pop(where, None)
@@ -301,13 +308,8 @@ class BranchHost:
         record = await self.deps.store.load_task(task_id)
         node = self.deps.registry.get(record.workflow, record.workflow_version).node(
             key.rpartition("#")[0])
-        if not isinstance(node, MapNode | FanoutNode):
-            return names
         rows = await self.deps.store.branches(task_id, key)
-        statuses = {b: str(r.get("status", "RUNNING")) for b, r in rows.items()}
-        limit = node.max_concurrency or DEFAULT_BRANCH_CONCURRENCY
-        order = branch_order(rows, True) if isinstance(node, MapNode) else list(node.branches)
-        due = set(started(order, statuses, limit))
+        due = set(started_in_window(node, rows))
         return [b for b in names if b in due]
 
     # -- what a branch run here needs ----------------------------------------------------
@@ -334,7 +336,7 @@ class BranchHost:
         task_input = dict(record.input)
 
         async def session(name: str) -> Any:
-            return await deps.children.session(task_id, record.tenant, name)
+            return await self.sessions.session(task_id, record.tenant, name)
 
         shared = FanoutShared(
             task_id=task_id, tenant=record.tenant, key=key, node=node.name,

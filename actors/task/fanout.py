@@ -17,11 +17,13 @@ holds. A ``branch.done`` mail (from a node of an earlier release, or forged) is 
 nudge: the join reads that branch's row before it counts it. Repeats and out-of-order
 notifications change nothing a set does not already hold.
 
-At most ``max_concurrency`` branches of one fan-out run their body at once (the node's
-``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): every branch's task is started,
-and waits for a slot of its fan-out's :func:`branch_slot`. A waiting branch holds no slot,
-so stopping it (the join decided, the task was cancelled) is as prompt as for a running
-one. A branch's time budget counts from when it gets its slot.
+At most ``max_concurrency`` branches of one fan-out run their body at once
+(``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): in the cluster, the task
+starts them through a window (actors/task/branch_window.py; which were started follows
+from the rows: :func:`started`); on a node, each started branch waits for a slot of its
+fan-out's :func:`branch_slot`. A waiting branch holds no slot, so stopping it (the join
+decided, the task was cancelled) is as prompt as for a running one. A branch's time budget
+counts from when it gets its slot.
 """
 
 from __future__ import annotations
@@ -37,9 +39,8 @@ import structlog
 
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.workflow.join_policy import JoinVerdict, decide, may_decide
-from ratchet.actors.workflow.nodes import (
-    JoinPolicy,
-)
+from ratchet.actors.workflow.map_node import MapNode
+from ratchet.actors.workflow.nodes import FanoutNode, JoinPolicy
 from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
@@ -47,7 +48,8 @@ from ratchet.protocol.catalogue import EventType
 
 __all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchDone", "BranchesDone", "JoinActor", "JoinDone",
            "JoinTimeout", "ResendVerdict", "WindowMoved", "branch_order", "branch_settlement",
-           "branch_slot", "branch_timer", "branch_timer_id", "started", "window_end"]
+           "branch_slot", "branch_timer", "branch_timer_id", "started", "started_in_window",
+           "window_end"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -122,6 +124,17 @@ def branch_order(names: Iterable[str], mapped: bool) -> list[str]:
     """A visit's branches in the order they start: a map's by item index (``"0"``,
     ``"1"``, …), a fan-out's as ``names`` gives them (its declaration's)."""
     return sorted(names, key=int) if mapped else list(names)
+
+
+def started_in_window(node: Any, rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Of a fan-out or map ``node``'s visit whose branch rows are ``rows``, the branches
+    started and still RUNNING; every RUNNING one for another node kind."""
+    statuses = {b: str(r.get("status", "RUNNING")) for b, r in rows.items()}
+    if not isinstance(node, MapNode | FanoutNode):
+        return [b for b, s in statuses.items() if s == "RUNNING"]
+    limit = node.max_concurrency or DEFAULT_BRANCH_CONCURRENCY
+    order = branch_order(rows, True) if isinstance(node, MapNode) else list(node.branches)
+    return started(order, statuses, limit)
 
 
 def branch_timer_id(task_id: str, key: str, branch: str) -> str:

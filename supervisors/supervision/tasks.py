@@ -132,9 +132,13 @@ class TaskSupervision:
         sup = self._live_supervisor(task_id)
         deps = self.deps
 
+        shared = self.branch_host.sessions.shared
+
         def make(_: int) -> ToolSession:
+            # Read before each call while the task's branches run on other nodes too, whose
+            # calls of the session change its state there (actors/task/branch_sessions.py).
             return ToolSession(task_id, tenant, name, deps.store, deps.clock,
-                               deps.registry.resources)
+                               deps.registry.resources, shared=lambda: shared(task_id))
 
         started: ActorRef[Any] = await sup.ask(
             StartChild(ChildSpec(f"session:{name}", make, Restart.TRANSIENT, shutdown_timeout=5.0)),
