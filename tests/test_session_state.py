@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from structlog.testing import capture_logs
 
 from ratchet.actors.core.actor import ActorSystem
@@ -15,6 +16,7 @@ from ratchet.actors.effects.session_state import merged, save_change
 from ratchet.actors.effects.tool_calls import Invoke
 from ratchet.actors.effects.tool_session import ToolSession
 from ratchet.persistence import Store
+from ratchet.persistence.store_select import open_store
 from ratchet.protocol import FakeClock
 from tests.test_tool_sessions import PageArgs, read_page, through_the_local_worker
 
@@ -26,9 +28,11 @@ def test_a_merge_applies_the_keys_a_call_set_changed_or_removed_and_keeps_the_ot
     assert merged(fresh, before, after) == {"a": 1, "b": 20, "mine": 7, "theirs": 9}
 
 
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 async def test_a_write_that_lost_the_race_keeps_the_winners_changes_and_adds_its_own(
-        tmp_path: Path) -> None:
-    store = await Store.open(tmp_path / "s.db")
+        tmp_path: Path, backend: str, request: pytest.FixtureRequest) -> None:
+    store = await (Store.open(tmp_path / "s.db") if backend == "sqlite"
+                   else open_store(request.getfixturevalue("pg_url")))
     try:
         assert await store.session_state_at("t1", "s") == ({}, 0)
         state, version = await save_change(store, "t1", "s", {}, {"cursor": 1}, 0, 1.0)
