@@ -15,6 +15,7 @@ from ratchet.actors.core.actor import ActorSystem
 from ratchet.actors.effects.session_state import merged, save_change
 from ratchet.actors.effects.tool_calls import Invoke
 from ratchet.actors.effects.tool_session import ToolSession
+from ratchet.actors.task.branch_sessions import BranchSessions
 from ratchet.persistence import Store
 from ratchet.persistence.store_select import open_store
 from ratchet.protocol import FakeClock
@@ -72,3 +73,17 @@ async def test_sessions_of_one_task_on_two_nodes_each_see_the_cursor_the_other_m
             await session.stop_and_wait(5)
     finally:
         await store.close()
+
+
+def test_the_tasks_own_session_reads_the_state_while_its_branches_run_elsewhere_and_once_after(
+        ) -> None:
+    sessions = BranchSessions(ActorSystem(), None)  # type: ignore[arg-type]  # no spawn here
+    reads = sessions.home_reads("t1")
+    assert not reads()  # never spread: the session's own state is the truth
+    sessions.spread_to_others("t1")
+    assert reads() and reads()  # other nodes may write: read before every call
+    sessions.spread.discard("t1")  # the visit is over
+    assert reads()  # their last writes may have come after this session's last call
+    assert not reads()
+    sessions.forget("t1")
+    assert reads() and not reads()  # forgotten: one read more, never one less

@@ -49,9 +49,9 @@ class ToolSession(Actor):
     def __init__(self, task_id: str, tenant: str, name: str, store: TaskStore, clock: Clock,
                  resources: Mapping[str, Any],
                  shared: Callable[[], bool] = lambda: False) -> None:
-        """``shared``: whether other nodes may be calling this session now (the task's
-        fan-out branches run there: actors/task/branch_host.py); then its state is read
-        before each call, so that the call sees their changes."""
+        """``shared``: asked before each call, whether to read the state first (other
+        nodes may have changed it: the task's fan-out branches run there,
+        actors/task/branch_sessions.py), so that the call sees their changes."""
         self.task_id = task_id
         self.tenant = tenant
         self.name = name

@@ -130,7 +130,7 @@ class BranchHost:
         if self.holds(partition):
             return await self.handle(env, context)
         if env.type == MessageType.BRANCH_START:
-            self.sessions.spread.add(task_id)
+            self.sessions.spread_to_others(task_id)
         assert self.publish is not None
         await self.publish(branch_mail_subject(task_id, partition), env)
         return None

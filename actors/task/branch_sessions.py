@@ -10,8 +10,8 @@ last branch of the task ends. Both ends share the state through the store, writt
 its version (actors/effects/session_state.py):
 
 - a session served here reads the state before each call (another node changed it,
-  perhaps), and so does the task's own while its branches run on other nodes too
-  (:meth:`BranchSessions.shared`);
+  perhaps), and so does the task's own while its branches run on other nodes too, and
+  once after (:meth:`BranchSessions.home_reads`);
 - a write that finds the version moved applies its call's changes over the fresh state.
 
 So every call sees the changes of the calls before it, wherever they ran; calls on two
@@ -20,6 +20,7 @@ nodes at the same time are not serialized (docs/architecture.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from ratchet.actors.core.actor import ActorRef, ActorSystem
@@ -39,10 +40,41 @@ class BranchSessions:
         self.refs: dict[tuple[str, str], ActorRef[Any]] = {}
         #: Tasks run here whose fan-out visit has branches placed on other nodes.
         self.spread: set[str] = set()
+        #: Per task, when it last spread (a count of this node's spreads: never reused, so
+        #: a forgotten task's sessions read once more, never once less).
+        self._spreads: dict[str, int] = {}
+        self._count = 0
 
-    def shared(self, task_id: str) -> bool:
-        """Whether the task's sessions may be called from other nodes now."""
-        return task_id in self.spread
+    def spread_to_others(self, task_id: str) -> None:
+        """The task's visit has branches on other nodes now (they may call its sessions)."""
+        if task_id not in self.spread:
+            self.spread.add(task_id)
+            self._count += 1
+            self._spreads[task_id] = self._count
+
+    def forget(self, task_id: str) -> None:
+        """The task's actor stopped here (its sessions with it)."""
+        self.spread.discard(task_id)
+        self._spreads.pop(task_id, None)
+
+    def home_reads(self, task_id: str) -> Callable[[], bool]:
+        """For the task's own session actor: whether to read the state before a call —
+        while the task's branches run on other nodes, and once after each time they did
+        (their last changes may have come after this session's last call)."""
+        seen = self._spreads.get(task_id, 0)
+
+        def stale() -> bool:
+            nonlocal seen
+            if task_id in self.spread:
+                seen = -1  # read now, and once more after the visit
+                return True
+            spreads = self._spreads.get(task_id, 0)
+            if spreads != seen:
+                seen = spreads
+                return True
+            return False
+
+        return stale
 
     async def session(self, task_id: str, tenant: str, name: str) -> ActorRef[Any]:
         """The session ``name`` of the task, for a branch running here: the task's own when

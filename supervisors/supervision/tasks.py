@@ -132,13 +132,13 @@ class TaskSupervision:
         sup = self._live_supervisor(task_id)
         deps = self.deps
 
-        shared = self.branch_host.sessions.shared
+        sessions = self.branch_host.sessions
 
         def make(_: int) -> ToolSession:
-            # Read before each call while the task's branches run on other nodes too, whose
+            # Read before a call while the task's branches run on other nodes too, whose
             # calls of the session change its state there (actors/task/branch_sessions.py).
             return ToolSession(task_id, tenant, name, deps.store, deps.clock,
-                               deps.registry.resources, shared=lambda: shared(task_id))
+                               deps.registry.resources, shared=sessions.home_reads(task_id))
 
         started: ActorRef[Any] = await sup.ask(
             StartChild(ChildSpec(f"session:{name}", make, Restart.TRANSIENT, shutdown_timeout=5.0)),
@@ -201,6 +201,7 @@ class TaskSupervision:
 
     def task_stopped(self, task_id: str) -> None:
         self._release(task_id)  # its running slot goes to the next task
+        self.branch_host.sessions.forget(task_id)
 
     def recovery_note(self, task_id: str) -> dict[str, Any] | None:
         return None if self.ownership is None else self.ownership.recovery_note(task_id)
