@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,12 +278,14 @@ class BranchHost:
 
     async def release(self, partitions: set[int]) -> None:
         """Cancel the branches of ``partitions`` (their lease was lost or handed over: the
-        new owner runs them from their last committed step)."""
+        new owner runs them from their last committed step, and calls their task's
+        sessions there)."""
         for (task_id, key), pool in list(self.pools.items()):
             for branch in list(self.pool_of[pool].tasks) if pool in self.pool_of else []:
                 if partition_of(branch_id(task_id, key, branch),
                                 self.deps.partitions) in partitions:
                     pool.tell(StopBranch(branch))
+                    self.sessions.spread_to_others(task_id)
 
     async def resume(self, partitions: set[int]) -> int:
         """Run the RUNNING branches placed on ``partitions`` (just acquired) whose task is
@@ -357,10 +360,9 @@ class BranchHost:
 
         def notify(statuses: dict[str, str], results: dict[str, Any]) -> None:
             ref = children.lookup_child(task_id, join)
-            if ref is not None:
-                ref.tell(BranchesDone(statuses, results))
-                return
-            if self.publish is None:
+            if ref is not None or self.publish is None:
+                if ref is not None:
+                    ref.tell(BranchesDone(statuses, results))
                 return
             env = branch_mail(MessageType.BRANCH_DONE, task_id, key, list(statuses),
                               statuses=statuses)
@@ -393,8 +395,6 @@ def _probe_id(partition: int, partitions: int) -> str:
     """An id whose partition is ``partition`` (``owns`` takes ids, not partitions)."""
     found = _probes.get((partition, partitions))
     if found is None:
-        i = 0
-        while partition_of(f"p{i}", partitions) != partition:
-            i += 1
-        found = _probes[(partition, partitions)] = f"p{i}"
+        found = _probes[(partition, partitions)] = next(
+            f"p{i}" for i in itertools.count() if partition_of(f"p{i}", partitions) == partition)
     return found
