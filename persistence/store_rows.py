@@ -24,6 +24,7 @@ from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.fork import ForkRequest, fork_txn
 from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
+from ratchet.persistence.session_rows import SessionRows
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
 from ratchet.persistence.writer import Writer
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT
@@ -79,7 +80,7 @@ def _branch(status: str, result: bytes | None, error: bytes | None,
     return {"status": status, "result": secrets.unpack_optional(result), "error": _unpack(error)}
 
 
-class RowReads(BranchRows, _StoreParts):
+class RowReads(BranchRows, SessionRows, _StoreParts):
 
     # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
 
@@ -104,47 +105,6 @@ class RowReads(BranchRows, _StoreParts):
             " >= 'model:' AND idempotency_key < 'model;' AND kind = 'model'"
             " ORDER BY created_at DESC LIMIT ?", (tenant, limit))
         return [action_record(r, self.secrets.unpack_optional) for r in rows]
-
-    async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
-        return (await self.session_state_at(task_id, session))[0]
-
-    async def session_state_at(self, task_id: str, session: str
-                               ) -> tuple[dict[str, Any], int]:
-        row = await self._row(
-            "SELECT state, version FROM tool_sessions WHERE task_id = ? AND session = ?",
-            (task_id, session))
-        return ({}, 0) if row is None else (dict(self.secrets.unpack(row[0])), int(row[1]))
-
-    async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
-                                 now: float) -> None:
-        await self._save_session(task_id, session, state, now, None)
-
-    async def save_session_state_if(self, task_id: str, session: str, state: dict[str, Any],
-                                    now: float, version: int) -> bool:
-        return await self._save_session(task_id, session, state, now, version)
-
-    async def _save_session(self, task_id: str, session: str, state: dict[str, Any],
-                            now: float, version: int | None) -> bool:
-        """``version`` None: whatever the row's (migration 25: a compare-and-set else)."""
-        packed = self.secrets.pack(state)  # a token kept as SecretStr is sealed
-
-        def txn(conn: sqlite3.Connection) -> bool:
-            cas = "" if version is None else " AND version = ?"
-            updated = conn.execute(
-                "UPDATE tool_sessions SET state = ?, updated_at = ?, version = version + 1"
-                f" WHERE task_id = ? AND session = ?{cas}",
-                (packed, now, task_id, session, *(() if version is None else (version,))))
-            if updated.rowcount == 1:
-                return True
-            if version not in (None, 0):
-                return False
-            inserted = conn.execute(
-                "INSERT OR IGNORE INTO tool_sessions(task_id, session, state, updated_at,"
-                " version) VALUES (?,?,?,?,1)", (task_id, session, packed, now))
-            return bool(inserted.rowcount == 1)
-
-        saved: bool = await self._writer.submit(self._fenced(task_id, txn))
-        return saved
 
     async def next_timer_due(self) -> float | None:
         row = await self._row(

@@ -12,11 +12,12 @@ import pytest
 from structlog.testing import capture_logs
 
 from ratchet.actors.core.actor import ActorSystem
-from ratchet.actors.effects.session_state import merged, save_change
+from ratchet.actors.effects.session_state import save_change
 from ratchet.actors.effects.tool_calls import Invoke
 from ratchet.actors.effects.tool_session import ToolSession
 from ratchet.actors.task.branch_sessions import BranchSessions
 from ratchet.persistence import Store
+from ratchet.persistence.session_rows import merged
 from ratchet.persistence.store_select import open_store
 from ratchet.protocol import FakeClock
 from tests.test_tool_sessions import PageArgs, read_page, through_the_local_worker
@@ -39,16 +40,17 @@ async def test_a_write_that_lost_the_race_keeps_the_winners_changes_and_adds_its
         state, version = await save_change(store, "t1", "s", {}, {"cursor": 1}, 0, 1.0)
         assert (state, version) == ({"cursor": 1}, 1)
         # Two writers read version 1; the first wins, the second is merged over it.
-        assert await store.save_session_state_if("t1", "s", {"cursor": 1, "a": 1}, 2.0, 1)
+        assert await store.merge_session_state("t1", "s", {"cursor": 1}, {"cursor": 1, "a": 1},
+                                               1, 2.0) == ({"cursor": 1, "a": 1}, 2, False)
         with capture_logs() as logs:
             state, version = await save_change(store, "t1", "s", {"cursor": 1},
                                                {"cursor": 1, "b": 2}, 1, 3.0)
         assert (state, version) == ({"cursor": 1, "a": 1, "b": 2}, 3)
         assert await store.session_state_at("t1", "s") == ({"cursor": 1, "a": 1, "b": 2}, 3)
         assert any(entry["event"].startswith("session state changed") for entry in logs)
-        # A stale compare-and-set writes nothing.
-        assert not await store.save_session_state_if("t1", "s", {}, 4.0, 2)
-        assert await store.session_state("t1", "s") == {"cursor": 1, "a": 1, "b": 2}
+        # A removal is a change too; the keys the call did not touch are kept.
+        assert await store.merge_session_state("t1", "s", {"cursor": 1, "a": 1}, {"a": 1},
+                                               2, 4.0) == ({"a": 1, "b": 2}, 4, True)
     finally:
         await store.close()
 
