@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BRANCH_PLACEMENT_DDL", "BRANCH_STEPS_DDL"]
+__all__ = ["BRANCH_PLACEMENT_DDL", "BRANCH_STEPS_DDL", "SESSION_DDL"]
 
 # next_node NULL: the branch has committed no step yet (it starts at its graph's start, from
 # its initial state). state and visits: msgpack, secrets sealed, as of the step committed
@@ -30,3 +30,8 @@ ALTER TABLE branches ADD COLUMN partition INTEGER;
 ALTER TABLE branches ADD COLUMN input BLOB;
 CREATE INDEX branches_running_partition ON branches(partition) WHERE status = 'RUNNING'
 """
+
+# Migration 25: a tool session's state version, since the branches placed on other nodes
+# call the task's sessions there (persistence/session_rows.py writes a call's change under
+# it). 0 on the rows written before it.
+SESSION_DDL = "ALTER TABLE tool_sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0"

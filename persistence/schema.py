@@ -1,9 +1,8 @@
-"""The schema, as ordered migrations (version, name, SQL), each run once in its own transaction
-(persistence/migrations.py applies them). Never edit a released migration: append a new one."""
+"""The schema: migrations (version, name, SQL), each run once (migrations.py). Append; never edit."""
 
 from __future__ import annotations
 
-from ratchet.persistence.branch_schema import BRANCH_PLACEMENT_DDL, BRANCH_STEPS_DDL
+from ratchet.persistence.branch_schema import BRANCH_PLACEMENT_DDL, BRANCH_STEPS_DDL, SESSION_DDL
 from ratchet.persistence.drift_schema import RECONCILE_DDL
 from ratchet.persistence.ops_schema import OPS_DDL
 from ratchet.persistence.sandbox_schema import SANDBOX_DDL
@@ -397,6 +396,5 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (22, "PostgreSQL only: a task change in one call (postgres/change_sql.py)", ""),
     (23, "a fan-out branch's progress: next node, state, steps, attempts", BRANCH_STEPS_DDL),
     (24, "where a branch runs: its partition, its initial state", BRANCH_PLACEMENT_DDL),
-    (25, "tool_sessions.version: a session's state written by compare-and-set",
-     "ALTER TABLE tool_sessions ADD COLUMN version INTEGER NOT NULL DEFAULT 0"),
+    (25, "tool_sessions.version: a session's state written as a change", SESSION_DDL),
 ]

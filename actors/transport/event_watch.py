@@ -119,7 +119,9 @@ async def follow(feed: EventFeed, task_id: str, after: int, *, follow_terminal: 
                 yield event
                 if event.type in TERMINAL_EVENTS and not follow_terminal:
                     return
-            msg = await feed.buffered()  # arrived already: no task nor timer to wait for it
+            # Arrived already: no task nor timer to wait for it. Not while a read is pending,
+            # which would take the next message after this one (the feed's order check).
+            msg = await feed.buffered() if reading is None else None
             if msg is None:
                 wait = idle_timeout if known else missing_after
                 if order.gap_since is not None:
