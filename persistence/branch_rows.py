@@ -91,6 +91,11 @@ class BranchStore(Protocol):
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
         ...
 
+    async def branches_named(self, task_id: str, node: str,
+                             names: list[str]) -> dict[str, dict[str, Any]]:
+        """The rows of those of ``names`` (as :meth:`branches` reads them)."""
+        ...
+
     async def branch_inputs(self, task_id: str, node: str,
                             branches: list[str]) -> dict[str, dict[str, Any]]:
         """The initial state of those of ``branches`` of the fan-out ``node`` whose rows

@@ -179,6 +179,18 @@ class RowReads(BranchRows, SessionRows, _StoreParts):
             (task_id, node))
         return {r[0]: _branch(r[1], r[2], r[3], self.secrets) for r in rows}
 
+    async def branches_named(self, task_id: str, node: str,
+                             names: list[str]) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(names), 500):  # within SQLite's host parameters
+            chunk = names[i:i + 500]
+            for r in await self._rows(
+                    "SELECT branch, status, result, error FROM branches WHERE task_id = ?"
+                    f" AND node = ? AND branch IN ({','.join('?' * len(chunk))})",
+                    (task_id, node, *chunk)):
+                found[r[0]] = _branch(r[1], r[2], r[3], self.secrets)
+        return found
+
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
         r = await self._row(
             "SELECT status, result, error FROM branches WHERE task_id = ? AND node = ?"

@@ -10,6 +10,7 @@ the task's view of the visit (no NATS, no read); the others get mail.
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from typing import Any
 
@@ -60,11 +61,13 @@ async def place_branches(actor: TaskKernel, key: str, names: list[str], context:
     if here:  # every partition this node holds at once: one call, no mail
         await host.handle(branch_mail(MessageType.BRANCH_START, actor.task_id, key, here,
                                       node=node, fresh=fresh), context)
-    for partition, group in parts.items():
-        if not host.holds(partition):
-            env = branch_mail(MessageType.BRANCH_START, actor.task_id, key, group, node=node,
-                              fresh=fresh, armed=[b for b in group if b in context.armed])
-            await host.send(actor.task_id, partition, env, context)
+    # The other partitions' mails at once, not one ack after another: a moving window
+    # (branch_window.py) sends a few after each settlement, from the task actor's turn.
+    await asyncio.gather(*(
+        host.send(actor.task_id, partition, branch_mail(
+            MessageType.BRANCH_START, actor.task_id, key, group, node=node, fresh=fresh,
+            armed=[b for b in group if b in context.armed]), context)
+        for partition, group in parts.items() if not host.holds(partition)))
 
 
 def _partitions(actor: TaskKernel, key: str, names: list[str] | None) -> set[int]:

@@ -9,8 +9,10 @@ completion set (its join), therefore starts its branches through a window:
 - a visit's branches are started in their order (a fan-out's as declared, a map's by
   item), the first ``limit`` at once;
 - each settlement counted by the join moves the window on: with ``settled`` branches
-  settled, the first ``limit + settled`` have been started (``fanout.window_end``), so the
-  next ones are sent ``branch.start`` as the join tells the task (``WindowMoved``);
+  settled, the first ``limit + settled`` may be started (``fanout.window_end``), so the
+  next ones are sent ``branch.start`` as the join tells the task (``WindowMoved``, in
+  steps of an eighth of the window: a move costs the task a turn and a mail per
+  partition);
 - the window needs no row of its own: which branches were started follows from the rows'
   statuses (pure: ``fanout.started``), so a restarted task, and a node taking a partition
   over (``BranchHost.resume``), start exactly the started ones still RUNNING, never one
@@ -41,7 +43,6 @@ class _Window:
     limit: int
     upto: int  # names[:upto] have been started
     context: FanoutContext
-    fresh: bool
 
 
 #: Per task actor, per fan-out key: the window of a visit it started.
@@ -50,14 +51,13 @@ _windows: weakref.WeakKeyDictionary[TaskKernel, dict[str, _Window]] = \
 
 
 def open_window(actor: TaskKernel, key: str, names: list[str],
-                statuses: Mapping[str, str], limit: int, context: FanoutContext,
-                fresh: bool) -> list[str]:
+                statuses: Mapping[str, str], limit: int, context: FanoutContext) -> list[str]:
     """The visit's window as its task starts it (or starts it again): the branches to
     start now. Kept for :func:`on_window_moved` when there are more than ``limit``."""
     settled = sum(1 for b in names if statuses.get(b, "RUNNING") != "RUNNING")
     end = window_end(len(names), limit, settled)
     if end < len(names):
-        _windows.setdefault(actor, {})[key] = _Window(list(names), limit, end, context, fresh)
+        _windows.setdefault(actor, {})[key] = _Window(list(names), limit, end, context)
     else:
         _windows.get(actor, {}).pop(key, None)
     return started(names, statuses, limit)
@@ -76,7 +76,10 @@ async def on_window_moved(actor: TaskKernel, moved: WindowMoved) -> None:
     due, window.upto = window.names[window.upto:end], end
     if window.upto >= len(window.names):
         _windows[actor].pop(moved.key, None)
-    await place_branches(actor, moved.key, due, window.context, fresh=window.fresh)
+    # Not ``fresh`` even in a fresh visit: a node that took a partition over may have run
+    # (and settled) one of them already, from the rows' view of the window; the host then
+    # reads which are still RUNNING before it runs them.
+    await place_branches(actor, moved.key, due, window.context, fresh=False)
 
 
 

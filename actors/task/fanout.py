@@ -216,10 +216,11 @@ class JoinActor(Actor):
     def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
                  branches: list[str], store: TaskStore, tell_task: Any,
                  timer_fired: bool, rows: dict[str, Any] | None = None,
-                 window: bool = False) -> None:
+                 window: int = 0) -> None:
         """``rows``: the fan-out's branch rows as its starter just read or wrote them (saves
-        reading them at start); None: read them. ``window``: the task starts the branches
-        as others settle (more than ``max_concurrency``): tell it each new count."""
+        reading them at start); None: read them. ``window``: the fan-out's
+        ``max_concurrency`` when the task starts the branches as others settle (it has
+        more branches): tell it the settled count (0: never)."""
         self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
         # By name, not by ref: the task actor may be restarted while the branches run.
         self.branches, self.store, self.tell_task = branches, store, tell_task
@@ -229,6 +230,9 @@ class JoinActor(Actor):
         self.results: dict[str, Any] = {}  # of SUCCEEDED branches: read, or told with them
         self.verdict: JoinDone | None = None
         self.rows = rows
+        #: Told in steps of an eighth of the window: each move costs the task a turn and a
+        #: mail per partition, and a window that is 7/8 full at worst runs as well.
+        self.step = max(1, window // 8)
         self.window, self.told = window, -1  # the settled count the task was last told
 
     async def on_start(self) -> None:
@@ -255,18 +259,16 @@ class JoinActor(Actor):
             # repeat, a late or a forged notification cannot settle a branch the store does
             # not hold as settled.
             named = [b for b in message.statuses if self.statuses.get(b) == "RUNNING"]
-            if len(named) == 1:
-                row = await self.store.branch(self.task_id, self.key, named[0])
-                if row is not None and row["status"] != "RUNNING":
-                    self.statuses[named[0]] = row["status"]
+            # Only the rows named (a wide fan-out's notices come in many small groups).
+            rows = await self.store.branches_named(self.task_id, self.key, named) \
+                if named else {}
+            for branch, row in rows.items():
+                if row["status"] != "RUNNING":
+                    self.statuses[branch] = row["status"]
                     self.counts.update({"RUNNING": -1, row["status"]: 1})
                     if row["status"] == "SUCCEEDED":
-                        self.results[named[0]] = row.get("result")
-                await self._evaluate()
-            elif named:
-                await self._evaluate(await self._recount())
-            else:
-                await self._evaluate()
+                        self.results[branch] = row.get("result")
+            await self._evaluate()
         elif isinstance(message, JoinTimeout):
             # Decide on the store's view, not on notifications still in flight: a branch
             # that finished before the deadline must not count as late.
@@ -302,7 +304,9 @@ class JoinActor(Actor):
         only when it holds a SUCCEEDED branch without its result."""
         if self.window and self.verdict is None:
             settled = len(self.branches) - self.counts["RUNNING"]
-            if settled > self.told:
+            # Never more than the window's size behind: the branches in flight then are
+            # at least ``window - step``, and their settlements tell again.
+            if settled >= self.told + self.step or (self.told < 0 and settled > self.told):
                 self.told = settled
                 self.tell_task(self.task_id, WindowMoved(self.key, settled))
         if self.verdict is not None or not may_decide(self.policy, self.counts, self.timed_out):
