@@ -4,6 +4,8 @@ share/hand-over rules on a fake clock."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -157,12 +159,12 @@ class _Work:
 
 async def _settle(*managers: LeaseManager) -> None:
     """Ticks until nothing moves (hand-overs run in the background of a tick)."""
-    import asyncio
+
 
     for _ in range(6):
         for m in managers:
             await m.tick()
-            for task in list(m._handovers):
+            for task in list(m._background):
                 await asyncio.wait_for(task, 5)
 
 
@@ -234,7 +236,7 @@ async def test_a_read_sees_every_commit_made_before_it_began_even_under_load(
         where: str | Path) -> None:
     """Reads of many actors run at once on the read connection; none may keep it on an old
     snapshot (a restarted actor would load a version its predecessor already moved past)."""
-    import asyncio
+
 
     reader, writer = await _stores(where)
     try:
@@ -257,3 +259,45 @@ async def test_a_read_sees_every_commit_made_before_it_began_even_under_load(
     finally:
         await reader.close()
         await writer.close()
+
+
+async def _until_asleep(clock: FakeClock, sleepers: int) -> None:
+    while clock.sleepers < sleepers:  # noqa: ASYNC110 - yields to the loop; bounded by the caller
+        await asyncio.sleep(0)
+
+
+async def test_renewal_goes_on_while_a_tick_is_stuck_in_its_hooks(where: str | Path) -> None:
+    """A tick that hangs (a heartbeat queued behind other writes, a takeover recovering
+    hundreds of tasks) must not hold the renewals up: they have a loop of their own, so
+    the node keeps its leases and its writes go on."""
+    clock = FakeClock(start=1000.0)
+    a_store, b_store = await _stores(where, clock)
+    stuck, release = asyncio.Event(), asyncio.Event()
+
+    async def each_tick() -> None:
+        if stuck.is_set():
+            await release.wait()
+
+    hooks = _Work().hooks()
+    hooks.each_tick = each_tick
+    a = LeaseManager(a_store, clock, "node-a", P, hooks, LeaseSettings(ttl=5.0, interval=1.0))
+    serving: asyncio.Task[None] | None = None
+    try:
+        await a.start()
+        task_id = "t0"
+        stuck.set()
+        serving = asyncio.get_running_loop().create_task(a.serve())
+        await asyncio.wait_for(_until_asleep(clock, 2), 5)  # the tick loop and the renewals
+        for _ in range(12):  # 12 s: more than twice the TTL, the tick stuck all along
+            clock.advance(1.0)
+            await asyncio.wait_for(_until_asleep(clock, 1), 5)  # the renewal slept again
+        assert a.token_for(task_id)[1] == a.held[partition_of(task_id, P)]  # not Fenced
+        assert [row.owner for row in await b_store.leases()] == ["node-a"] * P
+    finally:
+        release.set()
+        if serving is not None:
+            serving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await serving
+        await a_store.close()
+        await b_store.close()

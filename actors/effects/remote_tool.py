@@ -73,6 +73,10 @@ from ratchet.protocol.tracing import outbound_headers
 #: imports them by (they are every tool's now: tool_calls.py, local_tools.py).
 __all__ = ["JetStreamTools", "RemoteAsk", "no_remote_tools"]
 
+#: Pauses before asking a silent worker's ping subject again ("no responders" only
+#: counts as death when it holds for all of them).
+_PING_AGAIN_S = (0.1, 0.4)
+
 log = structlog.get_logger("ratchet.remote_tool")
 
 
@@ -145,17 +149,24 @@ class JetStreamTools:
 
     async def _alive(self, tenant: str, worker: str, timeout: float) -> bool:
         """Whether ``worker`` may still be there: False only when NATS answers "no
-        responders" on its ping subject (nobody subscribed: its connection is gone). A
-        probe answered late, or not at all, is not taken as death: the call goes on, and
-        its own timeout decides (UNKNOWN, reconciled)."""
-        try:
-            await self.bus.nc.request(tool_ping_subject(tenant, worker), b"",
-                                      timeout=min(self.probe_timeout, timeout))
-        except NoRespondersError:
-            return False
-        except (TimeoutError, NatsError):
+        responders" on its ping subject three times over half a second (nobody
+        subscribed: its connection is gone — not a subscription still on its way to this
+        server, through a cluster's routes or a reload of the server's users). A probe
+        answered late, or not at all, is not taken as death: the call goes on, and its own
+        timeout decides (UNKNOWN, reconciled)."""
+        for pause in (*_PING_AGAIN_S, None):
+            try:
+                await self.bus.nc.request(tool_ping_subject(tenant, worker), b"",
+                                          timeout=min(self.probe_timeout, timeout))
+            except NoRespondersError:
+                if pause is None:
+                    return False
+                await asyncio.sleep(pause)  # the probe's own pacing, not a test's wait
+                continue
+            except (TimeoutError, NatsError):
+                return True
             return True
-        return True
+        return False
 
     async def _subscribe(self) -> None:
         if self._subscribed:

@@ -1,13 +1,14 @@
 """The lease manager: which partitions this node owns, kept true against the store.
 
-Every ``interval`` (about ttl / 4) it:
+Every ``interval`` (about ttl / 4), in a loop of its own that waits for nothing else, it
+renews its leases; a lease it could not renew (another node holds a newer token) is
+*lost*: the node refuses its writes at once and isolates that partition (stops consuming its
+mail and stops its task actors) right after, in the background. And every ``interval`` a
+tick:
 
 1. records the node's heartbeat (liveness plus what it holds and runs) and reads back its
    status — an operator's ``drain`` is seen here;
-2. renews its leases; a lease it could not renew (another node holds a newer token) is
-   *lost*: the node isolates that partition at once (its writes were already refused by the
-   store) — stops consuming its mail and stops its task actors;
-3. rebalances: its target is an equal share of the partitions among the live, active
+2. rebalances: its target is an equal share of the partitions among the live, active
    nodes (zero while draining). Above target, it hands partitions over cleanly (stop their
    mail and tasks at a safe point, then release the lease); below target, it acquires free
    or expired leases — that is the reaper: a dead node's leases expire and the survivors
@@ -66,7 +67,8 @@ async def _nothing() -> None:
 
 @dataclass
 class LeaseHooks:
-    """What the node does when partitions come and go (all awaited, in the tick)."""
+    """What the node does when partitions come and go (run under the tick lock, one after
+    another: in the tick, or after a renewal, in the background)."""
 
     acquired: Callable[[list[LeaseRow]], Awaitable[None]]
     #: Lost without warning: isolate now (the store already refuses the writes).
@@ -119,8 +121,11 @@ class LeaseManager(ServiceActor):
         self.holding = holding or HeldLeases(node_id, partitions, clock, self.settings.safety)
         self.status = "active"
         self._tick_lock = asyncio.Lock()
+        #: Held around each renewal and release: the two never interleave in the store.
+        self._renew_lock = asyncio.Lock()
         self._handing_over: set[int] = set()
-        self._handovers: set[asyncio.Task[None]] = set()
+        #: Hand-overs and the hooks of renewals, running in the background.
+        self._background: set[asyncio.Task[None]] = set()
         self._rng = random.Random()
         self._reclaim = False
         #: Set when the node begins a clean stop: ticks only renew from then on.
@@ -168,18 +173,36 @@ class LeaseManager(ServiceActor):
             self._reclaim = False
 
     async def serve(self) -> None:
+        # Renewal has a loop of its own: nothing a tick does (a heartbeat queued behind
+        # other writes, acquiring partitions and recovering their tasks) may delay it past
+        # the TTL — a renewal that waited for the tasks a late renewal resumed made the next
+        # one late too, and a loaded node's leases lapsed over and over.
+        renewing = asyncio.get_running_loop().create_task(self._renew_loop())
+        try:
+            while True:
+                await self.clock.sleep(self.settings.interval)
+                try:
+                    await self.tick(renew=False)
+                except Exception as exc:  # the store is unreachable: retried next tick
+                    log.error("lease tick failed", error=repr(exc))
+        finally:
+            renewing.cancel()
+
+    async def _renew_loop(self) -> None:
         while True:
             await self.clock.sleep(self.settings.interval)
             try:
-                await self.tick()
+                await self._renew(defer_hooks=True)
             except Exception as exc:  # the store is unreachable: leases lapse, writes stop
-                log.error("lease tick failed", error=repr(exc))
-                await self._expire_overdue()
+                log.error("lease renewal failed", error=repr(exc))
+                self._later(self._expire_overdue())
 
-    async def tick(self) -> None:
+    async def tick(self, *, renew: bool = True) -> None:
+        """Renew (unless the renewal loop does), heartbeat, rebalance; the hooks of what
+        changed are awaited here, under the tick lock, one change after another."""
         async with self._tick_lock:
-            # Renewal first: on a loaded node nothing else may delay it.
-            await self._renew()
+            if renew:  # first: on a loaded node nothing else may delay it
+                await self._renew()
             if self.stopping:
                 return  # shutting down: keep what we hold until release_all, take nothing
             self.status = await self.store.node_heartbeat(self.node_id, self.clock.now(),
@@ -198,12 +221,13 @@ class LeaseManager(ServiceActor):
             log.warning("lease tick still running at stop; releasing anyway")
         else:
             self._tick_lock.release()
-        for task in list(self._handovers):
+        for task in list(self._background):
             task.cancel()
-        if self.held:
+        async with self._renew_lock:
             held = self.holding.release_all()
-            await self.store.release_leases(self.node_id, held)
-            log.info("leases released", partitions=sorted(held))
+            if held:
+                await self.store.release_leases(self.node_id, held)
+                log.info("leases released", partitions=sorted(held))
         await self.store.set_node_status(self.node_id, "stopped")
 
     # -- internals ------------------------------------------------------------------------
@@ -213,27 +237,56 @@ class LeaseManager(ServiceActor):
                 "fenced_writes": self.fenced_writes,
                 **self.hooks.info()}
 
-    async def _renew(self) -> None:
-        if not self.held:
-            return
-        # Read before the renewal: the store's expiry is at least this far ahead.
-        since = self.clock.monotonic()
-        lost = await self.store.renew_leases(self.node_id, self.held, self.settings.ttl)
-        for partition in self.held:
-            if partition not in lost:
-                self.holding.valid_until[partition] = since + self.settings.ttl
-        resumed = sorted(p for p in self.holding.lapsed if p in self.held and p not in lost)
-        self.holding.lapsed.clear()
+    async def _renew(self, *, defer_hooks: bool = False) -> None:
+        """Renew what is held; the hooks of partitions resumed or lost run after, awaited
+        (a tick) or under the tick lock in the background (the renewal loop)."""
+        async with self._renew_lock:
+            held = dict(self.held)
+            if not held:
+                return
+            # Read before the renewal: the store's expiry is at least this far ahead.
+            since = self.clock.monotonic()
+            lost = await self.store.renew_leases(self.node_id, held, self.settings.ttl)
+            took = self.clock.monotonic() - since
+            if took > self.settings.ttl / 3:  # an operator's early sign of lapses to come
+                log.warning("lease renewal slow", seconds=round(took, 3),
+                            ttl=self.settings.ttl)
+            for partition in held:
+                if partition not in lost and partition in self.held:
+                    self.holding.valid_until[partition] = since + self.settings.ttl
+            resumed = sorted(p for p in self.holding.lapsed
+                             if p in held and p in self.held and p not in lost)
+            self.holding.lapsed.difference_update(held)
+            if lost:
+                log.error("leases lost: another node holds them now; isolating",
+                          partitions=lost)
+                self._drop(lost)  # writes refused from now on; the hook isolates
         if resumed:
             # Renewal came late, but nobody took the partitions: the tasks whose writes were
             # refused meanwhile stopped; start them again from their checkpoints.
             log.warning("leases renewed late; resuming their tasks", partitions=resumed)
+        changed = self._changed(resumed, lost)
+        if defer_hooks:
+            self._later(changed)
+        else:
+            await changed
+
+    async def _changed(self, resumed: list[int], lost: list[int]) -> None:
+        if resumed:
             await self.hooks.resumed(resumed)
         if lost:
-            log.error("leases lost: another node holds them now; isolating",
-                      partitions=lost)
-            self._drop(lost)
             await self.hooks.lost(lost)
+
+    def _later(self, work: Awaitable[None]) -> None:
+        """Run ``work`` under the tick lock, in the background (in order with the ticks'
+        own hooks)."""
+        async def locked() -> None:
+            async with self._tick_lock:
+                await work
+
+        task = asyncio.get_running_loop().create_task(locked())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _expire_overdue(self) -> None:
         now = self.clock.monotonic()
@@ -263,8 +316,8 @@ class LeaseManager(ServiceActor):
             # In the background: stopping tasks at a safe point may take a while, and the
             # ticks must go on renewing (the partitions are still ours until released).
             task = asyncio.get_running_loop().create_task(self._hand_over(surplus, target))
-            self._handovers.add(task)
-            task.add_done_callback(self._handovers.discard)
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
             return
         if keeping >= target or self._handing_over:
             return
@@ -292,7 +345,7 @@ class LeaseManager(ServiceActor):
     async def _hand_over(self, partitions: list[int], target: int) -> None:
         try:
             await self.hooks.handing_over(partitions)
-            async with self._tick_lock:
+            async with self._tick_lock, self._renew_lock:
                 released = {p: self.held[p] for p in partitions if p in self.held}
                 self._drop(list(released))
                 await self.store.release_leases(self.node_id, released)
@@ -304,6 +357,6 @@ class LeaseManager(ServiceActor):
             self._handing_over.difference_update(partitions)
 
     async def on_stop(self) -> None:
-        for task in list(self._handovers):
+        for task in list(self._background):
             task.cancel()
         await super().on_stop()
