@@ -12,7 +12,7 @@
 - fanout_1000_speedup_3nodes: 1node / 3nodes;
 - fanout_1000x50ms_join_s_1node / _3nodes, fanout_1000x50ms_speedup_3nodes: the same with
   ``wide_io``, branches that each wait 50 ms (a tool's latency; at most 64 of a fan-out's
-  branches run at once in the cluster, the default ``max_concurrency``).
+  branches run at once on each node, the default when a fan-out sets no ``max_concurrency``).
 
 Every node is a real subprocess; on this 2-core machine three nodes share two cores and one
 SQLite file, so the figure says what placement costs or gains there, not on three hosts.

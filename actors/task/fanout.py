@@ -17,11 +17,13 @@ holds. A ``branch.done`` mail (from a node of an earlier release, or forged) is 
 nudge: the join reads that branch's row before it counts it. Repeats and out-of-order
 notifications change nothing a set does not already hold.
 
-At most ``max_concurrency`` branches of one fan-out run their body at once
-(``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): in the cluster, the task
-starts them through a window (actors/task/branch_window.py; which were started follows
-from the rows: :func:`started`); on a node, each started branch waits for a slot of its
-fan-out's :func:`branch_slot`. A waiting branch holds no slot, so stopping it (the join
+At most ``max_concurrency`` branches of one fan-out run their body at once, in the whole
+cluster: the task starts them through a window (actors/task/branch_window.py; which were
+started follows from the rows: :func:`started`), and on a node each started branch waits
+for a slot of its fan-out's :func:`branch_slot`. A fan-out that sets none has no window
+(:func:`window_size`): every branch is started where it is placed, and each node runs at
+most ``DEFAULT_BRANCH_CONCURRENCY`` of them at once — a bound for the node's neighbours,
+not a property of the workflow, so more nodes run more of them. A waiting branch holds no slot, so stopping it (the join
 decided, the task was cancelled) is as prompt as for a running one. A branch's time budget
 counts from when it gets its slot.
 """
@@ -49,7 +51,7 @@ from ratchet.protocol.catalogue import EventType
 __all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchDone", "BranchesDone", "JoinActor", "JoinDone",
            "JoinTimeout", "ResendVerdict", "WindowMoved", "branch_order", "branch_settlement",
            "branch_slot", "branch_timer", "branch_timer_id", "started", "started_in_window",
-           "window_end"]
+           "window_end", "window_size"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -106,6 +108,12 @@ def branch_slot(task_id: str, key: str, limit: int) -> AbstractAsyncContextManag
     return _Slot(task_id, key, limit)
 
 
+def window_size(max_concurrency: int | None, total: int) -> int:
+    """The cluster-wide window of a visit of ``total`` branches: the fan-out's own
+    ``max_concurrency``, or all of them when it sets none (each node's pool bounds those)."""
+    return max_concurrency or total
+
+
 def window_end(total: int, limit: int, settled: int) -> int:
     """How many of a visit's branches, in order, have been started when ``settled`` of them
     are settled: the first ``limit``, and one more for each settled."""
@@ -132,9 +140,8 @@ def started_in_window(node: Any, rows: Mapping[str, Mapping[str, Any]]) -> list[
     statuses = {b: str(r.get("status", "RUNNING")) for b, r in rows.items()}
     if not isinstance(node, MapNode | FanoutNode):
         return [b for b, s in statuses.items() if s == "RUNNING"]
-    limit = node.max_concurrency or DEFAULT_BRANCH_CONCURRENCY
     order = branch_order(rows, True) if isinstance(node, MapNode) else list(node.branches)
-    return started(order, statuses, limit)
+    return started(order, statuses, window_size(node.max_concurrency, len(order)))
 
 
 def branch_timer_id(task_id: str, key: str, branch: str) -> str:

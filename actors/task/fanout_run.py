@@ -28,6 +28,7 @@ from ratchet.actors.task.fanout import (
     ResendVerdict,
     branch_timer,
     branch_timer_id,
+    window_size,
 )
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga
@@ -117,7 +118,8 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
         f"join:{actor.task_id}:{key}")
     known = dict(rows)
-    windowed = limit if len(names) > limit else 0  # started as others settle: branch_window.py
+    window = window_size(visit.max_concurrency, len(names))
+    windowed = window if len(names) > window else 0  # started as others settle: branch_window.py
     specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda restarts: JoinActor(
         task_id=actor.task_id, key=key, node=visit.node, policy=visit.policy, branches=names,
         store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired,
@@ -131,7 +133,7 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     if running:
         context = _context(actor, visit, limit, armed)
         statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in names}
-        due = open_window(actor, key, names, statuses, limit, context)
+        due = open_window(actor, key, names, statuses, window, context)
         if due:
             await place_branches(actor, key, due, context, fresh=fresh)
         host: BranchHost = actor.deps.branches
