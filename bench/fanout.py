@@ -14,7 +14,10 @@
   (``RATCHET_BENCH_SYNCHRONOUS``, as for the other figures); ``fanout_100_node_cpu_ms_*``:
   the node's CPU time per run (mean), which a shared machine disturbs less than the wall;
 - fanout_100x10_join_ms, fanout_100x10_node_cpu_ms: the same with branches of ten trivial
-  steps (``bench.fan100x10``: 900 branch checkpoints a run), the node's default setting.
+  steps (``bench.fan100x10``: 900 branch checkpoints a run), the node's default setting;
+- fanout_1000_join_s_1node / _3nodes, fanout_1000_speedup_3nodes,
+  fanout_1000_branches_per_node: the 1,000-branch fan-out on one node, then on three
+  sharing one store, its branches placed by partition (``bench/fanout_nodes.py``).
 
 The node is a real ``ratchet serve`` subprocess joined to a real nats-server.
 """
@@ -35,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import ratchet
+from bench import fanout_nodes
 from bench.steps import SYNCHRONOUS, NodeProc, publish_submit
 from ratchet.protocol.codec import decode_map, encode
 from ratchet.protocol.ids import new_id, task_id_for
@@ -170,6 +174,7 @@ async def main() -> None:
         ten = await join_100(Path(tmp), SYNCHRONOUS, "bench.fan100x10")
         results["fanout_100x10_join_ms"] = ten["ms"]
         results["fanout_100x10_node_cpu_ms"] = ten["cpu_ms"]
+        results.update(await fanout_nodes.measure(Path(tmp)))
     print(json.dumps(results))
 
 

@@ -78,4 +78,21 @@ for _i in range(100):
 
     busy_long.add_step(f"s{_i}", _beat)
 
-app = ratchet.Registry([wide, parked, hang, busy, busy_long])
+# bench/fanout_nodes.py: 1,000 branches that each wait 50 ms (a tool's or a model's latency),
+# at most 64 at once per node (the default max_concurrency, per node).
+wide_io = ratchet.Workflow("wide_io")
+_waits = ratchet.Workflow("waiting-branch")
+
+
+@_waits.step
+async def waits(ctx: ratchet.StepContext) -> dict[str, Any]:
+    import asyncio
+
+    await asyncio.sleep(0.05)
+    return {"output": 1}
+
+
+wide_io.fanout("spread", {f"b{i:04d}": _waits for i in range(BRANCHES)}, join="gather")
+wide_io.join("gather", of="spread", policy=JoinPolicy("all"), next=END)
+
+app = ratchet.Registry([wide, wide_io, parked, hang, busy, busy_long])

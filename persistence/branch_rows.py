@@ -91,6 +91,26 @@ class BranchStore(Protocol):
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
         ...
 
+    async def branches_named(self, task_id: str, node: str,
+                             names: list[str]) -> dict[str, dict[str, Any]]:
+        """The rows of those of ``names`` (as :meth:`branches` reads them)."""
+        ...
+
+    async def branch_inputs(self, task_id: str, node: str,
+                            branches: list[str]) -> dict[str, dict[str, Any]]:
+        """The initial state of those of ``branches`` of the fan-out ``node`` whose rows
+        hold one (migration 24), secrets opened."""
+        ...
+
+    async def running_branches(self, task_id: str, node: str) -> set[str]:
+        """The fan-out ``node``'s branches still RUNNING."""
+        ...
+
+    async def placed_branches(self, partitions: set[int]) -> dict[tuple[str, str], list[str]]:
+        """The RUNNING branches placed in ``partitions`` whose task is RUNNING, by
+        ``(task_id, fan-out key)``: what a node that takes those partitions over resumes."""
+        ...
+
     async def branch_progress(self, task_id: str, node: str,
                               branches: list[str] | None = None) -> dict[str, BranchProgress]:
         """The progress of the fan-out ``node``'s RUNNING branches that committed a step or
@@ -211,6 +231,36 @@ class BranchRows:
         unpack = self.secrets.unpack_optional
         return {r[0]: BranchProgress(r[1], unpack(r[2]) or {}, unpack(r[3]) or {}, int(r[4]),
                                      int(r[5])) for r in rows}
+
+    async def branch_inputs(self, task_id: str, node: str,
+                            branches: list[str]) -> dict[str, dict[str, Any]]:
+        rows: list[Any] = []
+        for i in range(0, len(branches), _IN_CHUNK):
+            chunk = branches[i:i + _IN_CHUNK]
+            rows += await self._rows(
+                "SELECT branch, input FROM branches WHERE task_id = ? AND node = ?"
+                f" AND input IS NOT NULL AND branch IN ({','.join('?' * len(chunk))})",
+                (task_id, node, *chunk))
+        unpack = self.secrets.unpack_optional
+        return {r[0]: unpack(r[1]) or {} for r in rows}
+
+    async def running_branches(self, task_id: str, node: str) -> set[str]:
+        return {r[0] for r in await self._rows(
+            "SELECT branch FROM branches WHERE task_id = ? AND node = ? AND status = 'RUNNING'",
+            (task_id, node))}
+
+    async def placed_branches(self, partitions: set[int]) -> dict[tuple[str, str], list[str]]:
+        if not partitions:
+            return {}
+        wanted = sorted(partitions)
+        rows = await self._rows(
+            "SELECT b.task_id, b.node, b.branch FROM branches b JOIN tasks t"
+            " ON t.task_id = b.task_id WHERE b.status = 'RUNNING' AND t.status = 'RUNNING'"
+            f" AND b.partition IN ({','.join('?' * len(wanted))})", wanted)
+        found: dict[tuple[str, str], list[str]] = {}
+        for task_id, key, branch in rows:
+            found.setdefault((task_id, key), []).append(branch)
+        return found
 
     async def finish_branches(self, task_id: str, node: str, producer: str, now: float,
                               settled: list[BranchSettlement], *,

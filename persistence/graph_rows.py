@@ -39,10 +39,13 @@ class BranchWrites:
     """Start branches of a fan-out (``start``), record a running branch's progress
     (``steps``), count a retry of a running branch (``retried``), run a settled one again
     (``reopen``: FAILED or TIMED_OUT back to RUNNING, keeping its progress), or settle the
-    ones still RUNNING (``settle``: branch → status) when the join decided."""
+    ones still RUNNING (``settle``: branch → status) when the join decided. ``placed``:
+    of the ``start`` branches, where each runs (its partition) and its initial state
+    (msgpack, secrets sealed), so that the owner of that partition can run it (migration 24)."""
 
     node: str
     start: list[str] = field(default_factory=list)
+    placed: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     settle: dict[str, str] = field(default_factory=dict)
     steps: list[BranchStep] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
@@ -64,7 +67,12 @@ class ApprovalWrite:
 
 
 def write_branches(conn: sqlite3.Connection, task_id: str, b: BranchWrites, now: float) -> None:
-    if b.start:
+    if b.start and b.placed:
+        conn.executemany(
+            "INSERT OR IGNORE INTO branches(task_id, node, branch, status, started_at,"
+            " partition, input) VALUES (?,?,?,'RUNNING',?,?,?)",
+            [(task_id, b.node, name, now, *b.placed[name]) for name in b.start])
+    elif b.start:
         conn.executemany(
             "INSERT OR IGNORE INTO branches(task_id, node, branch, status, started_at)"
             " VALUES (?,?,?,'RUNNING',?)", [(task_id, b.node, name, now) for name in b.start])

@@ -42,6 +42,7 @@ __all__ = [
     "NodeRow",
     "acquire_txn",
     "check_fence",
+    "check_fences",
     "ensure_partitions_txn",
     "heartbeat_txn",
     "release_txn",
@@ -172,6 +173,24 @@ def check_fence(conn: sqlite3.Connection, partition: int, token: int, now: float
         raise Fenced("write refused: this node's lease on the partition is gone",
                      partition=partition, token=token,
                      current_token=row[1] if row else None, owner=row[0] if row else None)
+
+
+def check_fences(conn: sqlite3.Connection, held: set[tuple[int, int]], now: float) -> None:
+    """:func:`check_fence` for several partitions at once (a group of branches of several
+    partitions), with one read of the lease table."""
+    if len(held) == 1:
+        (partition, token), = held
+        check_fence(conn, partition, token, now)
+        return
+    rows = {p: (o, t, e) for p, o, t, e in conn.execute(
+        "SELECT partition, owner, token, expires_at FROM leases")}
+    for partition, token in held:
+        row = rows.get(partition)
+        if row is None or row[1] != token or row[2] <= now:
+            raise Fenced("write refused: this node's lease on the partition is gone",
+                         partition=partition, token=token,
+                         current_token=row[1] if row else None,
+                         owner=row[0] if row else None)
 
 
 def acquire_txn(conn: sqlite3.Connection, partition: int, node: str, now: float,

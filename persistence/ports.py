@@ -44,6 +44,7 @@ from ratchet.persistence.ledger import ActionRecord
 from ratchet.persistence.metric_rows import MetricStore
 from ratchet.persistence.records import Fence, LoadedState, TaskRecord
 from ratchet.persistence.schedule_rows import ScheduleRow, ScheduleStore
+from ratchet.persistence.session_rows import SessionStore
 from ratchet.persistence.settle_rows import SettleStore
 from ratchet.persistence.sweep_rows import SweepStore
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, OutboxRow, TaskChange
@@ -74,7 +75,7 @@ OutboxListener = Callable[[list[OutboxRow]], None]
 
 
 @runtime_checkable
-class TaskStore(BranchStore, Protocol):
+class TaskStore(BranchStore, SessionStore, Protocol):
     """What task execution needs: the task actor and its helpers (actions, sagas, fan-out
     branches and joins, tool sessions), and the services that feed tasks (intake, the
     request API, mail/decision/confirmation routers, timers, recovery, partition work)."""
@@ -142,13 +143,6 @@ class TaskStore(BranchStore, Protocol):
 
     async def task_actions(self, task_id: str) -> list[ActionRecord]:
         """The task's actions in the order they were first recorded."""
-        ...
-
-    async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
-        ...
-
-    async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
-                                 now: float) -> None:
         ...
 
     # -- timers, waits, handoffs -------------------------------------------------------

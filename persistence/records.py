@@ -3,10 +3,26 @@ from the SQLite store so that the ports (and a second backend) need not import i
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Fence", "LoadedState", "TaskRecord"]
+__all__ = ["Fence", "LoadedState", "TaskRecord", "fence_keys", "fence_scope"]
+
+#: What the writes made in this context are fenced by, in place of their task's id: a
+#: fan-out branch's id (protocol/subjects.py ``branch_id``), set by the branch's own asyncio
+#: task, so that every write of the branch — its progress, settlement, tool calls — carries
+#: the lease of the partition the branch runs on, not its task's (which another node may
+#: hold). A context variable rather than a parameter: the branch's writes go through the
+#: action ledger and the tool runners, which know nothing of branches.
+#: Several ids: a group commit of branches of several partitions checks each one's lease.
+fence_scope: ContextVar[tuple[str, ...] | None] = ContextVar("ratchet_fence_scope",
+                                                            default=None)
+
+
+def fence_keys(task_id: str) -> tuple[str, ...]:
+    """What a write of ``task_id`` made in this context is fenced by (:data:`fence_scope`)."""
+    return fence_scope.get() or (task_id,)
 
 
 class Fence(Protocol):

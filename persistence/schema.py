@@ -1,9 +1,8 @@
-"""The schema, as ordered migrations (version, name, SQL), each run once in its own transaction
-(persistence/migrations.py applies them). Never edit a released migration: append a new one."""
+"""The schema: migrations (version, name, SQL), each run once (migrations.py). Append; never edit."""
 
 from __future__ import annotations
 
-from ratchet.persistence.branch_schema import BRANCH_STEPS_DDL
+from ratchet.persistence.branch_schema import BRANCH_PLACEMENT_DDL, BRANCH_STEPS_DDL, SESSION_DDL
 from ratchet.persistence.drift_schema import RECONCILE_DDL
 from ratchet.persistence.ops_schema import OPS_DDL
 from ratchet.persistence.sandbox_schema import SANDBOX_DDL
@@ -390,11 +389,12 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
     (17, "actions not settled, for the action sweeper (sweep_rows.py)", UNSETTLED_DDL),
     (18, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
-    (19, "tasks.traceparent: the trace a task's spans continue",  # W3C; NULL: untraced
-     "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),
+    (19, "tasks.traceparent: the trace a task's spans continue", "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),  # noqa: E501  W3C; NULL: untraced
     (20, "tasks.definition_hash: the workflow definition a task started on (definition.py)",
      "ALTER TABLE tasks ADD COLUMN definition_hash TEXT"),
     (21, "tasks.sandbox: a sandbox fork's marks (sandbox_rows.py)", SANDBOX_DDL),
     (22, "PostgreSQL only: a task change in one call (postgres/change_sql.py)", ""),
     (23, "a fan-out branch's progress: next node, state, steps, attempts", BRANCH_STEPS_DDL),
+    (24, "where a branch runs: its partition, its initial state", BRANCH_PLACEMENT_DDL),
+    (25, "tool_sessions.version: a session's state written as a change", SESSION_DDL),
 ]

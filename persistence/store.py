@@ -30,14 +30,14 @@ from ratchet.persistence.leases import (
     HostLeaseClock,
     LeaseClock,
     LeaseRows,
-    check_fence,
+    check_fences,
     sync_lease_epoch_txn,
 )
 from ratchet.persistence.ledger import ActionRecord, action_record
 from ratchet.persistence.metric_rows import MetricRows
 from ratchet.persistence.migrations import migrate
 from ratchet.persistence.pipelined import PipelinedWriter, apply_pipelined
-from ratchet.persistence.records import Fence, LoadedState, TaskRecord
+from ratchet.persistence.records import Fence, LoadedState, TaskRecord, fence_keys
 from ratchet.persistence.schedule_rows import ScheduleRows
 from ratchet.persistence.settle_rows import SettleRows
 from ratchet.persistence.store_rows import AdminRows, RowReads
@@ -216,14 +216,16 @@ class Store(RowReads, AdminRows, LeaseRows, KeyringRows, ScheduleRows, DriftRows
     def _fenced(self, task_id: str, fn: Callable[[sqlite3.Connection], T]
                 ) -> Callable[[sqlite3.Connection], T]:
         """``fn`` preceded, in its own transaction, by the check of this node's fencing token
-        for the task's partition (the write is refused if a newer owner exists)."""
+        for the task's partition (the write is refused if a newer owner exists); for the
+        partitions of the branches that make it, when they do (``fence_scope``)."""
         if self.fence is None:
             return fn
-        partition, token = self.fence.token_for(task_id)  # Fenced: not held locally
+        # Fenced: not held locally.
+        held = {self.fence.token_for(key) for key in fence_keys(task_id)}
 
         def txn(conn: sqlite3.Connection) -> T:
             try:
-                check_fence(conn, partition, token, self.lease_clock.now())
+                check_fences(conn, held, self.lease_clock.now())
             except Fenced:
                 self.fenced_refused += 1  # a metric (persistence/metric_rows.py)
                 raise

@@ -24,6 +24,7 @@ from ratchet.persistence.checkpoints import decode_optional as _unpack
 from ratchet.persistence.fork import ForkRequest, fork_txn
 from ratchet.persistence.graph_rows import finish_branch_txn
 from ratchet.persistence.ledger import ACTION_COLUMNS, ActionRecord, action_record
+from ratchet.persistence.session_rows import SessionRows
 from ratchet.persistence.txns import ChangeResult, OutboxRow, TaskChange, apply_change_txn
 from ratchet.persistence.writer import Writer
 from ratchet.protocol.admin_verbs import SYSTEM_TENANT
@@ -79,7 +80,7 @@ def _branch(status: str, result: bytes | None, error: bytes | None,
     return {"status": status, "result": secrets.unpack_optional(result), "error": _unpack(error)}
 
 
-class RowReads(BranchRows, _StoreParts):
+class RowReads(BranchRows, SessionRows, _StoreParts):
 
     # -- ledger, sessions, timers, waits, handoffs ----------------------------------------
 
@@ -104,23 +105,6 @@ class RowReads(BranchRows, _StoreParts):
             " >= 'model:' AND idempotency_key < 'model;' AND kind = 'model'"
             " ORDER BY created_at DESC LIMIT ?", (tenant, limit))
         return [action_record(r, self.secrets.unpack_optional) for r in rows]
-
-    async def session_state(self, task_id: str, session: str) -> dict[str, Any]:
-        row = await self._row(
-            "SELECT state FROM tool_sessions WHERE task_id = ? AND session = ?", (task_id, session)
-        )
-        return {} if row is None else dict(self.secrets.unpack(row[0]))
-
-    async def save_session_state(self, task_id: str, session: str, state: dict[str, Any],
-                                 now: float) -> None:
-        packed = self.secrets.pack(state)  # a token kept as SecretStr is sealed
-
-        def txn(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT OR REPLACE INTO tool_sessions(task_id, session, state, updated_at)"
-                " VALUES (?,?,?,?)", (task_id, session, packed, now))
-
-        await self._writer.submit(self._fenced(task_id, txn))
 
     async def next_timer_due(self) -> float | None:
         row = await self._row(
@@ -194,6 +178,18 @@ class RowReads(BranchRows, _StoreParts):
             "SELECT branch, status, result, error FROM branches WHERE task_id = ? AND node = ?",
             (task_id, node))
         return {r[0]: _branch(r[1], r[2], r[3], self.secrets) for r in rows}
+
+    async def branches_named(self, task_id: str, node: str,
+                             names: list[str]) -> dict[str, dict[str, Any]]:
+        found: dict[str, dict[str, Any]] = {}
+        for i in range(0, len(names), 500):  # within SQLite's host parameters
+            chunk = names[i:i + 500]
+            for r in await self._rows(
+                    "SELECT branch, status, result, error FROM branches WHERE task_id = ?"
+                    f" AND node = ? AND branch IN ({','.join('?' * len(chunk))})",
+                    (task_id, node, *chunk)):
+                found[r[0]] = _branch(r[1], r[2], r[3], self.secrets)
+        return found
 
     async def branch(self, task_id: str, node: str, branch: str) -> dict[str, Any] | None:
         r = await self._row(

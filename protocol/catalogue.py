@@ -34,8 +34,18 @@ class MessageType(StrEnum):
     APPROVAL_DECISION = "approval.decision"
     #: A provider's confirmation on ``ratchet.external.<tenant>``, forwarded as mail.
     EXTERNAL_RESOLVED = "external.resolved"
-    #: Mail from a finished fan-out branch to its task, through the outbox.
+    #: Mail from the node that ran fan-out branches to their task: these settled (the join
+    #: reads their rows before it counts them).
     BRANCH_DONE = "branch.done"
+    #: Mail from a task to the partition its fan-out branches are placed on: run these
+    #: branches, each from its row's progress (``ratchet.mail.<partition>.<task>.branches``).
+    BRANCH_START = "branch.start"
+    #: Mail from a task to its branches' partitions: stop them at their next safe point,
+    #: RUNNING (the task pauses).
+    BRANCH_HOLD = "branch.hold"
+    #: Mail from a task to its branches' partitions: cancel them now (the join decided, the
+    #: task ended, a branch timed out).
+    BRANCH_STOP = "branch.stop"
     #: In process only, from the timer service to a task actor: a timer is due.
     TIMER_FIRED = "timer.fired"
     #: In process only, from the admin service to a task actor: a human settles an action

@@ -9,6 +9,7 @@ import zlib
 from ratchet.protocol.errors import InvalidMessage
 
 __all__ = [
+    "BRANCHES_ACTOR",
     "DEFAULT_PARTITIONS",
     "STREAM_SUBMIT",
     "STREAM_MAIL",
@@ -27,6 +28,8 @@ __all__ = [
     "partition_of",
     "submit_subject",
     "api_subject",
+    "branch_id",
+    "branch_mail_subject",
     "mail_subject",
     "event_subject",
     "task_events_filter",
@@ -92,6 +95,23 @@ def api_subject(tenant: str, verb: str) -> str:
 def mail_subject(task_id: str, actor: str, partitions: int = DEFAULT_PARTITIONS) -> str:
     partition = partition_of(task_id, partitions)
     return f"ratchet.mail.{partition}.{check_token(task_id, 'task_id')}.{check_token(actor, 'actor')}"
+
+
+#: The actor token of branch mail: ``ratchet.mail.<partition>.<task_id>.branches`` goes to
+#: the node's branch host, not to the task's actor.
+BRANCHES_ACTOR = "branches"
+
+
+def branch_id(task_id: str, key: str, branch: str) -> str:
+    """A fan-out branch's id, ``<task_id>/<fan-out key>/<branch>``: its messages'
+    correlation id; its partition is ``partition_of(branch_id)`` (CRC-32, as a task's)."""
+    return f"{task_id}/{key}/{branch}"
+
+
+def branch_mail_subject(task_id: str, partition: int) -> str:
+    """Where a task's branch mail placed on ``partition`` goes (``branch.start``,
+    ``branch.hold``, ``branch.stop``): that partition's mail, actor token ``branches``."""
+    return f"ratchet.mail.{partition}.{check_token(task_id, 'task_id')}.{BRANCHES_ACTOR}"
 
 
 def event_subject(tenant: str, task_id: str, event_type: str) -> str:

@@ -11,9 +11,12 @@ first ``times`` runs).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 from collections import Counter
 from typing import Any
+
+from pydantic import BaseModel
 
 import ratchet
 from ratchet import JoinPolicy
@@ -112,10 +115,82 @@ wide_retry.map("each", items=_items, branch=stepped("steps.item"), item_retries=
                next="total")
 wide_retry.add_step("total", total)
 
+def live(delta: int) -> None:
+    """Count the branch bodies running now, and the peak, in the file named by
+    ``RATCHET_TEST_LIVE`` (``"<now> <peak>"``), under a lock: shared by node processes."""
+    with open(os.environ["RATCHET_TEST_LIVE"], "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        fh.seek(0)
+        now, peak = (int(x) for x in (fh.read().split() or ["0", "0"]))
+        now += delta
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{now} {max(peak, now)}")
+
+
+async def counted(ctx: ratchet.StepContext) -> dict[str, Any]:
+    live(+1)
+    try:
+        await asyncio.sleep(float(ctx.input.get("sleep", 0)))
+    finally:
+        live(-1)
+    return {"output": {"item": ctx.branch, "pid": os.getpid()}}
+
+
+#: A map of one-step items, at most ``NARROW`` at once, each counted in ``live``.
+NARROW = 4
+narrow = ratchet.Workflow("steps.narrow")
+narrow.add_step("size", size)
+narrow.map("each", items=_items, branch=counted, max_concurrency=NARROW, next="total")
+narrow.add_step("total", total)
+
+class Item(BaseModel):
+    item: str
+
+
+class Stamps(BaseModel):
+    stamped: int
+    pids: int
+
+
+@ratchet.tool(kind="write", args=Item, result=Item, key=lambda a: f"stamp:{a.item}",
+              session="stamps")
+def stamp(ctx: ratchet.ToolContext, args: Item) -> Item:
+    """Marks the task's ``stamps`` session with the item and the pid of the node serving
+    the call (a key per item: calls on several nodes at once change different keys)."""
+    ctx.session[f"i{args.item}"] = os.getpid()
+    return args
+
+
+@ratchet.tool(kind="read", args=Item, result=Stamps, session="stamps")
+def tally(ctx: ratchet.ToolContext, args: Item) -> Stamps:
+    marks = {k: v for k, v in ctx.session.items() if k.startswith("i")}
+    return Stamps(stamped=len(marks), pids=len(set(marks.values())))
+
+
+async def stamp_item(ctx: ratchet.StepContext) -> dict[str, Any]:
+    await ctx.call(stamp, Item(item=f"{ctx.task_id}-{ctx.branch}"))
+    return {"output": ctx.branch}
+
+
+async def count_stamps(ctx: ratchet.StepContext) -> dict[str, Any]:
+    found = await ctx.call(tally, Item(item="all"))
+    return {"output": found.model_dump()}
+
+
+#: A map whose every item calls a tool of the task's ``stamps`` session, wherever it runs;
+#: the task then reads the session on its own node.
+stamped = ratchet.Workflow("steps.stamped")
+stamped.add_step("size", size)
+stamped.map("each", items=_items, branch=stamp_item, next="count")
+stamped.add_step("count", count_stamps)
+
 app = ratchet.Registry([
     fan("steps.fan", JoinPolicy("all")),
     fan("steps.retry", JoinPolicy("all"), retries=2),
     fan("steps.optional", JoinPolicy("required", required=frozenset({"b0", "b1", "b2"}))),
     wide,
     wide_retry,
+    narrow,
+    stamped,
 ])

@@ -28,6 +28,7 @@ from typing import Any
 from ratchet.actors.effects.tool_calls import SessionOf, ToolCalls
 from ratchet.actors.effects.tool_dispatch import SessionCall, addressed
 from ratchet.actors.workflow.tools import Tool
+from ratchet.persistence.records import fence_scope
 from ratchet.protocol.clock import Clock, SystemClock
 from ratchet.protocol.errors import ActorStopped, ToolDeadlineExceeded
 from ratchet.protocol.tool_wire import ToolReply, ToolRequest
@@ -79,7 +80,7 @@ class LocalToolWorker:
         # step run again settles the IN_FLIGHT row (docs/architecture.md).
         session = await session_of(tool.session)
         answer = session.ask_nowait(SessionCall(request, tool, budget, partial(
-            self._reply, request)), request.correlation_id)
+            self._reply, request), fence_scope.get()), request.correlation_id)
         answer.add_done_callback(partial(self._unanswered, request))
         return None
 

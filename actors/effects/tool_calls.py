@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import structlog
 
 from ratchet.actors.core.actor import ActorRef
+from ratchet.actors.effects.session_state import save_change
 from ratchet.actors.effects.tool_dispatch import RaisedReply
 from ratchet.actors.workflow.tools import Accepted, Tool
 from ratchet.persistence.ports import TaskStore
@@ -148,7 +149,8 @@ class ToolCalls:
         # An in-process tool always has its session; a remote one only when it says so.
         session = tool.session if not tool.remote or tool.session != "default" else None
         kept = session is not None and transport.carries_state
-        state = await self._session_state(task_id, tool.session) if kept else None
+        state, version = await self._session_state(task_id, tool.session) if kept \
+            else (None, 0)
         worker = self._pins.get((task_id, tool.session)) if kept else None
         request = ToolRequest.model_construct(
             _FIELDS, schema_version=1, correlation_id=cid, task_id=task_id, tenant=tenant, tool=tool.name,
@@ -183,7 +185,7 @@ class ToolCalls:
         finally:
             del self._waiting[cid]
         if kept:
-            await self._session_after(task_id, tool.session, state, reply)
+            await self._session_after(task_id, tool.session, state, version, reply)
         return answer(tool.name, reply)
 
     def settle(self, reply: ToolReply | None, tenant: str | None, source: str) -> None:
@@ -215,13 +217,13 @@ class ToolCalls:
         self.dropped += 1
         log.warning(why, source=source[:200], **details)
 
-    async def _session_state(self, task_id: str, session: str) -> dict[str, Any]:
+    async def _session_state(self, task_id: str, session: str) -> tuple[dict[str, Any], int]:
         if self.store is None:
-            return {}
-        return await self.store.session_state(task_id, session)
+            return {}, 0
+        return await self.store.session_state_at(task_id, session)
 
     async def _session_after(self, task_id: str, session: str, before: dict[str, Any] | None,
-                             reply: ToolReply) -> None:
+                             version: int, reply: ToolReply) -> None:
         """Store the session's state the reply carries (if it changed) and pin the session
         to the worker that answered."""
         if reply.worker is not None and is_worker_id(reply.worker):
@@ -230,8 +232,9 @@ class ToolCalls:
             while len(self._pins) > 10_000:
                 self._pins.popitem(last=False)
         if reply.session_state is not None and reply.session_state != before and self.store:
-            await self.store.save_session_state(task_id, session, reply.session_state,
-                                                self.clock.now())
+            # Under its version: branches on other nodes may call the session too.
+            await save_change(self.store, task_id, session, before or {},
+                              reply.session_state, version, self.clock.now())
 
 
 #: Every field of a request is given (no default to look up: every call's path).

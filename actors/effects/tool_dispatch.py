@@ -62,6 +62,9 @@ class SessionCall:
     tool: Tool[Any, Any]
     budget: float
     on_reply: Callable[[ToolReply], None] | None = None
+    #: The caller's fencing scope (``persistence.records.fence_scope``: a fan-out branch's
+    #: id), for the session's write of its state.
+    fence: tuple[str, ...] | None = None
 
 
 class SessionHost(Protocol):

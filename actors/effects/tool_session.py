@@ -5,7 +5,8 @@ in-process tool in the task's session: it asks this actor with a
 :class:`~actors.effects.tool_dispatch.SessionCall`, and the actor runs it with the code every
 tool worker runs requests with (``run_tool``), so its calls are serialized by its mailbox.
 A session holds its state (tokens, cursors) in the store, reloaded on start, so a restarted
-session resumes its cursor. Async tool code runs on the loop; blocking tool code runs on a
+session resumes its cursor; written under its version (actors/effects/session_state.py),
+since a task's fan-out branches placed on other nodes call the session there too. Async tool code runs on the loop; blocking tool code runs on a
 pykka ``ThreadingActor`` the session owns (actors/effects/blocking_runner.py, imported at
 the first blocking call). The bridge never awaits a pykka future (that would block the
 loop): the session ``tell``s the thread ``(call, loop, asyncio_future)`` and the thread
@@ -25,8 +26,10 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from ratchet.actors.core.actor import Actor
+from ratchet.actors.effects.session_state import save_change
 from ratchet.actors.effects.tool_dispatch import SessionCall, run_tool
 from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.records import fence_scope
 from ratchet.protocol.clock import Clock
 
 if TYPE_CHECKING:
@@ -44,18 +47,24 @@ class ToolSession(Actor):
     tool's failure is an answer, not a crash of the session."""
 
     def __init__(self, task_id: str, tenant: str, name: str, store: TaskStore, clock: Clock,
-                 resources: Mapping[str, Any]) -> None:
+                 resources: Mapping[str, Any],
+                 shared: Callable[[], bool] = lambda: False) -> None:
+        """``shared``: asked before each call, whether to read the state first (other
+        nodes may have changed it: the task's fan-out branches run there,
+        actors/task/branch_sessions.py), so that the call sees their changes."""
         self.task_id = task_id
         self.tenant = tenant
         self.name = name
         self.store = store
         self.clock = clock
         self.resources = resources
+        self.shared = shared
         self.state: dict[str, Any] = {}
+        self.version = 0  # of the state as read or last written (migration 25)
         self._runner: pykka.ActorRef[BlockingRunner] | None = None
 
     async def on_start(self) -> None:
-        self.state = await self.store.session_state(self.task_id, self.name)
+        self.state, self.version = await self.store.session_state_at(self.task_id, self.name)
 
     async def on_stop(self) -> None:
         self._drop_runner()
@@ -69,12 +78,23 @@ class ToolSession(Actor):
     async def receive(self, message: Any) -> Any:
         if not isinstance(message, SessionCall):
             return await super().receive(message)
+        if self.shared():
+            self.state, self.version = await self.store.session_state_at(self.task_id,
+                                                                         self.name)
         before = copy.deepcopy(self.state)
         reply = await run_tool(message.request, message.tool, message.budget, self.state, {},
                                self.resources, self._blocking)
         if self.state != before:
-            await self.store.save_session_state(self.task_id, self.name, self.state,
-                                                self.clock.now())
+            # Fenced by the lease of the partition the call was made on behalf of (a
+            # branch's own, when a branch made it), not by the session's task's.
+            scope = fence_scope.set(message.fence) if message.fence else None
+            try:
+                self.state, self.version = await save_change(
+                    self.store, self.task_id, self.name, before, self.state, self.version,
+                    self.clock.now())
+            finally:
+                if scope is not None:
+                    fence_scope.reset(scope)
         if message.on_reply is not None:
             message.on_reply(reply)
         return reply

@@ -177,8 +177,8 @@ class TaskActor(Actor):
             return None
         if isinstance(message, DeliverMail):
             return await self._deliver(message.envelope)
-        if isinstance(message, graph_runtime.JoinDone):
-            await graph_runtime.on_join_done(self, message)
+        if isinstance(message, graph_runtime.JoinDone | graph_runtime.WindowMoved):
+            await graph_runtime.on_join_done(self, message)  # a verdict, or the window moved
             return None
         return await super().receive(message)
 

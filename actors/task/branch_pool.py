@@ -31,13 +31,11 @@ import structlog
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.core.backoff import backoff_delay
 from ratchet.actors.task.branch_run import BranchHold, BranchRun
-from ratchet.actors.task.kernel import TaskKernel
 from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.errors import ActorStopped, AskTimeout
 
-__all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "STOP_WAIT", "BranchPool", "HoldBranches",
-           "RunBranch", "StopBranch", "hold_branches"]
+__all__ = ["MAX_RESTARTS", "RESTART_PERIOD", "STOPPING", "STOP_WAIT", "BranchPool", "HoldBranches",
+           "RunBranches", "StopBranch"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -59,11 +57,17 @@ class StopBranch:
 
 
 @dataclass(frozen=True, slots=True)
-class RunBranch:
-    """Run this branch again, from its committed progress (an operator's ``retry-branch``
-    reopened its row); nothing if it runs already."""
+class RunBranches:
+    """Run these branches too, each from its committed progress (read once for them all:
+    a ``branch.start`` for a pool already running, an operator's ``retry-branch``); those
+    running already are left alone. Nothing while the pool holds."""
 
-    branch: str
+    branches: list[str]
+    fresh: bool = False  # their rows were just written: no progress to read
+
+
+#: A :class:`RunBranches`' answer from a pool that has stopped itself: run them elsewhere.
+STOPPING = "stopping"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +98,9 @@ class BranchPool(Actor):
             after a crash; all of them at start unless ``fresh``); None: none is read.
         fresh: the fan-out's rows were just written: no branch has progress to read.
         hold: what the visit's branches read at their safe points (shared with them).
+        check: reads which of the fan-out's branches are RUNNING, for :class:`RunBranches`
+            (a branch that settled since its start was sent never runs again); None: not
+            checked.
     """
 
     def __init__(self, *, branches: Iterable[str],
@@ -101,11 +108,18 @@ class BranchPool(Actor):
                  clock: Clock, rng: random.Random,
                  running: Callable[[], Awaitable[set[str]]] | None = None,
                  progress: Callable[[list[str]], Awaitable[dict[str, BranchProgress]]]
-                 | None = None, fresh: bool = True, hold: BranchHold | None = None) -> None:
+                 | None = None, fresh: bool = True, hold: BranchHold | None = None,
+                 check: Callable[[], Awaitable[set[str]]] | None = None) -> None:
         self.branches, self.make, self.clock, self.rng = list(branches), make, clock, rng
         self.running, self.progress, self.fresh = running, progress, fresh
+        self.check = check
         self.hold = hold or BranchHold()
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.adding = 0  # RunBranches being handled
+        #: It stopped itself (no branch left): a RunBranches still in its mailbox is
+        #: answered ``STOPPING`` (its branches would be cancelled by the stop), and the
+        #: host starts a new pool for them.
+        self.stopping = False
 
     async def on_start(self) -> None:
         """Runs in the pool's task: starts a task per branch, each from its committed
@@ -121,7 +135,11 @@ class BranchPool(Actor):
         for branch in names:
             self._start(branch, resumes.get(branch), read=False)
         if not self.tasks:
-            self.ref.stop()
+            self._idle()
+
+    def _idle(self) -> None:
+        self.stopping = True
+        self.ref.stop()
 
     def _start(self, branch: str, resume: BranchProgress | None, read: bool) -> None:
         task = asyncio.get_running_loop().create_task(self._supervise(branch, resume, read),
@@ -135,8 +153,8 @@ class BranchPool(Actor):
         branch = task.get_name().removeprefix("branch:")
         if self.tasks.get(branch) is task:
             del self.tasks[branch]
-            if not self.tasks:
-                self.ref.stop()  # every branch ended: the pool's work is done
+            if not self.tasks and not self.adding:
+                self._idle()  # every branch ended: the pool's work is done
 
     async def _supervise(self, branch: str, resume: BranchProgress | None,
                          read: bool = False) -> None:
@@ -150,6 +168,11 @@ class BranchPool(Actor):
                 await self.make(branch, resume).run()
                 return
             except Exception as exc:
+                if getattr(exc, "ends_actor", False):
+                    # Fenced: its partition is another node's now, which runs it from its
+                    # last committed step. Nothing to restart here.
+                    log.info("branch fenced: its partition moved", branch=branch)
+                    return
                 now = self.clock.monotonic()
                 restarts = [t for t in restarts if now - t < RESTART_PERIOD] + [now]
                 if len(restarts) > MAX_RESTARTS:
@@ -166,9 +189,27 @@ class BranchPool(Actor):
             task = self.tasks.get(message.branch)
             if task is not None:
                 task.cancel()
-        elif isinstance(message, RunBranch):
-            if message.branch not in self.tasks and self.hold.reason is None:
-                self._start(message.branch, None, read=True)
+        elif isinstance(message, RunBranches):
+            if self.stopping:
+                return STOPPING
+            new = [b for b in dict.fromkeys(message.branches) if b not in self.tasks]
+            if new and self.hold.reason is None:
+                known = set(self.branches)
+                self.branches += [b for b in new if b not in known]
+                self.adding += 1  # the pool stays up while it reads (its last branch may end)
+                try:
+                    if not message.fresh and self.check is not None:
+                        still = await self.check()  # read after this mail came: settled
+                        new = [b for b in new if b in still and b not in self.tasks]
+                    resumes = {} if message.fresh or self.progress is None or not new \
+                        else await self.progress(new)
+                    for branch in new:
+                        if branch not in self.tasks:
+                            self._start(branch, resumes.get(branch), read=False)
+                finally:
+                    self.adding -= 1
+                    if not self.tasks:
+                        self._idle()
         elif isinstance(message, HoldBranches):
             return await self._hold(message)
         elif isinstance(message, _BranchGaveUp):
@@ -206,19 +247,3 @@ class BranchPool(Actor):
                 log.warning("branches still running after their pool stopped",
                             branches=sorted(t.get_name() for t in pending))
 
-
-async def hold_branches(actor: TaskKernel, reason: str) -> None:
-    """Stop the branches of the task's fan-outs in progress at their next safe point (each
-    commits its progress there and stays RUNNING), waiting for a step in flight up to the
-    cancel timeout; the task then pauses, and its resume starts them again from there."""
-    for key in list(actor.joins):
-        pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
-        if pool is None:
-            continue
-        timeout = actor.deps.cancel_timeout
-        try:
-            late = await pool.ask(HoldBranches(reason, timeout), timeout=timeout + 5.0)
-        except (ActorStopped, AskTimeout):
-            continue  # ended meanwhile (every branch settled), or stuck: the stop cancels it
-        if late:
-            actor.log.warning("branches cut at the pause", key=key, branches=late)

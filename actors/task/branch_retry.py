@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ratchet.actors.task.branch_pool import RunBranch
+from ratchet.actors.task.branch_place import run_branches
 from ratchet.actors.task.fanout import Recount
 from ratchet.actors.task.fanout_run import fanout_key
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.protocol.catalogue import EventType
-from ratchet.protocol.errors import ActorStopped, BranchSettled
+from ratchet.protocol.errors import BranchSettled
 from ratchet.protocol.states import TaskStatus
 
 __all__ = ["retry_branch"]
@@ -57,11 +57,5 @@ async def retry_branch(actor: TaskKernel, request: dict[str, Any]) -> str:
     join = children.lookup_child(actor.task_id, f"join:{key}")
     if join is not None:
         join.tell(Recount())
-    pool = children.lookup_child(actor.task_id, f"branches:{key}")
-    try:
-        if pool is None:
-            raise ActorStopped("no branch pool", actor=f"branches:{key}")
-        await pool.ask(RunBranch(branch), timeout=10.0)
-    except ActorStopped:  # it had ended (or is ending): the fan-out's start runs the
-        actor.advance()  # branches still RUNNING, in a pool of their own
+    await run_branches(actor, key, [branch])  # where it is placed, from its progress
     return "retried"

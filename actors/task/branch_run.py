@@ -51,6 +51,7 @@ from ratchet.actors.workflow.nodes import (
 from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.persistence.graph_rows import BranchStep, BranchWrites
 from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.records import fence_scope
 from ratchet.persistence.txns import TaskChange
 from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
@@ -118,13 +119,16 @@ class BranchRun:
         resume: its progress as last committed (None: it committed no step yet).
     """
 
-    __slots__ = ("arm_timeout", "attempts", "branch", "graph", "initial", "input", "resume",
-                 "secrets", "shared", "state")
+    __slots__ = ("arm_timeout", "attempts", "branch", "fence", "graph", "initial", "input",
+                 "resume", "secrets", "shared", "state")
 
     def __init__(self, shared: FanoutShared, branch: str, graph: BranchGraph,
                  state: dict[str, Any], arm_timeout: float | None,
-                 resume: BranchProgress | None = None) -> None:
+                 resume: BranchProgress | None = None, fence: str | None = None) -> None:
+        """``fence``: the branch's id when its writes carry its own partition's lease (a
+        node with leases: ``persistence.records.fence_scope``), None for its task's."""
         self.shared, self.branch, self.graph = shared, branch, graph
+        self.fence = fence
         self.initial = dict(state) if shared.retries else state
         self.input = {**shared.task_input, "branch": branch}
         self.arm_timeout = arm_timeout
@@ -149,6 +153,8 @@ class BranchRun:
         runs it again); a cancel while it waits for its slot takes no slot."""
         sh = self.shared
         tracing.enter_task(sh.traceparent)  # its calls' spans: children of the fan-out's
+        if self.fence is not None:
+            fence_scope.set((self.fence,))  # in the branch's own task: its writes alone
         status, result, error = "SUCCEEDED", None, None
         sh.hold.parked.add(self.branch)  # until it has its slot
         try:
@@ -183,9 +189,10 @@ class BranchRun:
         if error is not None:
             error = redact(error, self.secrets.values)
             payload["error"] = {k: v for k, v in error.items() if k != "trace"}
+        payload["ran_on"] = sh.producer  # the node that ran it (placed by partition)
         await settle_branch(sh.store, sh.clock, sh.task_id, sh.key, sh.producer, sh.notify,
                             branch_settlement(sh.node, self.branch, status, payload, result,
-                                              error))
+                                              error), self.fence)
 
     async def _body(self) -> Any:
         sh = self.shared
@@ -281,10 +288,10 @@ class BranchRun:
         step = BranchStep(self.branch, next_node, packed, msgpack.packb(visits), steps)
         event = (EventType.BRANCH_STEP_COMPLETED.value, {
             "node": sh.node, "key": sh.key, "branch": self.branch, "steps": steps,
-            "next": next_node})
+            "next": next_node, "ran_on": sh.producer})
         # Group-committed with the fan-out's other branches at their safe point.
         if not await checkpoint_branch(sh.store, sh.clock, sh.task_id, sh.key, sh.producer,
-                                       (step, event)):
+                                       (step, event), self.fence):
             raise BranchSettled(f"branch {self.branch} of {sh.key} is no longer running",
                                 task_id=sh.task_id)
 

@@ -35,6 +35,7 @@ from typing import Any
 from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.graph_rows import BranchStep
 from ratchet.persistence.ports import TaskStore
+from ratchet.persistence.records import fence_scope
 from ratchet.protocol.clock import Clock
 
 __all__ = ["Checkpointer", "Notify", "Settler", "checkpoint_branch", "settle_branch"]
@@ -49,17 +50,21 @@ class Settler:
 
     def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
                  producer: str, notify: Notify) -> None:
-        self.store, self.clock = store, clock
+        self.store, self.clock, self.where = store, clock, (task_id, key)
         self.task_id, self.key, self.producer, self.notify = task_id, key, producer, notify
         self.pending: list[tuple[BranchSettlement, asyncio.Future[bool]]] = []
+        self.fences: set[str] = set()  # of the pending settlements (fence_scope)
         self.flusher: asyncio.Task[None] | None = None
         self.groups = 0  # transactions written (bench and tests read it)
 
-    def add(self, settlement: BranchSettlement) -> asyncio.Future[bool]:
-        """Queue ``settlement``; the future says whether it settled the branch (False: the
+    def add(self, settlement: BranchSettlement, fence: str | None = None) -> asyncio.Future[bool]:
+        """Queue ``settlement`` (``fence``: the branch's id when its writes carry its own
+        partition's lease); the future says whether it settled the branch (False: the
         branch was settled before, e.g. by its timeout)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.pending.append((settlement, fut))
+        if fence is not None:
+            self.fences.add(fence)
         if self.flusher is None:
             # Started on the next loop iteration: every branch ending in this one joins.
             self.flusher = asyncio.get_running_loop().create_task(self._flush())
@@ -69,6 +74,10 @@ class Settler:
         try:
             while self.pending:
                 group, self.pending = self.pending, []
+                fences, self.fences = self.fences, set()
+                # In the flusher's own task: the group checks the lease of each partition
+                # its branches run on, in its one transaction.
+                fence_scope.set(tuple(fences) if fences else None)
                 try:
                     done = await self.store.finish_branches(
                         self.task_id, self.key, self.producer, self.clock.now(),
@@ -93,8 +102,8 @@ class Settler:
                 if not fut.done():
                     fut.set_exception(asyncio.CancelledError())
             self.pending = []
-            if _settlers.get((self.task_id, self.key)) is self:
-                del _settlers[(self.task_id, self.key)]
+            if _settlers.get(self.where) is self:
+                del _settlers[self.where]
 
 
 #: (task_id, fan-out key) -> its settler; an entry lives while settlements are in flight.
@@ -102,8 +111,10 @@ _settlers: dict[tuple[str, str], Settler] = {}
 
 
 async def settle_branch(store: TaskStore, clock: Clock, task_id: str, key: str, producer: str,
-                        notify: Notify, settlement: BranchSettlement) -> bool:
-    """Commit ``settlement`` in its fan-out's next group; True if it settled the branch.
+                        notify: Notify, settlement: BranchSettlement,
+                        fence: str | None = None) -> bool:
+    """Commit ``settlement`` in its fan-out's next group (``fence``: as
+    :meth:`Settler.add`); True if it settled the branch.
 
     Raises:
         whatever the store raised for the group (the caller's actor crashes and its
@@ -113,7 +124,7 @@ async def settle_branch(store: TaskStore, clock: Clock, task_id: str, key: str, 
     if settler is None:
         settler = _settlers[(task_id, key)] = Settler(store, clock, task_id, key, producer,
                                                       notify)
-    return await settler.add(settlement)
+    return await settler.add(settlement, fence)
 
 
 #: One branch's progress and its ``branch.step_completed`` event.
@@ -125,16 +136,19 @@ class Checkpointer:
 
     def __init__(self, store: TaskStore, clock: Clock, task_id: str, key: str,
                  producer: str) -> None:
-        self.store, self.clock = store, clock
+        self.store, self.clock, self.where = store, clock, (task_id, key)
         self.task_id, self.key, self.producer = task_id, key, producer
         self.pending: list[tuple[StepWrite, asyncio.Future[bool]]] = []
+        self.fences: set[str] = set()
         self.flusher: asyncio.Task[None] | None = None
 
-    def add(self, write: StepWrite) -> asyncio.Future[bool]:
-        """Queue ``write``; the future says whether it was recorded (False: the branch was
-        settled meanwhile)."""
+    def add(self, write: StepWrite, fence: str | None = None) -> asyncio.Future[bool]:
+        """Queue ``write`` (``fence``: as :meth:`Settler.add`); the future says whether it
+        was recorded (False: the branch was settled meanwhile)."""
         fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.pending.append((write, fut))
+        if fence is not None:
+            self.fences.add(fence)
         if self.flusher is None:
             self.flusher = asyncio.get_running_loop().create_task(self._flush())
         return fut
@@ -143,6 +157,8 @@ class Checkpointer:
         try:
             while self.pending:
                 group, self.pending = self.pending, []
+                fences, self.fences = self.fences, set()
+                fence_scope.set(tuple(fences) if fences else None)
                 try:
                     done = await self.store.record_branch_steps(
                         self.task_id, self.key, self.producer, self.clock.now(),
@@ -163,15 +179,15 @@ class Checkpointer:
                 if not fut.done():
                     fut.set_exception(asyncio.CancelledError())
             self.pending = []
-            if _checkpointers.get((self.task_id, self.key)) is self:
-                del _checkpointers[(self.task_id, self.key)]
+            if _checkpointers.get(self.where) is self:
+                del _checkpointers[self.where]
 
 
 _checkpointers: dict[tuple[str, str], Checkpointer] = {}
 
 
 async def checkpoint_branch(store: TaskStore, clock: Clock, task_id: str, key: str,
-                            producer: str, write: StepWrite) -> bool:
+                            producer: str, write: StepWrite, fence: str | None = None) -> bool:
     """Commit a branch's progress in its fan-out's next group; False if the branch was
     settled meanwhile (nothing of it written).
 
@@ -182,4 +198,4 @@ async def checkpoint_branch(store: TaskStore, clock: Clock, task_id: str, key: s
     cp = _checkpointers.get((task_id, key))
     if cp is None:
         cp = _checkpointers[(task_id, key)] = Checkpointer(store, clock, task_id, key, producer)
-    return await cp.add(write)
+    return await cp.add(write, fence)

@@ -27,6 +27,7 @@ from typing import Any
 
 from ratchet.actors.effects.actions import HandoffRequired
 from ratchet.actors.effects.saga import compensate_task
+from ratchet.actors.task.branch_place import stop_branches
 from ratchet.actors.task.branch_retry import retry_branch
 from ratchet.actors.task.definition_guard import definition_change
 from ratchet.actors.task.kernel import TaskKernel
@@ -77,7 +78,9 @@ async def handle_control(actor: TaskKernel, env: Envelope) -> str:
 
 async def cancel(actor: TaskKernel, request: dict[str, Any]) -> None:
     assert actor.workflow is not None
-    await actor.deps.children.stop_children(actor.task_id, None)  # branches, joins, tool sessions
+    await actor.deps.children.stop_children(actor.task_id, None)  # joins, tool sessions
+    for key in list(actor.joins):  # its fan-outs' branches, on whichever node they run
+        await stop_branches(actor, key)
     actor.joins.clear()
     compensated: list[str] = []
     if actor.workflow.compensate_on_cancel and actor.status is TaskStatus.RUNNING:

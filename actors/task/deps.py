@@ -150,6 +150,9 @@ class TaskDeps:
     #: the name is from when only remote tools went that way); without a node, in-process
     #: tools through a local worker of their own, remote ones refused.
     remote_ask: RemoteAsk = no_remote_tools
+    #: Where fan-out branches run: the node's ``actors/task/branch_host.BranchHost`` (typed
+    #: loosely: it is built on these deps); None without a node's task supervision.
+    branches: Any = None
 
     def __post_init__(self) -> None:
         if self.max_recoveries < 0:

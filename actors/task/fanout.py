@@ -17,17 +17,22 @@ holds. A ``branch.done`` mail (from a node of an earlier release, or forged) is 
 nudge: the join reads that branch's row before it counts it. Repeats and out-of-order
 notifications change nothing a set does not already hold.
 
-At most ``max_concurrency`` branches of one fan-out run their body at once (the node's
-``DEFAULT_BRANCH_CONCURRENCY`` when the fan-out sets none): every branch's task is started,
-and waits for a slot of its fan-out's :func:`branch_slot`. A waiting branch holds no slot,
-so stopping it (the join decided, the task was cancelled) is as prompt as for a running
-one. A branch's time budget counts from when it gets its slot.
+At most ``max_concurrency`` branches of one fan-out run their body at once, in the whole
+cluster: the task starts them through a window (actors/task/branch_window.py; which were
+started follows from the rows: :func:`started`), and on a node each started branch waits
+for a slot of its fan-out's :func:`branch_slot`. A fan-out that sets none has no window
+(:func:`window_size`): every branch is started where it is placed, and each node runs at
+most ``DEFAULT_BRANCH_CONCURRENCY`` of them at once — a bound for the node's neighbours,
+not a property of the workflow, so more nodes run more of them. A waiting branch holds no slot, so stopping it (the join
+decided, the task was cancelled) is as prompt as for a running one. A branch's time budget
+counts from when it gets its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,17 +41,17 @@ import structlog
 
 from ratchet.actors.core.actor import Actor
 from ratchet.actors.workflow.join_policy import JoinVerdict, decide, may_decide
-from ratchet.actors.workflow.nodes import (
-    JoinPolicy,
-)
+from ratchet.actors.workflow.map_node import MapNode
+from ratchet.actors.workflow.nodes import FanoutNode, JoinPolicy
 from ratchet.persistence.branch_rows import BranchSettlement
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.persistence.ports import TaskStore
 from ratchet.protocol.catalogue import EventType
 
 __all__ = ["DEFAULT_BRANCH_CONCURRENCY", "BranchDone", "BranchesDone", "JoinActor", "JoinDone",
-           "JoinTimeout", "ResendVerdict", "branch_settlement", "branch_slot", "branch_timer",
-           "branch_timer_id"]
+           "JoinTimeout", "ResendVerdict", "WindowMoved", "branch_order", "branch_settlement",
+           "branch_slot", "branch_timer", "branch_timer_id", "started", "started_in_window",
+           "window_end", "window_size"]
 
 log = structlog.get_logger("ratchet.fanout")
 
@@ -103,6 +108,42 @@ def branch_slot(task_id: str, key: str, limit: int) -> AbstractAsyncContextManag
     return _Slot(task_id, key, limit)
 
 
+def window_size(max_concurrency: int | None, total: int) -> int:
+    """The cluster-wide window of a visit of ``total`` branches: the fan-out's own
+    ``max_concurrency``, or all of them when it sets none (each node's pool bounds those)."""
+    return max_concurrency or total
+
+
+def window_end(total: int, limit: int, settled: int) -> int:
+    """How many of a visit's branches, in order, have been started when ``settled`` of them
+    are settled: the first ``limit``, and one more for each settled."""
+    return min(total, limit + settled)
+
+
+def started(names: list[str], statuses: Mapping[str, str], limit: int) -> list[str]:
+    """Of ``names`` (in order), those started and still RUNNING per ``statuses`` (a branch
+    without a status is RUNNING)."""
+    settled = sum(1 for b in names if statuses.get(b, "RUNNING") != "RUNNING")
+    end = window_end(len(names), limit, settled)
+    return [b for b in names[:end] if statuses.get(b, "RUNNING") == "RUNNING"]
+
+
+def branch_order(names: Iterable[str], mapped: bool) -> list[str]:
+    """A visit's branches in the order they start: a map's by item index (``"0"``,
+    ``"1"``, …), a fan-out's as ``names`` gives them (its declaration's)."""
+    return sorted(names, key=int) if mapped else list(names)
+
+
+def started_in_window(node: Any, rows: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Of a fan-out or map ``node``'s visit whose branch rows are ``rows``, the branches
+    started and still RUNNING; every RUNNING one for another node kind."""
+    statuses = {b: str(r.get("status", "RUNNING")) for b, r in rows.items()}
+    if not isinstance(node, MapNode | FanoutNode):
+        return [b for b, s in statuses.items() if s == "RUNNING"]
+    order = branch_order(rows, True) if isinstance(node, MapNode) else list(node.branches)
+    return started(order, statuses, window_size(node.max_concurrency, len(order)))
+
+
 def branch_timer_id(task_id: str, key: str, branch: str) -> str:
     return f"br:{task_id}:{key}:{branch}"
 
@@ -115,11 +156,10 @@ def branch_timer(task_id: str, key: str, node: str, branch: str, due_at: float) 
 
 @dataclass(frozen=True, slots=True)
 class BranchDone:
-    """A ``branch.done`` mail (an earlier release's, or forged): a nudge, checked against
-    the branch's row before it counts."""
+    """A ``branch.done`` mail (from the node that ran these branches, an earlier release's,
+    or forged): a nudge, checked against the rows before anything counts."""
 
-    branch: str
-    status: str
+    statuses: dict[str, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +169,15 @@ class BranchesDone:
 
     statuses: dict[str, str]
     results: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowMoved:
+    """From a fan-out's join to its task: ``settled`` of the visit's branches are settled,
+    so the next ones may start (actors/task/branch_window.py)."""
+
+    key: str
+    settled: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,9 +222,12 @@ class JoinActor(Actor):
 
     def __init__(self, *, task_id: str, key: str, node: str, policy: JoinPolicy,
                  branches: list[str], store: TaskStore, tell_task: Any,
-                 timer_fired: bool, rows: dict[str, Any] | None = None) -> None:
+                 timer_fired: bool, rows: dict[str, Any] | None = None,
+                 window: int = 0) -> None:
         """``rows``: the fan-out's branch rows as its starter just read or wrote them (saves
-        reading them at start); None: read them."""
+        reading them at start); None: read them. ``window``: the fan-out's
+        ``max_concurrency`` when the task starts the branches as others settle (it has
+        more branches): tell it the settled count (0: never)."""
         self.task_id, self.key, self.node, self.policy = task_id, key, node, policy
         # By name, not by ref: the task actor may be restarted while the branches run.
         self.branches, self.store, self.tell_task = branches, store, tell_task
@@ -185,6 +237,10 @@ class JoinActor(Actor):
         self.results: dict[str, Any] = {}  # of SUCCEEDED branches: read, or told with them
         self.verdict: JoinDone | None = None
         self.rows = rows
+        #: Told in steps of an eighth of the window: each move costs the task a turn and a
+        #: mail per partition, and a window that is 7/8 full at worst runs as well.
+        self.step = max(1, window // 8)
+        self.window, self.told = window, -1  # the settled count the task was last told
 
     async def on_start(self) -> None:
         if self.rows is None:
@@ -206,15 +262,19 @@ class JoinActor(Actor):
                         self.results[branch] = message.results[branch]
             await self._evaluate()
         elif isinstance(message, BranchDone):
-            # The message is a nudge; the row is the truth. A repeat, a late or a forged
-            # notification cannot settle a branch the store does not hold as settled.
-            if self.statuses.get(message.branch) == "RUNNING":
-                row = await self.store.branch(self.task_id, self.key, message.branch)
-                if row is not None and row["status"] != "RUNNING":
-                    self.statuses[message.branch] = row["status"]
+            # The message is a nudge; the rows are the truth, read once for all it names. A
+            # repeat, a late or a forged notification cannot settle a branch the store does
+            # not hold as settled.
+            named = [b for b in message.statuses if self.statuses.get(b) == "RUNNING"]
+            # Only the rows named (a wide fan-out's notices come in many small groups).
+            rows = await self.store.branches_named(self.task_id, self.key, named) \
+                if named else {}
+            for branch, row in rows.items():
+                if row["status"] != "RUNNING":
+                    self.statuses[branch] = row["status"]
                     self.counts.update({"RUNNING": -1, row["status"]: 1})
                     if row["status"] == "SUCCEEDED":
-                        self.results[message.branch] = row.get("result")
+                        self.results[branch] = row.get("result")
             await self._evaluate()
         elif isinstance(message, JoinTimeout):
             # Decide on the store's view, not on notifications still in flight: a branch
@@ -249,6 +309,13 @@ class JoinActor(Actor):
         map); the decision then takes the statuses and results the join holds — read from
         the store, or told by the settler with what it committed — and reads the rows
         only when it holds a SUCCEEDED branch without its result."""
+        if self.window and self.verdict is None:
+            settled = len(self.branches) - self.counts["RUNNING"]
+            # Never more than the window's size behind: the branches in flight then are
+            # at least ``window - step``, and their settlements tell again.
+            if settled >= self.told + self.step or (self.told < 0 and settled > self.told):
+                self.told = settled
+                self.tell_task(self.task_id, WindowMoved(self.key, settled))
         if self.verdict is not None or not may_decide(self.policy, self.counts, self.timed_out):
             return
         if rows is None and any(s == "SUCCEEDED" and b not in self.results

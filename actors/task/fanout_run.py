@@ -15,9 +15,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ratchet.actors.task.branch_pool import STOP_WAIT, BranchPool
-from ratchet.actors.task.branch_run import BranchHold, BranchRun, FanoutShared
+from ratchet.actors.task.branch_host import BranchHost, FanoutContext
+from ratchet.actors.task.branch_place import branch_partitions, place_branches, stop_branches
+from ratchet.actors.task.branch_run import BranchHold, FanoutShared
 from ratchet.actors.task.branch_settle import Notify
+from ratchet.actors.task.branch_window import close_window, open_window
 from ratchet.actors.task.fanout import (
     DEFAULT_BRANCH_CONCURRENCY,
     BranchesDone,
@@ -26,17 +28,18 @@ from ratchet.actors.task.fanout import (
     ResendVerdict,
     branch_timer,
     branch_timer_id,
+    window_size,
 )
 from ratchet.actors.task.kernel import TaskKernel
 from ratchet.actors.task.suspension import fail_with_saga
 from ratchet.actors.workflow.nodes import BranchGraph, JoinPolicy
-from ratchet.persistence.branch_rows import BranchProgress
 from ratchet.persistence.graph_rows import BranchWrites
 from ratchet.persistence.ledger import TimerWrite
 from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import RatchetError
 from ratchet.protocol.redaction import secret_values
+from ratchet.protocol.subjects import branch_id, partition_of
 
 __all__ = ["Joined", "Visit", "apply_verdict", "fanout_key", "join_notifier", "start_visit"]
 
@@ -104,7 +107,10 @@ async def start_visit(actor: TaskKernel, visit: Visit,
         # Pipelined: the branches start while it syncs. Their settlements commit after it
         # in the same WAL, so none is durable without it; an OS crash before its sync runs
         # the fan-out again, as one before a branch settles runs that branch again.
-        await actor.commit(branches=BranchWrites(key, start=names), timers=timers,
+        pack, n = actor.deps.store.secrets.pack, actor.deps.partitions
+        placed = {b: (partition_of(branch_id(actor.task_id, key, b), n), pack(visit.inputs[b]))
+                  for b in names}
+        await actor.commit(branches=BranchWrites(key, start=names, placed=placed), timers=timers,
                            events=[(EventType.FANOUT_STARTED, visit.started)], pipelined=True)
         rows = {b: {"status": "RUNNING"} for b in names}
         _unspent.setdefault(actor, set()).add(key)
@@ -112,27 +118,35 @@ async def start_visit(actor: TaskKernel, visit: Visit,
     fired = bool(visit.policy.timeout) and await actor.deps.store.timer_fired(
         f"join:{actor.task_id}:{key}")
     known = dict(rows)
+    window = window_size(visit.max_concurrency, len(names))
+    windowed = window if len(names) > window else 0  # started as others settle: branch_window.py
     specs: list[tuple[str, Any, float]] = [(f"join:{key}", lambda restarts: JoinActor(
         task_id=actor.task_id, key=key, node=visit.node, policy=visit.policy, branches=names,
         store=actor.deps.store, tell_task=actor.deps.children.tell_task, timer_fired=fired,
         # The rows just read or written, for its first start; a restarted join reads them.
-        rows=None if restarts else known), 5.0)]
+        rows=None if restarts else known, window=windowed), 5.0)]
     # Finished before a crash: never run again.
     running = [b for b in names if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"]
-    if running:
-        specs.append((f"branches:{key}", _pool_factory(actor, visit, limit, running, armed,
-                                                         fresh),
-                      STOP_WAIT + 1.0))
     refs = await actor.deps.children.spawn_children(actor.task_id, specs)
     actor.joins[key] = refs[0]
     refs[0].tell(ResendVerdict())  # a join that decided before we (re)started says it again
+    if running:
+        context = _context(actor, visit, limit, armed)
+        statuses = {b: rows.get(b, {}).get("status", "RUNNING") for b in names}
+        due = open_window(actor, key, names, statuses, window, context)
+        if due:
+            await place_branches(actor, key, due, context, fresh=fresh)
+        host: BranchHost = actor.deps.branches
+        if host.publish is not None and any(
+                not host.owns(branch_id(actor.task_id, key, group[0]))
+                for group in branch_partitions(actor, key, running).values()):
+            _unspent.get(actor, set()).discard(key)  # spent on other nodes too: read it back
 
 
-def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str],
-                  armed: set[str], fresh: bool) -> Callable[[int], BranchPool]:
-    """The factory of the visit's branch pool (``restarts`` > 0: a pool started again reads
-    which branches still run). What the branches share is found once for the visit (a copy
-    of the input per branch was a measurable share of a one-step branch)."""
+def _context(actor: TaskKernel, visit: Visit, limit: int, armed: set[str]) -> FanoutContext:
+    """The visit as its branches see it, for the partitions this node holds (found once
+    for the visit, not per branch: a copy of the input per branch was a measurable share
+    of a one-step branch)."""
     assert actor.record is not None
     tenant, task_input = actor.record.tenant, dict(actor.record.input)
     deps, task_id, key = actor.deps, actor.task_id, visit.key
@@ -140,36 +154,19 @@ def _pool_factory(actor: TaskKernel, visit: Visit, limit: int, running: list[str
     async def session(name: str) -> Any:
         return await deps.children.session(task_id, tenant, name)
 
+    host: BranchHost = deps.branches
     shared = FanoutShared(
         task_id=task_id, tenant=tenant, key=key, node=visit.node, task_input=task_input,
         input_secrets=secret_values(task_input), store=deps.store, clock=deps.clock,
         producer=deps.producer, session=session, switches=deps.switches,
-        max_concurrency=limit, notify=join_notifier(actor, key),
+        max_concurrency=limit, notify=host.notifier(task_id, key),
         # The fan-out's span, if tracing: the branches' calls are its children (the pool
-        # is started by the task's supervisor, in a context of its own).
+        # is started by the node's branch host, in a context of its own).
         traceparent=tracing.current_traceparent(), sandbox=actor.record.sandbox, rng=deps.rng,
         spent=lambda: _unspent.get(actor, set()).discard(key), remote_ask=deps.remote_ask,
         deadline_at=actor.record.deadline_at, retries=visit.retries, hold=BranchHold())
-
-    def make(branch: str, resume: BranchProgress | None) -> BranchRun:
-        # A branch whose timer the fan-out's start armed does not arm it again.
-        arm = None if branch in armed else visit.branch_timeout
-        return BranchRun(shared, branch, visit.graph_of(branch),
-                         dict(visit.inputs[branch]), arm, resume)
-
-    async def still_running() -> set[str]:
-        rows = await deps.store.branches(task_id, key)
-        return {b for b in running if rows.get(b, {}).get("status", "RUNNING") == "RUNNING"}
-
-    async def progress(branches: list[str]) -> dict[str, BranchProgress]:
-        return await deps.store.branch_progress(task_id, key, branches)
-
-    def factory(restarts: int) -> BranchPool:
-        return BranchPool(branches=running, make=make, clock=deps.clock, rng=deps.rng,
-                          running=still_running if restarts else None, progress=progress,
-                          fresh=fresh and not restarts, hold=shared.hold)
-
-    return factory
+    return FanoutContext(shared, visit.graph_of, {b: dict(v) for b, v in visit.inputs.items()},
+                         visit.branch_timeout, set(armed))
 
 
 def join_notifier(actor: TaskKernel, key: str) -> Notify:
@@ -197,9 +194,10 @@ async def apply_verdict(actor: TaskKernel, done: JoinDone, joined: Joined) -> No
     timers.append(f"join:{actor.task_id}:{done.key}")
     settle = BranchWrites(done.key, settle={b: "CANCELLED" for b in v.unfinished})
     if joined.branches:
-        await actor.deps.children.stop_children(
-            actor.task_id, [f"join:{done.key}", f"branches:{done.key}"])
+        await actor.deps.children.stop_children(actor.task_id, [f"join:{done.key}"])
+        await stop_branches(actor, done.key, joined.branches)
     actor.joins.pop(done.key, None)
+    close_window(actor, done.key)
     if not v.ok:
         await actor.commit(events=[(EventType.JOIN_FAILED, summary)], branches=settle,
                            cancel_timers=timers)

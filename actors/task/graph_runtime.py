@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ratchet.actors.task.fanout import BranchDone, JoinDone
+from ratchet.actors.task.branch_place import stop_branches
+from ratchet.actors.task.branch_window import on_window_moved
+from ratchet.actors.task.fanout import BranchDone, JoinDone, WindowMoved
 from ratchet.actors.task.fanout_run import Joined, Visit, apply_verdict, fanout_key, start_visit
 from ratchet.actors.task.graph_waits import (
     TIMER_KINDS,
@@ -46,8 +48,9 @@ from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.errors import IllegalTransition
 from ratchet.protocol.messages import Envelope
+from ratchet.protocol.states import is_terminal
 
-__all__ = ["JoinDone", "TIMER_KINDS", "run_node", "on_join_done", "on_branch_done",
+__all__ = ["JoinDone", "TIMER_KINDS", "WindowMoved", "run_node", "on_join_done", "on_branch_done",
            "on_decision", "on_timer", "on_wait_resolved", "stop_fanout_children"]
 
 
@@ -163,11 +166,17 @@ async def on_branch_done(actor: TaskKernel, env: Envelope) -> str:
             actor.joins[key] = join
     if join is None or not join.is_alive:
         return "no join"  # a join that (re)starts recounts from the store
-    join.tell(BranchDone(str(env.body.get("branch")), str(env.body.get("status"))))
+    statuses = env.body.get("statuses")
+    if not isinstance(statuses, dict):  # one branch's notice (a node of an earlier release)
+        statuses = {env.body.get("branch"): env.body.get("status")}
+    join.tell(BranchDone({str(b): str(s) for b, s in statuses.items()}))
     return "forwarded"
 
 
-async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
+async def on_join_done(actor: TaskKernel, done: JoinDone | WindowMoved) -> None:
+    if isinstance(done, WindowMoved):  # not a verdict: the next branches' turn came
+        await on_window_moved(actor, done)
+        return
     assert actor.workflow is not None
     if actor.current != done.node or fanout_key(actor, done.node) != done.key:
         return  # a stale verdict (the task moved on)
@@ -184,4 +193,12 @@ async def on_join_done(actor: TaskKernel, done: JoinDone) -> None:
 
 
 async def stop_fanout_children(actor: TaskKernel) -> None:
+    """The task actor stops. If the task ended (cancelled, failed), its fan-outs' branches
+    stop wherever they run; otherwise (it moves to another node, its actor restarts, it
+    pauses: its branches were held) they go on, fenced by their own partitions' leases,
+    and the task's next start finds them running."""
+    keys = list(actor.joins)
     actor.joins.clear()
+    if is_terminal(actor.status):
+        for key in keys:
+            await stop_branches(actor, key)

@@ -9,7 +9,7 @@ own asyncio task; ``actors/task/graph_runtime.py`` starts these nodes and re-exp
 
 from __future__ import annotations
 
-from ratchet.actors.task.branch_pool import StopBranch
+from ratchet.actors.task.branch_place import stop_branches
 from ratchet.actors.task.decision_audit import APPROVAL, decision_entry
 from ratchet.actors.task.fanout import JoinTimeout, branch_settlement
 from ratchet.actors.task.fanout_run import join_notifier
@@ -161,9 +161,8 @@ async def on_timer(actor: TaskKernel, env: Envelope) -> str:
         if await actor.deps.store.finish_branches(actor.task_id, key, actor.deps.producer,
                                                   actor.deps.clock.now(), [timed_out]):
             join_notifier(actor, key)({branch: "TIMED_OUT"}, {branch: None})
-            pool = actor.deps.children.lookup_child(actor.task_id, f"branches:{key}")
-            if pool is not None:
-                pool.tell(StopBranch(branch))  # settled as timed out: its run is moot
+            # Settled as timed out: its run, wherever it is, is moot.
+            await stop_branches(actor, key, only=[branch])
         return "processed"
     if kind == "join_timeout":
         join = actor.joins.get(str(payload["key"]))

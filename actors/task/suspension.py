@@ -18,7 +18,7 @@ from ratchet.actors.effects.actions import (
 )
 from ratchet.actors.effects.saga import compensate_task
 from ratchet.actors.effects.settle import registered_tool, settle_action
-from ratchet.actors.task.branch_pool import hold_branches
+from ratchet.actors.task.branch_place import hold_branches
 from ratchet.actors.task.deps import error_of
 from ratchet.actors.task.handoff_package import Where, build_package
 from ratchet.actors.task.kernel import TaskKernel

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 
 from ratchet.actors.transport.connection import open_connection
 from ratchet.actors.transport.event_feed import EventFeed, Refusals
+from ratchet.actors.transport.event_watch import GAP_TIMEOUT_S, follow
 from ratchet.actors.transport.handles import TaskHandle, TaskOutcome, await_outcomes
 from ratchet.actors.transport.local_nodes import discover_creds
 from ratchet.actors.transport.servers import NatsServers
@@ -33,7 +35,6 @@ from ratchet.protocol.errors import (
     RemoteError,
     Unavailable,
 )
-from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import new_id, task_id_for
 from ratchet.protocol.messages import (
     ApprovalDecision,
@@ -266,12 +267,18 @@ class Client:
     async def watch(self, task_id: str, after: int = 0, *, follow_terminal: bool = False,
                     idle_timeout: float | None = None,
                     missing_after: float | None = None,
-                    sandbox: bool = False) -> AsyncIterator[Event]:
+                    sandbox: bool = False,
+                    gap_timeout: float = GAP_TIMEOUT_S) -> AsyncIterator[Event]:
         """Yield the task's events in sequence order, from ``after + 1``, live; a sandbox
         fork's with ``sandbox`` (they are on ``ratchet.sandbox.events.…`` only).
 
         Stops after a terminal event unless ``follow_terminal``; repeats are skipped by
         sequence. ``idle_timeout`` bounds the wait for each next event.
+
+        Events published out of order (a fan-out's branches on several nodes: each node's
+        relay publishes its own) are held until the earlier ones come; a sequence missing
+        for ``gap_timeout`` seconds is read from the store (admin ``history``, role
+        viewer), else skipped with a logged warning (actors/transport/event_watch.py).
 
         ``missing_after``: when the stream holds no event of the task and the node knows
         no such task, wait this many seconds more (a JetStream submit may still be on its
@@ -280,32 +287,32 @@ class Client:
         feed = EventFeed(self.nc, sandbox_events_filter(self.tenant, task_id), self.refusals,
                          stream=STREAM_SANDBOX) if sandbox else \
             EventFeed(self.nc, task_events_filter(self.tenant, task_id), self.refusals)
-        last = after
+
+        def not_found(known: bool | None) -> NotFound:
+            unasked = "" if known is False else "; the node did not answer a get"
+            return NotFound(f"no such task: {task_id} (tenant {self.tenant}){unasked}",
+                            task_id=task_id, tenant=self.tenant)
+
         try:
             known = True if missing_after is None else await self._known(feed, task_id)
-            while True:
-                wait = idle_timeout if known else missing_after
-                try:
-                    msg = await feed.buffered()  # arrived already: no timer to bound it
-                    if msg is None:
-                        msg = await asyncio.wait_for(feed.next(), wait) if wait \
-                            else await feed.next()
-                except TimeoutError:
-                    if known:
-                        raise
-                    unasked = "" if known is False else "; the node did not answer a get"
-                    raise NotFound(f"no such task: {task_id} (tenant {self.tenant}){unasked}",
-                                   task_id=task_id, tenant=self.tenant) from None
-                known = True
-                event = decode_event(msg.data)
-                if event.sequence <= last:
-                    continue
-                last = event.sequence
-                yield event
-                if event.type in TERMINAL_EVENTS and not follow_terminal:
-                    return
+            async with aclosing(follow(
+                    feed, task_id, after, follow_terminal=follow_terminal,
+                    idle_timeout=idle_timeout, history=self.history, gap_timeout=gap_timeout,
+                    known=known, missing_after=missing_after, not_found=not_found)) as events:
+                async for event in events:
+                    yield event
         finally:
             await feed.close()
+
+    async def history(self, task_id: str, after: int = 0, limit: int = 500) -> list[Event]:
+        """The task's stored events after sequence ``after`` (at most ``limit``), from the
+        store through a node (admin ``history``: a key of the viewer role)."""
+        reply = await self.request_admin("history", {
+            "command_id": new_id("cmd"), "task_id": task_id,
+            "args": {"after": after, "limit": limit}})
+        return [Event.model_validate({**row, "task_id": task_id, "tenant": self.tenant,
+                                      "producer": "store"})
+                for row in reply.get("events", ())]
 
     async def _known(self, feed: EventFeed, task_id: str) -> bool | None:
         """Whether the task exists: events of it are stored, or the node knows it; None

@@ -40,7 +40,7 @@ from ratchet.persistence.postgres.dialect import pg_migrations, translate
 from ratchet.persistence.postgres.loop_conn import LoopConnection
 from ratchet.persistence.postgres.prepared import Prepared
 from ratchet.persistence.postgres.writer import PgWriter
-from ratchet.persistence.records import Fence
+from ratchet.persistence.records import Fence, fence_keys
 from ratchet.persistence.store import Store
 from ratchet.persistence.txns import AcceptResult, ChangeResult, NewTask, TaskChange
 from ratchet.protocol.auth import redact_url
@@ -222,7 +222,7 @@ class PostgresStore(Store):
         if not fast_path(change):
             return await super().apply(change)
         # Not held here: Fenced, as the transaction's wrapper says (Store._fenced).
-        fence = self.fence.token_for(change.task_id) if self.fence is not None else None
+        fence = self.fence.token_for(fence_keys(change.task_id)[0]) if self.fence is not None else None
         identity = self._identities.get(change.task_id) or await self._identity(change.task_id)
         if identity is None:  # no such task: the transaction says so
             return await super().apply(change)

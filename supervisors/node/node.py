@@ -210,6 +210,7 @@ class Node:
             forward=self._forward_mail, max_restarts=cfg.task_max_restarts,
             period=cfg.task_restart_period, backoff_base=cfg.task_backoff_base,
             backoff_cap=cfg.task_backoff_cap)
+        self.tasks.branch_host.publish = self._send_mail
 
     def _partition_leases(self, bus: Bus) -> LeaseManager:
         """This node's partition work, and the lease manager that hands it partitions."""
@@ -290,6 +291,13 @@ class Node:
         """Activate every unfinished task of the partitions held; returns how many."""
         assert self.leases is not None
         return await self.work.recover(set(self.leases.held))
+
+    async def _send_mail(self, subject: str, env: Envelope) -> None:
+        """Branch mail (actors/task/branch_host.py), sealed; its message id is its own."""
+        assert self.bus is not None
+        data = encode(env)
+        await self.bus.js.publish(subject, data, headers={
+            "Nats-Msg-Id": env.message_id, **self.seal.headers(subject, data)})
 
     async def _forward_mail(self, task_id: str, env: Envelope) -> None:
         # Its own message id for the stream (the original may be in the same stream's

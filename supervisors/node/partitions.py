@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,7 @@ class PartitionWork:
         self.activate = activate
         #: partitions → drop their tasks from admission (queued or running here)
         self.forget = forget
+        self._resuming: set[asyncio.Task[None]] = set()
 
     async def acquired(self, rows: list[LeaseRow]) -> None:
         await self.recover({r.partition for r in rows})
@@ -68,7 +70,9 @@ class PartitionWork:
 
     async def recover(self, partitions: set[int]) -> int:
         """Activate the QUEUED and RUNNING tasks of these partitions (waiting ones stay
-        passivated: their mail or timers wake them); returns how many."""
+        passivated: their mail or timers wake them), then run the RUNNING branches placed
+        there (after a takeover, or a late renewal whose lapse fenced them); returns how
+        many tasks."""
         count = 0
         for task_id, tenant, status in await self.store.active_tasks():
             if status in ("QUEUED", "RUNNING") \
@@ -77,7 +81,17 @@ class PartitionWork:
                 count += 1
         if count:
             log.info("recovering tasks", count=count, partitions=sorted(partitions))
+        # In the background: the partitions' mail routers start without waiting for it.
+        resuming = asyncio.get_running_loop().create_task(self._resume_branches(partitions))
+        self._resuming.add(resuming)
+        resuming.add_done_callback(self._resuming.discard)
         return count
+
+    async def _resume_branches(self, partitions: set[int]) -> None:
+        try:  # from their last committed steps
+            await self.tasks.branch_host.resume(partitions)
+        except Exception as exc:  # their tasks' next starts run them
+            log.warning("placed branches not resumed", error=repr(exc))
 
     async def _stop_routers(self, partitions: list[int]) -> None:
         sup = self.mail_supervisor()
@@ -92,6 +106,7 @@ class PartitionWork:
     async def lost(self, partitions: list[int]) -> None:
         self.forget(set(partitions))
         await self._stop_routers(partitions)
+        await self.tasks.branch_host.release(set(partitions))
         doomed = await self._tasks_in(partitions)
         # No safe point to wait for: nothing they do can commit any more. Interrupt running
         # steps, then stop.
@@ -108,6 +123,9 @@ class PartitionWork:
     async def handing_over(self, partitions: list[int]) -> None:
         self.forget(set(partitions))
         await self._stop_routers(partitions)
+        # Their branches stop now (the new owner runs them from their last committed
+        # steps), not at a safe point: a branch's step in flight runs again there.
+        await self.tasks.branch_host.release(set(partitions))
         moving = await self._tasks_in(partitions)
         await self.tasks.stop_tasks(moving)
         await self.flush_outbox()

@@ -30,7 +30,7 @@ from ratchet.protocol.clock import Clock
 from ratchet.protocol.errors import NotFound
 from ratchet.protocol.mail_seal import MailSeal
 from ratchet.protocol.messages import MAX_PRIORITY, MIN_PRIORITY, Envelope
-from ratchet.protocol.subjects import STREAM_MAIL, dlq_subject, mail_route
+from ratchet.protocol.subjects import BRANCHES_ACTOR, STREAM_MAIL, dlq_subject, mail_route
 from ratchet.supervisors.services.routing import Target, TaskRouter
 from ratchet.supervisors.supervision.tasks import TaskSupervision
 
@@ -96,6 +96,13 @@ class MailRouter(TaskRouter):
             raise NotFound("mail subject does not name a task actor", subject=msg.subject)
         task_id = route[0]
         if env.message_id in self._recent:
+            await msg.ack()
+            return None
+        if route[1] == BRANCHES_ACTOR:
+            # Branches placed on this partition (branch.start, .hold, .stop): the node's
+            # branch host runs them, whichever node runs their task.
+            await self.tasks.branch_host.handle(env)
+            self._recent.add(env.message_id)
             await msg.ack()
             return None
         if env.type == MessageType.TASK_START and not self.tasks.admitted(

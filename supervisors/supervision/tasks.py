@@ -20,6 +20,7 @@ import structlog
 from ratchet.actors.core.actor import Actor, ActorRef, ActorSystem
 from ratchet.actors.effects.tool_session import ToolSession
 from ratchet.actors.task.actor import Advance, TaskActor, TaskDeps, fail_task
+from ratchet.actors.task.branch_host import BranchHost
 from ratchet.persistence.ports import TaskRecord
 from ratchet.protocol.errors import NotOwner, RatchetError, TaskFinished
 from ratchet.protocol.messages import Envelope
@@ -78,6 +79,11 @@ class TaskSupervision:
         #: What each task actor is given: ``deps`` with this supervision as its children
         #: (sessions, branches, joins) and as the hooks its actors report to.
         self.deps = replace(deps, children=self, hooks=self)
+        #: The fan-out branches placed on this node's partitions (branch_host.py); a node
+        #: with NATS sets its ``publish`` (mail to the other partitions' owners).
+        self.branch_host = BranchHost(system, self.deps, self.owns,
+                                      fenced=ownership is not None)
+        self.deps = replace(self.deps, branches=self.branch_host)
         #: Admission (the node's fair scheduler): a task that gets no slot is queued and
         #: started when granted one. None: everything starts at once.
         self.scheduler = scheduler
@@ -126,9 +132,13 @@ class TaskSupervision:
         sup = self._live_supervisor(task_id)
         deps = self.deps
 
+        sessions = self.branch_host.sessions
+
         def make(_: int) -> ToolSession:
+            # Read before a call while the task's branches run on other nodes too, whose
+            # calls of the session change its state there (actors/task/branch_sessions.py).
             return ToolSession(task_id, tenant, name, deps.store, deps.clock,
-                               deps.registry.resources)
+                               deps.registry.resources, shared=sessions.home_reads(task_id))
 
         started: ActorRef[Any] = await sup.ask(
             StartChild(ChildSpec(f"session:{name}", make, Restart.TRANSIENT, shutdown_timeout=5.0)),
@@ -191,6 +201,7 @@ class TaskSupervision:
 
     def task_stopped(self, task_id: str) -> None:
         self._release(task_id)  # its running slot goes to the next task
+        self.branch_host.sessions.forget(task_id)
 
     def recovery_note(self, task_id: str) -> dict[str, Any] | None:
         return None if self.ownership is None else self.ownership.recovery_note(task_id)
