@@ -5,7 +5,8 @@ process, :data:`RUNS` counts the same.
 
 Input: ``sleep`` (seconds per step), ``gate`` (a :data:`GATES` name: step ``gate_at`` of
 every branch waits for it) and ``fail`` (``{branch: [step, times]}``: that step raises its
-first ``times`` runs).
+first ``times`` runs; ``[step, times, "store"]``: raises ``StoreUnavailable``, as a ledger
+write of the step's would while the store is down).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pydantic import BaseModel
 import ratchet
 from ratchet import JoinPolicy
 from ratchet.actors.workflow.nodes import StepFn
+from ratchet.protocol.errors import StoreUnavailable
 
 #: Steps of every branch here.
 STEPS = 10
@@ -55,8 +57,10 @@ def _step(i: int) -> StepFn:
         gate = ctx.input.get("gate")
         if gate is not None and i == ctx.input.get("gate_at", 1):
             await GATES[gate].wait()
-        at, times = ctx.input.get("fail", {}).get(ctx.branch, (None, 0))
+        at, times, *kind = ctx.input.get("fail", {}).get(ctx.branch, (None, 0))
         if i == at and RUNS[(ctx.task_id, ctx.branch, i)] <= times:
+            if kind == ["store"]:
+                raise StoreUnavailable(f"the store cannot write (step {i} of {ctx.branch})")
             raise RuntimeError(f"step {i} of {ctx.branch} breaks")
         path = os.environ.get("RATCHET_TEST_STEP_LOG")
         if path:

@@ -116,6 +116,24 @@ async def test_branch_retries_run_a_failed_branch_again_from_its_last_committed_
     assert events[-1].payload["output"]["joined"]["b1"]["done"] == list(range(STEPS))
 
 
+async def test_a_branch_whose_store_is_down_is_run_again_not_failed(
+    start_node: NodeFactory, client: ratchet.Client,
+) -> None:
+    """The store unreachable (or a write fenced) is the node's failure, not the branch's:
+    the branch runs again from its last committed step, and a fan-out without retries
+    still succeeds."""
+    await start_node(branch_app)
+    task_id = (await client.submit("steps.fan", {"fail": {"b1": [4, 1, "store"]}},
+                                   key="store-down")).task_id
+    events = await wait_terminal(client, task_id)
+    assert events[-1].type == "task.succeeded", events[-1].payload
+    assert not [e for e in events if e.type == "branch.failed"]
+    runs = runs_of(task_id)
+    assert runs[("b1", 4)] == 2  # the step the store failed under, once more
+    assert all(n == 1 for key, n in runs.items() if key != ("b1", 4))  # nothing else again
+    assert events[-1].payload["output"]["joined"]["b1"]["done"] == list(range(STEPS))
+
+
 async def test_an_operator_retries_one_failed_branch_and_the_join_counts_it_again(
     start_node: NodeFactory, client: ratchet.Client,
 ) -> None:

@@ -56,7 +56,7 @@ from ratchet.persistence.txns import TaskChange
 from ratchet.protocol import tracing
 from ratchet.protocol.catalogue import EventType
 from ratchet.protocol.clock import Clock
-from ratchet.protocol.errors import BranchSettled
+from ratchet.protocol.errors import BranchSettled, StoreUnavailable
 from ratchet.protocol.redaction import redact, secret_values
 
 __all__ = ["BranchHold", "BranchRun", "DeadlinePassed", "FanoutShared"]
@@ -174,6 +174,8 @@ class BranchRun:
                         status = "FAILED"
                         error = {"type": type(signal).__name__, "message": str(signal)}
                     except Exception as exc:
+                        if _not_the_branchs(exc):
+                            raise  # the pool runs it again, or its partition's owner does
                         status, error = "FAILED", _error_of(exc)
                         if self.attempts < sh.retries and not isinstance(exc, DeadlinePassed):
                             try:
@@ -315,6 +317,16 @@ class BranchRun:
         await sh.store.apply(TaskChange(task_id=sh.task_id, expected_version=None,
                                         producer=sh.producer, now=sh.clock.now(),
                                         **self.secrets.scrub(kwargs)))
+
+
+def _not_the_branchs(exc: BaseException) -> bool:
+    """A failure of the node, not of the branch's work: a write fenced (its partition's
+    lease lapsed or moved) or the store unreachable, in a commit of its own or in its
+    calls' ledger writes. Settled FAILED, it would fail the join for a lease that lapsed
+    on a loaded node (the likely cause of a map, SIGKILLed and resumed, that ended FAILED
+    once under load); raised, the branch runs again from its last committed step, here or
+    on the partition's owner."""
+    return bool(getattr(exc, "ends_actor", False)) or isinstance(exc, StoreUnavailable)
 
 
 def _error_of(exc: BaseException) -> dict[str, Any]:
