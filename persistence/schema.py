@@ -389,7 +389,7 @@ MIGRATIONS: list[tuple[int, str, str]] = [
     (16, "reconcile passes: drift reconciliation per workflow and partition", RECONCILE_DDL),
     (17, "actions not settled, for the action sweeper (sweep_rows.py)", UNSETTLED_DDL),
     (18, "step heartbeats, diagnosis indexes, bounded dead letters with headers", OPS_DDL),
-    (19, "tasks.traceparent: the trace a task's spans continue", "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),  # noqa: E501  W3C; NULL: untraced
+    (19, "tasks.traceparent: the trace a task's spans continue", "ALTER TABLE tasks ADD COLUMN traceparent TEXT"),  # W3C; NULL: untraced
     (20, "tasks.definition_hash: the workflow definition a task started on (definition.py)",
      "ALTER TABLE tasks ADD COLUMN definition_hash TEXT"),
     (21, "tasks.sandbox: a sandbox fork's marks (sandbox_rows.py)", SANDBOX_DDL),

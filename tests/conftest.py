@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 import ratchet
+from ratchet.actors.transport.bus import Bus
 from ratchet.supervisors.node.credentials import admin_key_path, ensure_key
 from ratchet.supervisors.node.embedded_nats import EmbeddedNats
 from ratchet.testing import FinanceClient, FinanceSimulatorProcess
@@ -46,6 +47,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _reset_runs() -> None:
     RUNS.clear()
+
+
+@pytest.fixture
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    """A bus on the test's own nats-server, with Ratchet's streams made."""
+    bus = await Bus.connect(nats_url)
+    await bus.ensure_streams()
+    yield bus
+    await bus.close()
 
 
 @pytest.fixture

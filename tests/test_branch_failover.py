@@ -102,15 +102,24 @@ def _check_steps(tmp_path: Path, step_log: Path, killed_pid: int) -> None:
                                  " WHERE type = 'branch.step_completed'")  # none twice
 
 
-async def test_branches_of_a_killed_node_resume_on_a_survivor_from_their_last_step(
-        nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
-        tmp_path: Path) -> None:
-    step_log = tmp_path / "steps.log"
+async def _wide_map(nats_url: str, client: ratchet.Client,
+                    node_process: Callable[..., NodeProcess], tmp_path: Path,
+                    step_log: Path) -> tuple[dict[str, NodeProcess], str]:
+    """Three nodes up and a ``BRANCHES``-wide map submitted; the nodes, and which one
+    holds the task's partition."""
     nodes = await _three_nodes(nats_url, node_process, tmp_path, step_log)
     task_id = (await client.submit("steps.map", {"n": BRANCHES, "sleep": 0.01},
                                    key="wide")).task_id
     owner = _leases(tmp_path)[partition_of(task_id)][0]
     assert owner in NAMES
+    return nodes, owner
+
+
+async def test_branches_of_a_killed_node_resume_on_a_survivor_from_their_last_step(
+        nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
+        tmp_path: Path) -> None:
+    step_log = tmp_path / "steps.log"
+    nodes, owner = await _wide_map(nats_url, client, node_process, tmp_path, step_log)
     killed_pid = await _kill_mid_way(tmp_path, nodes, owner)  # the task's own node
     _check_steps(tmp_path, step_log, killed_pid)
     failovers = [r for r in _recoveries(tmp_path) if r["reason"] == "node_failover"]
@@ -124,10 +133,7 @@ async def test_a_killed_nodes_branches_resume_on_the_survivors_while_the_task_st
         nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
         tmp_path: Path) -> None:
     step_log = tmp_path / "steps.log"
-    nodes = await _three_nodes(nats_url, node_process, tmp_path, step_log)
-    task_id = (await client.submit("steps.map", {"n": BRANCHES, "sleep": 0.01},
-                                   key="wide")).task_id
-    owner = _leases(tmp_path)[partition_of(task_id)][0]
+    nodes, owner = await _wide_map(nats_url, client, node_process, tmp_path, step_log)
     victim = next(n for n in NAMES if n != owner)  # not the task's node: only branches move
     killed_pid = await _kill_mid_way(tmp_path, nodes, victim)
     _check_steps(tmp_path, step_log, killed_pid)

@@ -5,7 +5,6 @@ answering the server's flow control, and resumes after the last message it had."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import nats
 import pytest
@@ -14,14 +13,6 @@ from ratchet.actors.transport.bus import Bus
 from ratchet.actors.transport.event_feed import EventFeed
 
 SUBJECT = "ratchet.events.acme.tsk_a.step.completed"
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(nats_url)
-    await bus.ensure_streams()
-    yield bus
-    await bus.close()
 
 
 async def _publish(bus: Bus, n: int, size: int) -> None:

@@ -7,11 +7,10 @@ store (actors/transport/event_watch.py). On a real nats-server; the store behind
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import nats
-import pytest
 from structlog.testing import capture_logs
 
 import ratchet
@@ -31,14 +30,6 @@ def _event(sequence: int, type_: str = "branch.step_completed") -> Event:
     return Event(event_id=f"evt_{sequence}", task_id=TASK, tenant="acme", sequence=sequence,
                  type=type_, aggregate_version=sequence, occurred_at=float(sequence),
                  producer="n1", payload={"n": sequence})
-
-
-@pytest.fixture
-async def bus(nats_url: str) -> AsyncIterator[Bus]:
-    bus = await Bus.connect(nats_url)
-    await bus.ensure_streams()
-    yield bus
-    await bus.close()
 
 
 async def _publish(bus: Bus, *events: Event) -> None:
