@@ -6,9 +6,8 @@ A branch's partition is ``CRC-32(<task_id>/<fan-out key>/<branch>) mod P``
 24). Its task asks the partition's owner to run it with a ``branch.start`` mail on that
 partition (``ratchet.mail.<partition>.<task_id>.branches``), one mail per partition for
 all the fan-out's branches placed there; the owner's mail router hands it to this host.
-When the task's own node holds the partition the host is called directly, with the same
-envelope (:meth:`BranchHost.send`): no NATS round trip, and the task's view of the visit
-(graph, inputs) comes along, so a one-node fan-out reads nothing more than before.
+When the task's own node holds the partition the host is called directly (:meth:`send`):
+no NATS round trip, the task's view of the visit comes along, nothing more is read.
 
 The host runs the branches of one fan-out visit in one :class:`BranchPool`, spawned by it
 (per task and fan-out key, on this node), each branch from its progress as last committed:
@@ -98,9 +97,7 @@ def branch_mail(kind: MessageType, task_id: str, key: str, branches: list[str] |
 
 
 class BranchHost:
-    """Runs the branches placed on this node's partitions (module doc).
-
-    Args:
+    """Runs the branches placed on this node's partitions (module doc). Args:
         system: where the pools are spawned (named ``branches/<task_id>/<key>``).
         deps: the node's task deps (store, clock, registry, children: the joins here).
         owns: whether this node holds the partition of an id (a task's or a branch's).
@@ -198,8 +195,10 @@ class BranchHost:
             arm = None if branch in ctx.armed else ctx.branch_timeout
             ctx.armed.discard(branch)  # run again: it arms its own
             fence = branch_id(task_id, key, branch) if self.fenced else None
-            return BranchRun(shared, branch, ctx.graph_of(branch),
-                             dict(ctx.inputs.get(branch, {})), arm, resume, fence)
+            current = self.contexts.get(where)  # started after this pool: loaded there
+            state = ctx.inputs.get(branch, current.inputs.get(branch) if current else None)
+            return BranchRun(shared, branch, ctx.graph_of(branch), dict(state or {}), arm,
+                             resume, fence, load_input=state is None)
 
         async def progress(names: list[str]) -> dict[str, BranchProgress]:
             return await store.branch_progress(task_id, key, names)

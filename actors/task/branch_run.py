@@ -120,15 +120,19 @@ class BranchRun:
     """
 
     __slots__ = ("arm_timeout", "attempts", "branch", "fence", "graph", "initial", "input",
-                 "resume", "secrets", "shared", "state")
+                 "load_input", "resume", "secrets", "shared", "state")
 
     def __init__(self, shared: FanoutShared, branch: str, graph: BranchGraph,
                  state: dict[str, Any], arm_timeout: float | None,
-                 resume: BranchProgress | None = None, fence: str | None = None) -> None:
+                 resume: BranchProgress | None = None, fence: str | None = None,
+                 load_input: bool = False) -> None:
         """``fence``: the branch's id when its writes carry its own partition's lease (a
-        node with leases: ``persistence.records.fence_scope``), None for its task's."""
+        node with leases: ``persistence.records.fence_scope``), None for its task's.
+        ``load_input``: its initial state is read from its row when it runs (the host's
+        view of the visit did not hold it)."""
         self.shared, self.branch, self.graph = shared, branch, graph
         self.fence = fence
+        self.load_input = load_input
         self.initial = dict(state) if shared.retries else state
         self.input = {**shared.task_input, "branch": branch}
         self.arm_timeout = arm_timeout
@@ -156,6 +160,8 @@ class BranchRun:
         if self.fence is not None:
             fence_scope.set((self.fence,))  # in the branch's own task: its writes alone
         status, result, error = "SUCCEEDED", None, None
+        if self.load_input:
+            await self._load_input()
         sh.hold.parked.add(self.branch)  # until it has its slot
         try:
             async with branch_slot(sh.task_id, sh.key, sh.max_concurrency):
@@ -195,6 +201,17 @@ class BranchRun:
         await settle_branch(sh.store, sh.clock, sh.task_id, sh.key, sh.producer, sh.notify,
                             branch_settlement(sh.node, self.branch, status, payload, result,
                                               error), self.fence)
+
+    async def _load_input(self) -> None:
+        """The branch's initial state from its row (migration 24): the store is the truth
+        when the view of the visit it was made from lacked it."""
+        sh = self.shared
+        loaded = await sh.store.branch_inputs(sh.task_id, sh.key, [self.branch])
+        if self.branch not in loaded:
+            raise RuntimeError(f"branch {self.branch} of {sh.key}: no initial state stored")
+        self.initial, self.load_input = loaded[self.branch], False
+        if self.resume is None or self.resume.next_node is None:
+            self.state = dict(self.initial)
 
     async def _body(self) -> Any:
         sh = self.shared
