@@ -43,7 +43,11 @@ async def _settled(log: Path, what: str) -> int:
     return seen[-1]
 
 
-async def _mid_way(tmp_path: Path, client: ratchet.Client, key: str) -> str:
+async def _mid_way(nats_url: str, client: ratchet.Client,
+                   node_process: Callable[..., NodeProcess], tmp_path: Path, step_log: Path,
+                   key: str) -> str:
+    """Three nodes up, and a map of ``key`` running mid-way with branches on each."""
+    await _three_nodes(nats_url, node_process, tmp_path, step_log)
     task_id = (await client.submit("steps.map", {"n": BRANCHES, "sleep": 0.02},
                                    key=key)).task_id
     await _until(lambda: _count(tmp_path, "SELECT COUNT(*) FROM events WHERE type ="
@@ -58,8 +62,7 @@ async def test_a_pause_holds_the_branches_on_every_node_and_the_resume_runs_each
         nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
         tmp_path: Path) -> None:
     step_log = tmp_path / "steps.log"
-    await _three_nodes(nats_url, node_process, tmp_path, step_log)
-    task_id = await _mid_way(tmp_path, client, "held")
+    task_id = await _mid_way(nats_url, client, node_process, tmp_path, step_log, "held")
     await client.request_admin("pause", {"command_id": new_id("cmd"), "task_id": task_id})
     await _until(lambda: _is(tmp_path, task_id, "PAUSED"), 30, "the task to pause")
     held = await _settled(step_log, "every node's branches to stop at a safe point")
@@ -75,8 +78,7 @@ async def test_a_cancel_stops_the_branches_on_every_node(
         nats_url: str, client: ratchet.Client, node_process: Callable[..., NodeProcess],
         tmp_path: Path) -> None:
     step_log = tmp_path / "steps.log"
-    await _three_nodes(nats_url, node_process, tmp_path, step_log)
-    task_id = await _mid_way(tmp_path, client, "cancelled")
+    task_id = await _mid_way(nats_url, client, node_process, tmp_path, step_log, "cancelled")
     await client.request_admin("cancel", {"command_id": new_id("cmd"), "task_id": task_id,
                                           "args": {"reason": "enough"}})
     await _until(lambda: _is(tmp_path, task_id, "CANCELLED"), 30, "the task to be cancelled")
