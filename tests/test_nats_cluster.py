@@ -9,6 +9,7 @@ tests/test_nodes.py."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import sqlite3
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -71,6 +72,23 @@ async def cluster(tmp_path: Path) -> AsyncIterator[NatsCluster]:
         yield nats
     finally:
         await nats.stop()
+
+
+@pytest.mark.slow
+async def test_a_cluster_whose_chosen_port_was_taken_starts_again_on_new_ports(
+        tmp_path: Path) -> None:
+    nats = NatsCluster(tmp_path / "cluster")
+    taken = nats.servers[1].cluster_port
+    with socket.socket() as squatter:  # what another process binding it first looks like
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        try:
+            await nats.start()
+            assert nats.servers[1].cluster_port != taken
+            assert (await NatsCluster._js_info(nats.urls))["api"] is not None
+        finally:
+            await nats.stop()
+    assert "address already in use" in (nats.servers[1].dir / "nats-server.log").read_text()
 
 
 async def _replicas(bus: Bus) -> dict[str, tuple[int, int]]:

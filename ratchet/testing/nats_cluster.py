@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import ctypes
 import json
+import random
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -26,7 +28,7 @@ from typing import Any
 import nats
 import nats.errors
 
-from ratchet.supervisors.node.embedded_nats import find_nats_server, free_port
+from ratchet.supervisors.node.embedded_nats import find_nats_server
 
 __all__ = ["ClusterServer", "NatsCluster", "cluster_config"]
 
@@ -41,6 +43,33 @@ def _healthy(http_port: int) -> None:
         raise RuntimeError(f"{url}: {exc.code}") from None
     if status != "ok":
         raise RuntimeError(f"{url}: {status}")
+
+
+_QUIET_PORTS = range(20000, 32768)  # below Linux's ephemeral range (32768-60999)
+_START_TRIES = 3
+
+
+def _quiet_port() -> int:
+    """A free loopback port below the ephemeral range. A port from ``bind(0)`` is ephemeral:
+    any outbound connection on the machine (another test's client) may take it before the
+    server binds it, and that server then dies with "address already in use"."""
+    while True:
+        port = random.choice(_QUIET_PORTS)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+
+
+def _log_tail(server: ClusterServer, lines: int = 8) -> str:
+    path = server.dir / "nats-server.log"
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return "(no log)"
+    return "\n    ".join(text)
 
 
 def _die_with_parent() -> None:  # in the child between fork and exec: no orphan servers
@@ -91,6 +120,10 @@ cluster {{
 """
 
 
+class _ServerDied(RuntimeError):
+    """A server of the cluster exited while it was forming."""
+
+
 class NatsCluster:
     """``size`` servers named ``n1``… on free loopback ports under ``base``."""
 
@@ -99,8 +132,9 @@ class NatsCluster:
         self.base = Path(base)
         self.name = name
         self.sync_interval = sync_interval
-        self.servers = [ClusterServer(f"n{i + 1}", free_port(), free_port(), free_port(),
-                                      self.base / f"n{i + 1}") for i in range(size)]
+        self.servers = [ClusterServer(f"n{i + 1}", _quiet_port(), _quiet_port(),
+                                      _quiet_port(), self.base / f"n{i + 1}")
+                        for i in range(size)]
 
     @property
     def urls(self) -> list[str]:
@@ -112,15 +146,33 @@ class NatsCluster:
         return ",".join(self.urls)
 
     async def start(self, timeout: float = 30.0) -> list[str]:
-        """Start every server; return their URLs once JetStream answers (bounded)."""
+        """Start every server; return their URLs once JetStream answers (bounded).
+
+        A server that exits while the cluster forms (a port taken between choosing it and
+        binding it) makes the whole cluster start again on new ports, up to
+        ``_START_TRIES`` times.
+        """
+        for attempt in range(_START_TRIES):
+            self._spawn_all()
+            try:
+                await self.wait_ready(timeout, stop_if_one_dies=True)
+                return self.urls
+            except _ServerDied:
+                if attempt == _START_TRIES - 1:
+                    raise
+                await self.stop()
+                for server in self.servers:
+                    server.port, server.cluster_port, server.http_port = (
+                        _quiet_port(), _quiet_port(), _quiet_port())
+        raise AssertionError("unreachable")
+
+    def _spawn_all(self) -> None:
         routes = [s.cluster_port for s in self.servers]
         for server in self.servers:
             server.dir.mkdir(parents=True, exist_ok=True)
             server.config.write_text(cluster_config(server, routes, self.name,
                                                     self.sync_interval))
             self._spawn(server)
-        await self.wait_ready(timeout)
-        return self.urls
 
     def _spawn(self, server: ClusterServer) -> None:
         with open(server.dir / "nats-server.log", "ab") as out:  # the child keeps its own fd
@@ -129,18 +181,22 @@ class NatsCluster:
                                            stdin=subprocess.DEVNULL, start_new_session=True,
                                            preexec_fn=_die_with_parent)
 
-    async def wait_ready(self, timeout: float = 30.0) -> None:
+    async def wait_ready(self, timeout: float = 30.0, stop_if_one_dies: bool = False) -> None:
         """Until every live server says it is healthy — JetStream current with the meta
         leader and every stream and consumer it holds (``/healthz``) — and JetStream
         answers ``$JS.API.INFO``. A server started again counts only once caught up: one
         killed next then leaves a quorum.
 
         Raises:
-            TimeoutError: not within ``timeout`` seconds (the last error is chained).
+            TimeoutError: not within ``timeout`` seconds (the last error is chained; the
+                message gives each server's state and the end of its log).
+            _ServerDied: with ``stop_if_one_dies``, a server exited meanwhile.
         """
         deadline = time.monotonic() + timeout
         last: BaseException | None = None
         while time.monotonic() < deadline:
+            if stop_if_one_dies and not all(s.alive for s in self.servers):
+                raise _ServerDied(self._describe())
             try:
                 live = [s for s in self.servers if s.alive]
                 for server in live:
@@ -150,7 +206,13 @@ class NatsCluster:
             except (OSError, TimeoutError, nats.errors.Error, RuntimeError) as exc:
                 last = exc
             await asyncio.sleep(0.2)  # poll pacing under the deadline
-        raise TimeoutError(f"no JetStream meta leader within {timeout} s") from last
+        raise TimeoutError(f"no JetStream meta leader within {timeout} s; "
+                           f"{self._describe()}") from last
+
+    def _describe(self) -> str:
+        return "; ".join(
+            f"{s.name} {'up' if s.alive else 'exited'} (client {s.port}, route "
+            f"{s.cluster_port}), log:\n    {_log_tail(s)}" for s in self.servers)
 
     @staticmethod
     async def _js_info(urls: list[str]) -> dict[str, Any]:
