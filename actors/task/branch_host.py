@@ -38,6 +38,7 @@ from typing import Any
 import structlog
 
 from ratchet.actors.core.actor import ActorRef, ActorSystem
+from ratchet.actors.core.keyed_lock import KeyedLock
 from ratchet.actors.task.branch_pool import (
     STOP_WAIT,
     STOPPING,
@@ -112,7 +113,7 @@ class BranchHost:
         self.pool_of: dict[ActorRef[Any], BranchPool] = {}
         self.contexts: dict[tuple[str, str], FanoutContext] = {}
         self.restarts: dict[tuple[str, str], list[float]] = {}
-        self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._locks: KeyedLock[tuple[str, str]] = KeyedLock()
         self.sessions = BranchSessions(system, deps)  # of branches run for other nodes
         self.ran = 0  # branch runs started here (tests, bench)
 
@@ -159,7 +160,7 @@ class BranchHost:
     async def _start(self, task_id: str, key: str, branches: list[str],
                      body: Mapping[str, Any], context: FanoutContext | None) -> str:
         where = (task_id, key)
-        async with self._locks.setdefault(where, asyncio.Lock()):
+        async with self._locks.hold(where):
             ctx = self.contexts.get(where) if context is None else context
             if ctx is None:
                 ctx = await self._context(task_id, key, set(map(str, body.get("armed") or ())))
@@ -229,7 +230,6 @@ class BranchHost:
                 self.sessions.release(where[0])
             if reason is None:
                 self.contexts.pop(where, None)
-                self._locks.pop(where, None)
                 return
             now = self.deps.clock.monotonic()
             recent = [t for t in self.restarts.get(where, []) if now - t < RESTART_PERIOD]
