@@ -24,6 +24,7 @@ import pytest
 
 import ratchet
 from ratchet.actors.task.actor import DeliverMail
+from ratchet.actors.transport.subscribed import subscriptions_registered
 from ratchet.persistence.admin_rows import (
     GENESIS,
     AuditEntry,
@@ -289,7 +290,7 @@ async def test_decisions_handoff_resolutions_and_credential_changes_are_in_a_cha
     #    subject (not found there: dead-lettered, and audited first).
     declined, asked_b = await _approval(client, 50, "a-2")
     dead = await client.nc.subscribe(dlq_subject("decisions", "globex"))
-    await client.nc.flush()
+    await subscriptions_registered(client.nc)
     await _decide(dana, declined, asked_b["approval_id"], "approve", tenant="globex",
                   message_id="d-globex")
     await asyncio.wait_for(dead.next_msg(timeout=10), 15)
@@ -344,7 +345,7 @@ async def test_tampering_is_reported_at_start_and_by_verify_audit_and_the_node_s
     how, first = TAMPERING[name]
     _tamper(tmp_path / "node" / "ratchet.db", how)
     alarms = await client.nc.subscribe("ratchet.events._system.n1.node.audit_tampered")
-    await client.nc.flush()
+    await subscriptions_registered(client.nc)
 
     node = await start_node(node_id="n1")
     await asyncio.wait_for(node.audit_checked.wait(), 15)

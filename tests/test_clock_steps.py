@@ -14,6 +14,7 @@ import pytest
 
 import ratchet
 from ratchet import END
+from ratchet.actors.transport.subscribed import subscriptions_registered
 from ratchet.protocol.clock_guard import ClockGuard, ClockStep, steady_domain
 from ratchet.protocol.codec import encode
 from ratchet.protocol.events import decode_event
@@ -168,7 +169,7 @@ async def test_a_step_is_published_as_a_node_event(
     clock = ratchet.FakeClock()
     node = await start_node(app, clock=clock, clock_step_hold=600.0)
     sub = await client.nc.subscribe("ratchet.events._system.>")
-    await client.nc.flush()  # the server has the subscription before the node publishes
+    await subscriptions_registered(client.nc)  # before the node publishes
     clock.step(3600.0)
     node.clock.now()  # whatever reads the clock first notices the step
     msg = await sub.next_msg(timeout=10)
@@ -252,7 +253,7 @@ async def test_a_node_restarted_with_its_clock_an_hour_ahead_holds_a_30_minute_t
     await node.stop()  # its heartbeats left a reading of its clock in the store
     clock.step(3600.0)  # it comes back an hour ahead: no step while it runs
     sub = await client.nc.subscribe("ratchet.events._system.>")
-    await client.nc.flush()
+    await subscriptions_registered(client.nc)
     again = await start_node(restart_app, clock=clock, clock_step_hold=600.0)
     event = decode_event((await sub.next_msg(timeout=10)).data)
     assert event.type == "node.clock_stepped", event
@@ -293,7 +294,7 @@ async def test_a_node_process_restarted_an_hour_ahead_under_libfaketime_holds_it
     short_task, _ = await submit(client, "wait4", {"order": 4}, "w4", {"wait.started"})
     await asyncio.to_thread(first.kill)
     sub = await client.nc.subscribe("ratchet.events._system.>")
-    await client.nc.flush()
+    await subscriptions_registered(client.nc)
     ahead = {"LD_PRELOAD": _libfaketime() or "", "FAKETIME": "+1h",
              "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
     again = node_process(nats_url, ahead, app_spec=app_spec, args=args)

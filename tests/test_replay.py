@@ -21,6 +21,7 @@ import pytest
 import ratchet
 from ratchet.actors.agents.openai_model import OpenAICompatibleModel
 from ratchet.actors.replay import read_recordings, read_task, replay_recording
+from ratchet.actors.transport.subscribed import subscriptions_registered
 from ratchet.supervisors.cli.replay_store import open_history
 from ratchet.testing import FinanceClient, replay
 from ratchet.testing.model_stub_process import ModelStubProcess
@@ -184,7 +185,7 @@ async def test_replay_never_writes_the_store_and_never_publishes(
     await node.stop()  # the store closed: its files stay as they are unless written
     before = _digest(state_dir)
     sub = await nc.subscribe(">", cb=heard)
-    await nc.flush()
+    await subscriptions_registered(nc)
     candidate = registry(model, finance.base_url, claim_workflow(model), claim_workflow(
         model, 2, factor=2.0))
     for version in (1, 2):

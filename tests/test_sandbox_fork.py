@@ -14,6 +14,7 @@ import structlog
 
 import ratchet
 from ratchet.actors.effects.sandbox import Sandbox, plan
+from ratchet.actors.transport.subscribed import subscriptions_registered
 from ratchet.protocol.errors import ToolDefinitionError
 from ratchet.protocol.events import decode_event
 from ratchet.protocol.ids import task_id_for
@@ -77,7 +78,7 @@ async def spaces(client: ratchet.Client) -> AsyncIterator[Spaces]:
     seen = Spaces(Seen(), Seen())
     subs = [await client.nc.subscribe("ratchet.events.>", cb=seen.production.take),
             await client.nc.subscribe("ratchet.sandbox.events.>", cb=seen.sandbox.take)]
-    await client.nc.flush()
+    await subscriptions_registered(client.nc)
     yield seen
     for sub in subs:
         await sub.unsubscribe()

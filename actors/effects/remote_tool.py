@@ -42,6 +42,7 @@ from pydantic import BaseModel
 from ratchet.actors.effects.local_tools import no_remote_tools
 from ratchet.actors.effects.tool_calls import RemoteAsk, SessionOf, ToolCalls
 from ratchet.actors.transport.bus import Bus, StreamLimits
+from ratchet.actors.transport.subscribed import subscriptions_registered
 from ratchet.actors.transport.tool_queues import ToolQueues
 from ratchet.actors.workflow.tools import Tool
 from ratchet.protocol.codec import encode
@@ -175,7 +176,7 @@ class JetStreamTools:
             if self._subscribed:
                 return
             await self.bus.nc.subscribe(f"ratchet.toolreply.*.{self.inbox}", cb=self._on_reply)
-            await self.bus.nc.flush()  # the server has it before the first request leaves
+            await subscriptions_registered(self.bus.nc)  # before the first request leaves
             self._subscribed = True
 
     async def _on_reply(self, msg: Msg) -> None:

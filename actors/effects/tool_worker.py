@@ -42,6 +42,7 @@ from nats.js.errors import NotFoundError
 from ratchet.actors.effects.pinned_sessions import PinnedSessions
 from ratchet.actors.effects.tool_dispatch import addressed, failure, run_tool, wire_reply
 from ratchet.actors.transport.bus import deliveries
+from ratchet.actors.transport.subscribed import subscriptions_registered
 from ratchet.actors.transport.tool_queues import (
     ensure_consumer,
     ensure_stream,
@@ -164,7 +165,7 @@ class ToolWorker:
             for tenant in self.tenants:
                 self._pings.append(await self.nc.subscribe(
                     tool_ping_subject(tenant, self.worker_id), cb=_pong))
-            await self.nc.flush()  # started = probed alive: the server has the subscriptions
+            await subscriptions_registered(self.nc)  # started = probed alive
 
     async def stop(self, timeout: float = 10.0) -> None:
         """Stop fetching, let the requests in progress finish (at most ``timeout`` s; the

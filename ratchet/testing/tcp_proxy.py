@@ -47,6 +47,8 @@ class TcpProxy:
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
         #: Connections relayed, refused (while cut) and reset by a cut, since the start.
         self.accepted = self.refused = self.reset = 0
+        #: Every byte clients sent upstream, in the order relayed (what the server read).
+        self.sent = bytearray()
 
     def start(self) -> tuple[str, int]:
         threading.Thread(target=self._accept, name="tcp-proxy-accept", daemon=True).start()
@@ -121,7 +123,11 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket,
               pair: tuple[socket.socket, socket.socket]) -> None:
         try:
+            upstream_bound = src is pair[0]
             while data := src.recv(65536):
+                if upstream_bound:
+                    with self._lock:
+                        self.sent += data
                 dst.sendall(data)
         except OSError:
             pass

@@ -21,6 +21,7 @@ from opentelemetry.trace import SpanKind
 
 from ratchet.actors.core.actor import ServiceActor
 from ratchet.actors.transport.bus import Bus
+from ratchet.actors.transport.subscribed import subscriptions_registered
 from ratchet.protocol import tracing
 from ratchet.protocol.auth import Principal
 from ratchet.protocol.codec import decode_envelope, encode, reply_route
@@ -97,7 +98,7 @@ class RequestService(ServiceActor):
         direct = self.direct_subject()
         if direct is not None:
             self._direct = await self.bus.nc.subscribe(direct, cb=self._on_msg)
-        await self.bus.nc.flush()
+        await subscriptions_registered(self.bus.nc)
         await super().on_start()
 
     async def handle(self, message: Any) -> Any:
