@@ -195,7 +195,7 @@ class LeaseManager(ServiceActor):
                 await self._renew(defer_hooks=True)
             except Exception as exc:  # the store is unreachable: leases lapse, writes stop
                 log.error("lease renewal failed", error=repr(exc))
-                self._later(self._expire_overdue())
+                self._later(self._expire_overdue)
 
     async def tick(self, *, renew: bool = True) -> None:
         """Renew (unless the renewal loop does), heartbeat, rebalance; the hooks of what
@@ -265,11 +265,10 @@ class LeaseManager(ServiceActor):
             # Renewal came late, but nobody took the partitions: the tasks whose writes were
             # refused meanwhile stopped; start them again from their checkpoints.
             log.warning("leases renewed late; resuming their tasks", partitions=resumed)
-        changed = self._changed(resumed, lost)
         if defer_hooks:
-            self._later(changed)
+            self._later(lambda: self._changed(resumed, lost))
         else:
-            await changed
+            await self._changed(resumed, lost)
 
     async def _changed(self, resumed: list[int], lost: list[int]) -> None:
         if resumed:
@@ -277,12 +276,13 @@ class LeaseManager(ServiceActor):
         if lost:
             await self.hooks.lost(lost)
 
-    def _later(self, work: Awaitable[None]) -> None:
-        """Run ``work`` under the tick lock, in the background (in order with the ticks'
-        own hooks)."""
+    def _later(self, work: Callable[[], Awaitable[None]]) -> None:
+        """Run ``work()`` under the tick lock, in the background (in order with the ticks'
+        own hooks). Made there, not here: a task cancelled before it got the lock (a stop)
+        leaves no coroutine never awaited."""
         async def locked() -> None:
             async with self._tick_lock:
-                await work
+                await work()
 
         task = asyncio.get_running_loop().create_task(locked())
         self._background.add(task)
