@@ -24,7 +24,7 @@ async def proxied(tmp_path: Path) -> AsyncIterator[tuple[NATS, TcpProxy]]:
     server = EmbeddedNats(tmp_path / "nats")
     url = await server.start()
     port = int(url.rsplit(":", 1)[1])
-    proxy = TcpProxy(("127.0.0.1", port))
+    proxy = TcpProxy(("127.0.0.1", port), record=True)
     host, proxy_port = proxy.start()
     nc = await nats.connect(f"nats://{host}:{proxy_port}", allow_reconnect=False)
     try:

@@ -155,18 +155,21 @@ class JetStreamTools:
         server, through a cluster's routes or a reload of the server's users). A probe
         answered late, or not at all, is not taken as death: the call goes on, and its own
         timeout decides (UNKNOWN, reconciled)."""
-        for pause in (*_PING_AGAIN_S, None):
-            try:
-                await self.bus.nc.request(tool_ping_subject(tenant, worker), b"",
-                                          timeout=min(self.probe_timeout, timeout))
-            except NoRespondersError:
-                if pause is None:
-                    return False
-                await asyncio.sleep(pause)  # the probe's own pacing, not a test's wait
-                continue
-            except (TimeoutError, NatsError):
+        for pause in _PING_AGAIN_S:
+            if not await self._unheard(tenant, worker, timeout):
                 return True
+            await asyncio.sleep(pause)  # the probe's own pacing, not a test's wait
+        return not await self._unheard(tenant, worker, timeout)
+
+    async def _unheard(self, tenant: str, worker: str, timeout: float) -> bool:
+        """One ping: True when NATS says no one subscribes to ``worker``'s ping subject."""
+        try:
+            await self.bus.nc.request(tool_ping_subject(tenant, worker), b"",
+                                      timeout=min(self.probe_timeout, timeout))
+        except NoRespondersError:
             return True
+        except (TimeoutError, NatsError):  # late or lost: not a sign of death
+            pass
         return False
 
     async def _subscribe(self) -> None:

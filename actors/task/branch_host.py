@@ -359,9 +359,10 @@ class BranchHost:
 
         def notify(statuses: dict[str, str], results: dict[str, Any]) -> None:
             ref = children.lookup_child(task_id, join)
-            if ref is not None or self.publish is None:
-                if ref is not None:
-                    ref.tell(BranchesDone(statuses, results))
+            if ref is not None:
+                ref.tell(BranchesDone(statuses, results))
+                return
+            if self.publish is None:
                 return
             env = branch_mail(MessageType.BRANCH_DONE, task_id, key, list(statuses),
                               statuses=statuses)

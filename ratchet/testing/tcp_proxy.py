@@ -36,8 +36,9 @@ class TcpProxy:
     """Relays ``127.0.0.1:<port>`` to ``upstream`` (``(host, port)`` or a Unix socket path)."""
 
     def __init__(self, upstream: tuple[str, int] | str, host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+                 port: int = 0, record: bool = False) -> None:
         self.upstream = upstream
+        self.record = record
         self._listener = socket.create_server((host, port))
         self.address: tuple[str, int] = self._listener.getsockname()[:2]
         self._open = threading.Event()
@@ -47,7 +48,8 @@ class TcpProxy:
         self._pairs: set[tuple[socket.socket, socket.socket]] = set()
         #: Connections relayed, refused (while cut) and reset by a cut, since the start.
         self.accepted = self.refused = self.reset = 0
-        #: Every byte clients sent upstream, in the order relayed (what the server read).
+        #: With ``record``: every byte clients sent upstream, in the order relayed (what
+        #: the server read).
         self.sent = bytearray()
 
     def start(self) -> tuple[str, int]:
@@ -123,9 +125,9 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket,
               pair: tuple[socket.socket, socket.socket]) -> None:
         try:
-            upstream_bound = src is pair[0]
+            recording = self.record and src is pair[0]  # client -> upstream
             while data := src.recv(65536):
-                if upstream_bound:
+                if recording:
                     with self._lock:
                         self.sent += data
                 dst.sendall(data)

@@ -28,7 +28,7 @@ import asyncio
 import math
 import os
 import random
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -284,7 +284,11 @@ class LeaseManager(ServiceActor):
             async with self._tick_lock:
                 await work()
 
-        task = asyncio.get_running_loop().create_task(locked())
+        self._in_background(locked())
+
+    def _in_background(self, work: Coroutine[Any, Any, None]) -> None:
+        """A task kept until done, cancelled at stop."""
+        task = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -315,9 +319,7 @@ class LeaseManager(ServiceActor):
             self._handing_over.update(surplus)
             # In the background: stopping tasks at a safe point may take a while, and the
             # ticks must go on renewing (the partitions are still ours until released).
-            task = asyncio.get_running_loop().create_task(self._hand_over(surplus, target))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._in_background(self._hand_over(surplus, target))
             return
         if keeping >= target or self._handing_over:
             return
